@@ -1,0 +1,45 @@
+# Two commands do all the set-up on a fresh machine with only Python:
+#   make run   - create .venv, install, start the gateway on 127.0.0.1:8080
+#   make test  - create .venv, install the test extras, run lint, types and the whole suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+
+.PHONY: run test lint typecheck bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-perf: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,perf]'
+	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
+
+run: $(VENV)/.installed-run
+	$(BIN)/gateway serve $(ARGS)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check gateway tests
+	$(BIN)/ruff format --check gateway tests
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy --strict gateway
+
+test: lint typecheck
+	$(BIN)/python -m pytest $(ARGS)
+
+bench: $(VENV)/.installed-perf
+	$(BIN)/python tests/perf/bench_sse.py
+	$(BIN)/python tests/perf/bench_gateway.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis

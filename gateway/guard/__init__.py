@@ -1,0 +1,37 @@
+"""The sans-IO core: bytes in, events and a verdict out.
+
+Nothing in this package does I/O, reads a clock or imports the rest of the
+gateway. ``sse`` decodes the event stream, one contract per protocol family
+judges it, ``StreamGuard`` decides which bytes may be forwarded, and
+``annotation`` renders the trailer that tells the client the truth.
+"""
+
+from gateway.guard.annotation import render_annotation
+from gateway.guard.chat import ChatContract, CompletionsContract
+from gateway.guard.contract import Action, Contract, FramingOnly, Protocol
+from gateway.guard.errors import BudgetExceeded, EventTooLarge, GuardError, LineTooLong
+from gateway.guard.sse import Event, SSEDecoder
+from gateway.guard.stream import StreamGuard
+from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
+
+__all__ = [
+    "Action",
+    "BudgetExceeded",
+    "ChatContract",
+    "CompletionsContract",
+    "Contract",
+    "Event",
+    "EventTooLarge",
+    "FramingOnly",
+    "GuardError",
+    "LineTooLong",
+    "Outcome",
+    "Protocol",
+    "Reason",
+    "SSEDecoder",
+    "StreamGuard",
+    "Usage",
+    "Verdict",
+    "normalize_finish",
+    "render_annotation",
+]

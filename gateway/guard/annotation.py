@@ -1,0 +1,100 @@
+"""The trailer appended to every guarded stream (DESIGN.md §3.3-3.4).
+
+Complete: one SSE comment line ended by a single LF. Incomplete: an error
+event in the protocol's own error shape (one ``data:`` line, a blank line),
+so the official SDKs raise, then the same comment line. When the upstream's
+own error event was forwarded (``upstream_error``), no second error is added.
+Messages name the reason and the request id, never hosts, keys or text.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gateway.guard.contract import Protocol
+from gateway.guard.verdict import Reason, Verdict
+
+__all__ = ["comment_line", "incomplete_message", "render_annotation"]
+
+_MESSAGES: dict[Reason, str] = {
+    Reason.MISSING_DONE: "the upstream ended the stream before its terminator",
+    Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
+    Reason.UPSTREAM_ERROR: "the upstream reported an error",
+    Reason.UPSTREAM_STATUS: "the upstream answered with an error status",
+    Reason.UPSTREAM_UNAVAILABLE: "the upstream could not be reached",
+    Reason.INVALID_JSON: "the upstream sent an event that is not valid JSON",
+    Reason.INVALID_SHAPE: "the upstream sent an event of an invalid shape",
+    Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
+    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",
+    Reason.LIMIT_EXCEEDED: "the stream exceeded a gateway limit",
+    Reason.UPSTREAM_DISCONNECT: "the upstream connection broke in the middle of the stream",
+    Reason.FIRST_BYTE_TIMEOUT: "the upstream sent nothing before the first-byte deadline",
+    Reason.IDLE_TIMEOUT: "the upstream went silent longer than the idle deadline",
+    Reason.TOTAL_TIMEOUT: "the stream exceeded the total deadline",
+    Reason.CLIENT_DISCONNECT: "the client disconnected",
+    Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
+}
+
+
+def incomplete_message(reason: Reason, request_id: str) -> str:
+    what = _MESSAGES.get(reason, "the stream did not finish")
+    return f"Stream incomplete: {what} ({reason}). request_id={request_id}"
+
+
+def comment_line(verdict: Verdict, request_id: str) -> bytes:
+    return (
+        f": gateway outcome={verdict.outcome} reason={verdict.reason} "
+        f"request_id={request_id}\n"
+    ).encode()
+
+
+def _data_line(payload: dict[str, object], event: str | None = None) -> bytes:
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {body}\n\n".encode()
+
+
+def error_event(
+    protocol: Protocol,
+    reason: Reason,
+    request_id: str,
+    *,
+    last_sequence_number: int | None = None,
+) -> bytes:
+    """The protocol-shaped error event for an incomplete stream."""
+    message = incomplete_message(reason, request_id)
+    if protocol is Protocol.RESPONSES:
+        sequence = 0 if last_sequence_number is None else last_sequence_number + 1
+        return _data_line(
+            {
+                "type": "error",
+                "code": str(reason),
+                "message": message,
+                "param": None,
+                "sequence_number": sequence,
+                "error": {"type": "stream_incomplete", "code": str(reason), "message": message},
+            },
+            event="error",
+        )
+    if protocol is Protocol.MESSAGES:
+        return _data_line(
+            {"type": "error", "error": {"type": "api_error", "message": message}},
+            event="error",
+        )
+    return _data_line(
+        {"error": {"message": message, "type": "stream_incomplete", "code": str(reason)}}
+    )
+
+
+def render_annotation(
+    protocol: Protocol,
+    verdict: Verdict,
+    request_id: str,
+    *,
+    last_sequence_number: int | None = None,
+) -> bytes:
+    if verdict.complete or verdict.reason is Reason.UPSTREAM_ERROR:
+        return comment_line(verdict, request_id)
+    return error_event(
+        protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number
+    ) + comment_line(verdict, request_id)

@@ -1,0 +1,273 @@
+"""The Chat Completions completion contract (and legacy Completions, its sibling).
+
+A stream is complete when ``data: [DONE]`` arrives and every choice that
+appeared has a ``finish_reason``. Each choice has its own state; tool calls
+are assembled per choice and per tool-call index and their arguments must be
+valid JSON when the choice finishes. Text is counted, not stored, unless the
+caller asks for it (``keep_text=True``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.guard.contract import (
+    Action,
+    Contract,
+    Protocol,
+    int_or_none,
+    parse_json_object,
+)
+from gateway.guard.sse import Event
+from gateway.guard.verdict import Reason, Usage, normalize_finish
+
+__all__ = ["ChatContract", "CompletionsContract", "chat_usage"]
+
+
+@dataclass(slots=True)
+class _ToolCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Choice:
+    finish: str | None = None
+    text: list[str] = field(default_factory=list)
+    tools: dict[int, _ToolCall] = field(default_factory=dict)
+
+
+def chat_usage(raw: object) -> Usage | None:
+    """Usage from an OpenAI ``usage`` object (chat and legacy completions share it)."""
+    if not isinstance(raw, dict):
+        return None
+    prompt_details = raw.get("prompt_tokens_details")
+    completion_details = raw.get("completion_tokens_details")
+    return Usage(
+        input_tokens=int_or_none(raw.get("prompt_tokens")),
+        output_tokens=int_or_none(raw.get("completion_tokens")),
+        cached_input_tokens=int_or_none(prompt_details.get("cached_tokens"))
+        if isinstance(prompt_details, dict)
+        else None,
+        reasoning_tokens=int_or_none(completion_details.get("reasoning_tokens"))
+        if isinstance(completion_details, dict)
+        else None,
+    )
+
+
+def _is_done(data: str) -> bool:
+    return data == "[DONE]" or data.strip() == "[DONE]"
+
+
+class ChatContract(Contract):
+    """OpenAI Chat Completions stream contract.
+
+    ``require_finish_reason=False`` accepts ``[DONE]`` alone for providers that
+    never send a finish reason (some Ollama versions). ``withhold_usage=True``
+    drops usage-only chunks (``choices: []``) from what the client receives,
+    for requests where the gateway injected ``include_usage`` itself.
+    """
+
+    protocol = Protocol.CHAT
+
+    def __init__(
+        self,
+        *,
+        require_finish_reason: bool = True,
+        withhold_usage: bool = False,
+        keep_text: bool = False,
+    ) -> None:
+        super().__init__()
+        self.require_finish_reason = require_finish_reason
+        self.withhold_usage = withhold_usage
+        self.keep_text = keep_text
+        self._choices: dict[int, _Choice] = {}
+
+    # -- results for callers that asked for them -----------------------------
+
+    def text(self, index: int = 0) -> str:
+        """The assembled text of one choice (only with ``keep_text=True``)."""
+        choice = self._choices.get(index)
+        return "".join(choice.text) if choice else ""
+
+    def tool_call_arguments(self, index: int = 0) -> list[tuple[str, str, str]]:
+        """(id, name, arguments) of each tool call of one choice, in index order."""
+        choice = self._choices.get(index)
+        if choice is None:
+            return []
+        return [
+            (call.id, call.name, "".join(call.arguments))
+            for _, call in sorted(choice.tools.items())
+        ]
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(choice.tools) for choice in self._choices.values())
+
+    # -- the contract ----------------------------------------------------------
+
+    def _on_event(self, event: Event) -> Action:
+        data = event.data
+        if _is_done(data):
+            return self._on_done()
+        if event.event == "error":
+            return self._upstream_error()
+        obj = parse_json_object(data)
+        if obj.get("error") is not None:
+            return self._upstream_error()
+        choices = obj.get("choices")
+        if choices is None:
+            choices = []
+        elif not isinstance(choices, list):
+            raise self._reject(Reason.INVALID_SHAPE, "choices is not a list")
+        if "usage" in obj and obj["usage"] is not None:
+            usage = chat_usage(obj["usage"])
+            if usage is None:
+                raise self._reject(Reason.INVALID_SHAPE, "usage is not an object")
+            self.usage = usage
+        carried = False
+        for position, raw_choice in enumerate(choices):
+            carried |= self._on_choice(position, raw_choice)
+        if carried:
+            self.content_events += 1
+        if not choices and self.withhold_usage and self.usage is not None:
+            return Action.WITHHOLD
+        return Action.FORWARD
+
+    def _on_done(self) -> Action:
+        unfinished = [i for i, c in sorted(self._choices.items()) if c.finish is None]
+        if self.require_finish_reason and (unfinished or not self._choices):
+            detail = (
+                f"[DONE] arrived while choice {unfinished[0]} had no finish_reason"
+                if unfinished
+                else "[DONE] arrived without any choice"
+            )
+            raise self._reject(Reason.MISSING_FINISH, detail)
+        if not self.finish_reasons:
+            return self._complete(Reason.OTHER)
+        lowest = min(self.finish_reasons)
+        return self._complete(normalize_finish(self.finish_reasons[lowest]))
+
+    def _content_of(self, choice: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
+        """Text pieces and raw tool-call deltas of one choice (chat: from ``delta``)."""
+        delta = choice.get("delta")
+        if delta is None:
+            return [], None
+        if not isinstance(delta, dict):
+            raise self._reject(Reason.INVALID_SHAPE, "delta is not an object")
+        pieces: list[str] = []
+        for key in ("content", "refusal", "reasoning_content", "reasoning"):
+            value = delta.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise self._reject(Reason.INVALID_SHAPE, f"delta.{key} is not a string")
+            if value:
+                pieces.append(value)
+        tools = delta.get("tool_calls")
+        legacy = delta.get("function_call")
+        if tools is None and isinstance(legacy, dict):
+            tools = [{"index": 0, "function": legacy}]
+        if tools is not None and not isinstance(tools, list):
+            raise self._reject(Reason.INVALID_SHAPE, "delta.tool_calls is not a list")
+        return pieces, tools
+
+    def _on_choice(self, position: int, raw: object) -> bool:
+        if not isinstance(raw, dict):
+            raise self._reject(Reason.INVALID_SHAPE, "a choice is not an object")
+        index = raw.get("index", position)
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise self._reject(Reason.INVALID_SHAPE, "choice index is not an integer")
+        state = self._choices.get(index)
+        if state is None:
+            state = self._choices[index] = _Choice()
+        pieces, tools = self._content_of(raw)
+        carried = bool(pieces) or self._has_tool_content(tools)
+        if carried and state.finish is not None:
+            raise self._reject(
+                Reason.CONTENT_AFTER_FINISH, f"choice {index} sent content after finishing"
+            )
+        for piece in pieces:
+            self.content_chars += len(piece)
+            if self.keep_text:
+                state.text.append(piece)
+        if tools:
+            self._on_tool_deltas(state, tools)
+        finish = raw.get("finish_reason")
+        if finish is not None:
+            if not isinstance(finish, str):
+                raise self._reject(Reason.INVALID_SHAPE, "finish_reason is not a string")
+            if state.finish is None:
+                self._check_tool_arguments(index, state)
+                state.finish = finish
+                self.finish_reasons[index] = finish
+        return carried
+
+    @staticmethod
+    def _has_tool_content(tools: list[Any] | None) -> bool:
+        if not tools:
+            return False
+        for call in tools:
+            if isinstance(call, dict):
+                function = call.get("function")
+                if isinstance(function, dict) and (
+                    function.get("arguments") or function.get("name")
+                ):
+                    return True
+        return False
+
+    def _on_tool_deltas(self, state: _Choice, tools: list[Any]) -> None:
+        for position, raw in enumerate(tools):
+            if not isinstance(raw, dict):
+                raise self._reject(Reason.INVALID_SHAPE, "a tool call delta is not an object")
+            index = raw.get("index", position)
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise self._reject(Reason.INVALID_SHAPE, "tool call index is not an integer")
+            call = state.tools.get(index)
+            if call is None:
+                call = state.tools[index] = _ToolCall()
+            call_id = raw.get("id")
+            if isinstance(call_id, str) and call_id:
+                call.id = call_id
+            function = raw.get("function")
+            if function is None:
+                continue
+            if not isinstance(function, dict):
+                raise self._reject(Reason.INVALID_SHAPE, "tool call function is not an object")
+            name = function.get("name")
+            if isinstance(name, str) and name and not call.name:
+                call.name = name
+            arguments = function.get("arguments")
+            if arguments is not None:
+                if not isinstance(arguments, str):
+                    raise self._reject(Reason.INVALID_SHAPE, "tool call arguments not a string")
+                if arguments:
+                    call.arguments.append(arguments)
+                    self.content_chars += len(arguments)
+
+    def _check_tool_arguments(self, index: int, state: _Choice) -> None:
+        for tool_index, call in sorted(state.tools.items()):
+            try:
+                json.loads("".join(call.arguments))
+            except ValueError:
+                raise self._reject(
+                    Reason.INVALID_TOOL_ARGUMENTS,
+                    f"choice {index} tool call {tool_index} arguments are not valid JSON",
+                ) from None
+
+
+class CompletionsContract(ChatContract):
+    """Legacy Completions (``/completions``): ``choices[].text`` instead of a delta."""
+
+    protocol = Protocol.COMPLETIONS
+
+    def _content_of(self, choice: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
+        text = choice.get("text")
+        if text is None:
+            return [], None
+        if not isinstance(text, str):
+            raise self._reject(Reason.INVALID_SHAPE, "choice text is not a string")
+        return ([text] if text else []), None

@@ -1,0 +1,166 @@
+"""The shape every protocol contract shares: events in, an action per event, a verdict.
+
+A contract consumes decoded events of one protocol family and decides, for
+each, whether the relay forwards it, withholds it, or ends the stream there
+(forwarding the event, or rejecting it). Once ``verdict`` is set the contract
+is finished and must not be fed again. Contracts are pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import json
+from typing import Any, ClassVar
+
+from gateway.guard.sse import Event
+from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
+
+__all__ = ["Action", "Contract", "FramingOnly", "Protocol", "int_or_none", "parse_json_object"]
+
+
+class Protocol(enum.StrEnum):
+    """Protocol families, each with its own termination contract and error shape."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    SSE = "sse"  # unknown path: SSE framing only, no completion contract
+
+
+class Action(enum.Enum):
+    FORWARD = "forward"  # relay the event and keep reading
+    WITHHOLD = "withhold"  # drop this event, keep reading (the client did not ask for it)
+    FINISH = "finish"  # relay the event; the verdict is final
+    REJECT = "reject"  # withhold the event; the verdict is final
+
+
+class _Rejected(Exception):
+    """Internal: raised by a contract's parsing code to reject the current event."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_json_object(data: str) -> dict[str, Any]:
+    """Parse an event's data as a JSON object, or reject it with a stable reason."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise _Rejected(Reason.INVALID_JSON, "event data is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise _Rejected(Reason.INVALID_SHAPE, "event data is not a JSON object")
+    return obj
+
+
+def int_or_none(value: object) -> int | None:
+    """A token count as reported, or None for anything that is not a plain integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+class Contract(abc.ABC):
+    """Base of the per-protocol contracts: counters, verdict construction, abort."""
+
+    protocol: ClassVar[Protocol]
+
+    def __init__(self) -> None:
+        self.verdict: Verdict | None = None
+        self.events = 0
+        #: Events that carried output (text, refusal, reasoning, tool arguments).
+        self.content_events = 0
+        self.content_chars = 0
+        self.usage: Usage | None = None
+        self.finish_reasons: dict[int, str] = {}
+
+    # -- the interface the stream guard drives -----------------------------
+
+    def on_event(self, event: Event) -> Action:
+        """Judge one event; sets ``verdict`` when the action is FINISH or REJECT."""
+        if self.verdict is not None:
+            raise RuntimeError("contract already has a verdict")
+        self.events += 1
+        try:
+            return self._on_event(event)
+        except _Rejected as rejected:
+            self._conclude(Outcome.INCOMPLETE, rejected.reason, rejected.detail)
+            return Action.REJECT
+
+    def on_eof(self) -> Verdict:
+        """The upstream ended cleanly; returns the verdict (``missing_done`` if unfinished)."""
+        if self.verdict is None:
+            self._conclude(
+                Outcome.INCOMPLETE, Reason.MISSING_DONE, "the stream ended before its terminator"
+            )
+        assert self.verdict is not None
+        return self.verdict
+
+    def abort(self, reason: Reason, detail: str = "") -> Verdict:
+        """End the stream for a reason found outside the contract (timeouts, limits, ...).
+
+        A verdict that is already final is kept.
+        """
+        if self.verdict is None:
+            self._conclude(Outcome.INCOMPLETE, reason, detail)
+        assert self.verdict is not None
+        return self.verdict
+
+    # -- for subclasses -------------------------------------------------------
+
+    @abc.abstractmethod
+    def _on_event(self, event: Event) -> Action: ...
+
+    @property
+    def tool_calls(self) -> int:
+        return 0
+
+    @property
+    def last_sequence_number(self) -> int | None:
+        return None
+
+    def _reject(self, reason: Reason, detail: str) -> _Rejected:
+        return _Rejected(reason, detail)
+
+    def _complete(self, reason: Reason) -> Action:
+        self._conclude(Outcome.COMPLETE, reason, "")
+        return Action.FINISH
+
+    def _upstream_error(self, detail: str = "the upstream sent an error event") -> Action:
+        self._conclude(Outcome.INCOMPLETE, Reason.UPSTREAM_ERROR, detail)
+        return Action.FINISH
+
+    def _conclude(self, outcome: Outcome, reason: Reason, detail: str) -> None:
+        self.verdict = Verdict(
+            outcome=outcome,
+            reason=reason,
+            finish_reasons={i: normalize_finish(r) for i, r in sorted(self.finish_reasons.items())},
+            raw_finish_reasons=dict(sorted(self.finish_reasons.items())),
+            usage=self.usage,
+            events=self.events,
+            content_chars=self.content_chars,
+            tool_calls=self.tool_calls,
+            detail=detail,
+        )
+
+
+class FramingOnly(Contract):
+    """For paths with no known protocol: SSE framing is checked, content is not.
+
+    Such a stream has no terminator to wait for, so a clean EOF is complete
+    (reason ``other``).
+    """
+
+    protocol = Protocol.SSE
+
+    def _on_event(self, event: Event) -> Action:
+        return Action.FORWARD
+
+    def on_eof(self) -> Verdict:
+        if self.verdict is None:
+            self._conclude(Outcome.COMPLETE, Reason.OTHER, "")
+        assert self.verdict is not None
+        return self.verdict

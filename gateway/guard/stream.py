@@ -1,0 +1,124 @@
+"""StreamGuard: which upstream bytes may reach the client, and the stream's verdict.
+
+It joins the SSE decoder and one protocol contract and does the byte
+bookkeeping of the wire contract (DESIGN.md §3): ``feed(chunk)`` returns the
+bytes that are safe to forward now, which are always whole blocks and whole
+comment lines, never a fragment of an event, never an event the contract
+rejected or withheld. It holds at most one chunk plus one unfinished event.
+
+Sans-IO: the relay owns sockets and clocks and tells the guard when the
+upstream ended (``eof``) or when the stream must stop for a reason only the
+relay can see (``abort``).
+"""
+
+from __future__ import annotations
+
+from gateway.guard.annotation import render_annotation
+from gateway.guard.contract import Action, Contract
+from gateway.guard.errors import GuardError
+from gateway.guard.sse import SSEDecoder
+from gateway.guard.verdict import Reason, Verdict
+
+__all__ = ["StreamGuard"]
+
+
+class StreamGuard:
+    """Decode, judge and gate one upstream event stream."""
+
+    def __init__(
+        self,
+        contract: Contract,
+        decoder: SSEDecoder | None = None,
+        *,
+        max_stream_bytes: int | None = None,
+    ) -> None:
+        self.contract = contract
+        self.decoder = decoder if decoder is not None else SSEDecoder()
+        self.max_stream_bytes = max_stream_bytes
+        self._held = b""  # bytes received but not yet forwarded or dropped
+        self._held_start = 0  # stream offset of the first held byte
+        self.forwarded_bytes = 0
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.contract.verdict
+
+    @property
+    def done(self) -> bool:
+        """True once the verdict is final: the relay stops reading the upstream."""
+        return self.contract.verdict is not None
+
+    @property
+    def content_events(self) -> int:
+        return self.contract.content_events
+
+    @property
+    def held_bytes(self) -> int:
+        return len(self._held)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take one upstream chunk; return the bytes to forward to the client now."""
+        if self.done or not chunk:
+            return b""
+        if (
+            self.max_stream_bytes is not None
+            and self.decoder.received + len(chunk) > self.max_stream_bytes
+        ):
+            self._held = b""
+            self.contract.abort(
+                Reason.LIMIT_EXCEEDED, f"the stream exceeded {self.max_stream_bytes} bytes"
+            )
+            return b""
+        held = self._held + chunk if self._held else chunk
+        base = self._held_start
+        try:
+            events = self.decoder.feed(chunk)
+        except GuardError as exc:
+            self._held = b""
+            self.contract.abort(Reason(exc.reason), str(exc))
+            return b""
+        out: list[bytes] = []
+        cursor = base  # first stream offset not yet emitted or dropped
+        stop: int | None = None
+        for event in events:
+            action = self.contract.on_event(event)
+            if action is Action.FORWARD:
+                continue
+            if action is Action.WITHHOLD:
+                out.append(held[cursor - base : event.start - base])
+                cursor = event.end
+                continue
+            stop = event.end if action is Action.FINISH else event.start
+            break
+        upto = stop if stop is not None else self.decoder.boundary
+        out.append(held[cursor - base : upto - base])
+        if stop is not None:
+            self._held = b""
+        else:
+            self._held = held[upto - base :]
+            self._held_start = upto
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self.forwarded_bytes += len(data)
+        return data
+
+    def eof(self) -> Verdict:
+        """The upstream body ended cleanly; pending bytes are discarded (never forwarded)."""
+        self._held = b""
+        return self.contract.on_eof()
+
+    def abort(self, reason: Reason, detail: str = "") -> Verdict:
+        """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...)."""
+        self._held = b""
+        return self.contract.abort(reason, detail)
+
+    def annotation(self, request_id: str) -> bytes:
+        """The trailer the relay appends after the last forwarded byte."""
+        verdict = self.contract.verdict
+        if verdict is None:
+            raise RuntimeError("annotation before the verdict is final")
+        return render_annotation(
+            self.contract.protocol,
+            verdict,
+            request_id,
+            last_sequence_number=self.contract.last_sequence_number,
+        )

@@ -1,0 +1,121 @@
+"""The verdict on one stream and the bounded outcome vocabulary (DESIGN.md §4).
+
+Values here become Prometheus label values, so every set is closed: a finish
+reason that no table knows normalizes to ``other``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = [
+    "COMPLETE_REASONS",
+    "INCOMPLETE_REASONS",
+    "Outcome",
+    "Reason",
+    "Usage",
+    "Verdict",
+    "normalize_finish",
+]
+
+
+class Outcome(enum.StrEnum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+
+
+class Reason(enum.StrEnum):
+    # complete: the normalized finish reason of the lowest choice index
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+    OTHER = "other"
+    # incomplete
+    MISSING_DONE = "missing_done"
+    MISSING_FINISH = "missing_finish"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_STATUS = "upstream_status"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    INVALID_JSON = "invalid_json"
+    INVALID_SHAPE = "invalid_shape"
+    CONTENT_AFTER_FINISH = "content_after_finish"
+    INVALID_TOOL_ARGUMENTS = "invalid_tool_arguments"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    UPSTREAM_DISCONNECT = "upstream_disconnect"
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOTAL_TIMEOUT = "total_timeout"
+    CLIENT_DISCONNECT = "client_disconnect"
+    GATEWAY_SHUTDOWN = "gateway_shutdown"
+
+
+COMPLETE_REASONS = frozenset(
+    {Reason.STOP, Reason.LENGTH, Reason.TOOL_CALLS, Reason.CONTENT_FILTER, Reason.OTHER}
+)
+INCOMPLETE_REASONS = frozenset(set(Reason) - COMPLETE_REASONS)
+
+_FINISH: dict[str, Reason] = {
+    "stop": Reason.STOP,
+    "end_turn": Reason.STOP,
+    "stop_sequence": Reason.STOP,
+    "eos": Reason.STOP,
+    "length": Reason.LENGTH,
+    "max_tokens": Reason.LENGTH,
+    "max_output_tokens": Reason.LENGTH,
+    "model_context_window_exceeded": Reason.LENGTH,
+    "tool_calls": Reason.TOOL_CALLS,
+    "tool_use": Reason.TOOL_CALLS,
+    "function_call": Reason.TOOL_CALLS,
+    "content_filter": Reason.CONTENT_FILTER,
+    "refusal": Reason.CONTENT_FILTER,
+}
+
+
+def normalize_finish(raw: str) -> Reason:
+    """Map a provider's finish/stop reason onto the bounded vocabulary."""
+    return _FINISH.get(raw, Reason.OTHER)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as the provider reported it; a field it did not report is None."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    def as_dict(self) -> dict[str, int]:
+        """The reported counts, keyed by metric token type (unreported ones left out)."""
+        pairs = (
+            ("input", self.input_tokens),
+            ("output", self.output_tokens),
+            ("cached_input", self.cached_input_tokens),
+            ("reasoning", self.reasoning_tokens),
+        )
+        return {name: value for name, value in pairs if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the guard concluded about one stream."""
+
+    outcome: Outcome
+    reason: Reason
+    #: Normalized finish reason per choice index (only choices that finished).
+    finish_reasons: dict[int, Reason] = field(default_factory=dict)
+    #: The provider's own finish reason strings per choice index.
+    raw_finish_reasons: dict[int, str] = field(default_factory=dict)
+    #: Reported usage, or None when the provider never reported it (unknown, not zero).
+    usage: Usage | None = None
+    events: int = 0
+    content_chars: int = 0
+    tool_calls: int = 0
+    #: A short human-readable explanation; never contains prompt or completion text.
+    detail: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.outcome is Outcome.COMPLETE
