@@ -1,0 +1,222 @@
+"""The ASGI application: routes, lifespan, health, metrics and the proxy mounts.
+
+``create_app(settings)`` builds a Starlette app. Each configured route is a
+``Mount`` of a plain ASGI callable that hands the request to the relay; no
+``BaseHTTPMiddleware`` anywhere (it hides client disconnects). The lifespan
+creates the pooled upstream client (and, with no upstream configured, an
+in-process simulator on a free loopback port), and closes them at shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from types import FrameType
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Receive, Scope, Send
+
+from gateway import __version__
+from gateway.errors import error_body, error_headers
+from gateway.headers import get_header, pick_request_id
+from gateway.lifecycle import Lifecycle
+from gateway.observe import AccessLog, Metrics, ModelLabels
+from gateway.observe.metrics import CONTENT_TYPE_LATEST
+from gateway.relay import Relay
+from gateway.routing import Route as ProxyRoute
+from gateway.settings import RouteConfig, Settings
+from gateway.upstream import create_upstream_client
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("gateway")
+
+
+class _ProxyMount:
+    """The ASGI callable behind one route's prefix."""
+
+    def __init__(self, gateway: _Gateway, route: ProxyRoute) -> None:
+        self._gateway = gateway
+        self._route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        relay = self._gateway.relay
+        if relay is None:
+            await _not_ready(scope, send)
+            return
+        await relay.handle(self._route, scope, receive, send)
+
+
+class _Gateway:
+    """Holds what the lifespan creates, for the routes to reach."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.lifecycle = Lifecycle(settings.drain_timeout)
+        self.access_log = AccessLog(settings.access_log)
+        self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
+        self.relay: Relay | None = None
+        self.routes: list[ProxyRoute] = [
+            ProxyRoute(
+                config=config,
+                timeouts=settings.route_timeouts(config),
+                credential=settings.credentials.get(config.name),
+            )
+            for config in settings.effective_routes()
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        simulator = None
+        if not self.routes:
+            simulator = await self._start_simulator()
+        client = create_upstream_client(
+            self.settings.upstream_transport,
+            self.settings.upstream_max_connections,
+            self.settings.timeouts.connect,
+        )
+        self.relay = Relay(
+            settings=self.settings,
+            client=client,
+            metrics=self.metrics,
+            access_log=self.access_log,
+            model_labels=self.model_labels,
+            lifecycle=self.lifecycle,
+        )
+        previous = _chain_sigterm(self.lifecycle.begin_drain)
+        self.lifecycle.ready = True
+        try:
+            yield
+        finally:
+            self.lifecycle.ready = False
+            self.lifecycle.stop_all()
+            await self.lifecycle.wait_idle(5.0)
+            if previous is not None:
+                with contextlib.suppress(ValueError):
+                    signal.signal(signal.SIGTERM, previous)
+            await client.aclose()
+            if simulator is not None:
+                simulator.should_exit = True
+            if self.metrics.multiprocess:
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+    async def _start_simulator(self) -> Any:
+        """No upstream configured: front the built-in simulator on a free loopback port."""
+        from gateway.simulator import start_in_background
+
+        server, port = await start_in_background("127.0.0.1", 0)
+        upstream = f"http://127.0.0.1:{port}/v1"
+        log.warning(
+            "no upstream configured: fronting the built-in simulator at %s "
+            "(set GATEWAY_UPSTREAM_URL or --upstream for a real provider)",
+            upstream,
+        )
+        config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
+        self.routes.append(ProxyRoute(config=config, timeouts=self.settings.timeouts))
+        self._mount_routes()
+        return server
+
+    def _mount_routes(self) -> None:
+        if self.app_routes is None:
+            return
+        self.app_routes[:] = [r for r in self.app_routes if not isinstance(r, Mount)]
+        self.app_routes.extend(self.mounts())
+
+    app_routes: list[BaseRoute] | None = None
+
+    def mounts(self) -> list[BaseRoute]:
+        ordered = sorted(self.routes, key=lambda r: len(r.config.prefix), reverse=True)
+        return [Mount(r.config.prefix, app=_ProxyMount(self, r)) for r in ordered]
+
+    # -- endpoints of the gateway itself ----------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__})
+
+    async def readyz(self, request: Request) -> Response:
+        if self.lifecycle.ready and not self.lifecycle.draining:
+            return JSONResponse({"status": "ready"})
+        state = "draining" if self.lifecycle.draining else "starting"
+        return JSONResponse({"status": state}, status_code=503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _chain_sigterm(begin_drain: Any) -> Any:
+    """Start the drain on SIGTERM, then let the server's own handler run."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except ValueError:
+        return None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        begin_drain()
+        if callable(previous):
+            previous(signum, frame)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a test server in a thread)
+        return None
+    return previous
+
+
+async def _not_ready(scope: Scope, send: Send) -> None:
+    request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
+    body = error_body("The gateway is starting.", "service_unavailable", "not_ready", request_id)
+    await send(
+        {"type": "http.response.start", "status": 503, "headers": error_headers(body, request_id)}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(settings: Settings) -> Starlette:
+    """Build the gateway's ASGI application from its settings."""
+    gateway = _Gateway(settings)
+    routes: list[BaseRoute] = [
+        Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
+        Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),
+        Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+        *gateway.mounts(),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        gateway.metrics.reject("no_route")
+        request_id = pick_request_id(request.headers.get("x-request-id", "").encode() or None)
+        body = error_body(
+            "No route for this path.", "invalid_request_error", "no_route", request_id
+        )
+        return Response(
+            body,
+            status_code=404,
+            headers={k.decode(): v.decode() for k, v in error_headers(body, request_id)},
+        )
+
+    app = Starlette(
+        routes=routes,
+        lifespan=gateway.lifespan,
+        exception_handlers={404: not_found},
+    )
+    gateway.app_routes = app.router.routes
+    app.state.gateway = gateway
+    return app
+
+
+def create_worker_app() -> Starlette:
+    """Factory for worker processes (``--workers N``): settings come from the parent."""
+    from gateway.settings import settings_for_worker
+
+    return create_app(settings_for_worker())

@@ -1,0 +1,39 @@
+"""OpenAI-shaped JSON error responses the gateway itself produces.
+
+They name the problem and the request id; never an upstream host, a
+credential or an internal exception's text.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gateway.headers import RawHeaders
+
+__all__ = ["error_body", "error_headers"]
+
+
+def error_body(message: str, type_: str, code: str, request_id: str) -> bytes:
+    return json.dumps(
+        {
+            "error": {
+                "message": f"{message} (request_id={request_id})",
+                "type": type_,
+                "code": code,
+                "param": None,
+            }
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def error_headers(body: bytes, request_id: str, extra: RawHeaders | None = None) -> RawHeaders:
+    headers: RawHeaders = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    if extra:
+        headers.extend(extra)
+    return headers

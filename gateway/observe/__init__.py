@@ -1,0 +1,7 @@
+"""Observation: what each finished request becomes (metrics and one access-log line)."""
+
+from gateway.observe.accesslog import AccessLog
+from gateway.observe.metrics import Metrics, ModelLabels
+from gateway.observe.record import RequestRecord
+
+__all__ = ["AccessLog", "Metrics", "ModelLabels", "RequestRecord"]

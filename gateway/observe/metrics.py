@@ -1,0 +1,214 @@
+"""Prometheus metrics: names, labels, buckets, and turning a finished request into samples.
+
+Label values are bounded (DESIGN.md §5): route names come from the config,
+outcomes and reasons from the guard's closed vocabulary, models through an
+allow-list (``ModelLabels``). Histogram buckets follow the OpenTelemetry
+GenAI semantic conventions. In multiprocess mode (several workers) the
+registry is collected from prometheus-client's per-process files; the
+environment variable ``PROMETHEUS_MULTIPROC_DIR`` must be set before
+``prometheus_client`` is first imported (the command line does that).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gateway import __version__
+from gateway.observe.record import RequestRecord
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "ModelLabels", "multiprocess_enabled"]
+
+# OpenTelemetry GenAI semantic conventions, explicit bucket boundaries.
+OPERATION_DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+TIME_PER_OUTPUT_TOKEN_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+OTHER_MODEL = "other"
+NO_MODEL = "none"
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class ModelLabels:
+    """Maps request model names onto a bounded set of label values.
+
+    With an explicit allow-list only those names pass; without one, the first
+    ``limit`` distinct names seen pass. Everything else becomes ``other``.
+    """
+
+    def __init__(self, allowed: Iterable[str] = (), limit: int = 50) -> None:
+        self._fixed = frozenset(allowed)
+        self._limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, model: str | None) -> str:
+        if not model:
+            return NO_MODEL
+        if self._fixed:
+            return model if model in self._fixed else OTHER_MODEL
+        if model in self._seen:
+            return model
+        with self._lock:
+            if len(self._seen) < self._limit and len(model) <= 128:
+                self._seen.add(model)
+                return model
+        return OTHER_MODEL
+
+
+class Metrics:
+    """All gateway metrics on one registry."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # the _created series only add noise to every scrape
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.multiprocess = multiprocess_enabled()
+        self.requests = Counter(
+            "gateway_requests_total",
+            "Proxied requests by the status the client got.",
+            ["route", "method", "code"],
+            registry=reg,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Request received to last byte sent.",
+            ["route", "stream"],
+            buckets=OPERATION_DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.streams = Counter(
+            "gateway_streams_total",
+            "Requests that asked for a stream, by verdict.",
+            ["route", "model", "outcome", "reason"],
+            registry=reg,
+        )
+        self.active_streams = Gauge(
+            "gateway_active_streams",
+            "Streams being relayed now.",
+            ["route"],
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.time_to_first_byte = Histogram(
+            "gateway_time_to_first_byte_seconds",
+            "Request received to first body byte sent to the client.",
+            ["route"],
+            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            registry=reg,
+        )
+        self.time_to_first_token = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Request received to the first event carrying output.",
+            ["route", "model"],
+            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            registry=reg,
+        )
+        self.time_per_output_chunk = Histogram(
+            "gateway_time_per_output_chunk_seconds",
+            "Gaps between output-carrying events.",
+            ["route", "model"],
+            buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS,
+            registry=reg,
+        )
+        self.tokens = Counter(
+            "gateway_tokens_total",
+            "Tokens as reported by the provider.",
+            ["route", "model", "type"],
+            registry=reg,
+        )
+        self.usage_unknown = Counter(
+            "gateway_usage_unknown_total",
+            "Streams that ended without reported usage.",
+            ["route", "model"],
+            registry=reg,
+        )
+        self.relayed_bytes = Counter(
+            "gateway_relayed_bytes_total",
+            "Body bytes relayed, by direction.",
+            ["route", "direction"],
+            registry=reg,
+        )
+        self.rejected = Counter(
+            "gateway_rejected_requests_total",
+            "Requests refused before reaching an upstream.",
+            ["reason"],
+            registry=reg,
+        )
+        self.build_info = Gauge(
+            "gateway_build_info",
+            "Build information; the value is always 1.",
+            ["version"],
+            registry=reg,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(__version__).set(1)
+
+    def stream_started(self, route: str) -> None:
+        self.active_streams.labels(route).inc()
+
+    def stream_ended(self, route: str) -> None:
+        self.active_streams.labels(route).dec()
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def observe(self, record: RequestRecord) -> None:
+        """Record one finished proxied request."""
+        route, model = record.route, record.model_label
+        self.requests.labels(route, record.method, str(record.status)).inc()
+        self.request_duration.labels(route, "true" if record.stream else "false").observe(
+            record.duration
+        )
+        if record.time_to_first_byte is not None:
+            self.time_to_first_byte.labels(route).observe(record.time_to_first_byte)
+        if record.time_to_first_token is not None:
+            self.time_to_first_token.labels(route, model).observe(record.time_to_first_token)
+        if record.chunk_gaps:
+            per_chunk = self.time_per_output_chunk.labels(route, model)
+            for gap in record.chunk_gaps:
+                per_chunk.observe(gap)
+        if record.bytes_out:
+            self.relayed_bytes.labels(route, "upstream_to_client").inc(record.bytes_out)
+        if record.bytes_in:
+            self.relayed_bytes.labels(route, "client_to_upstream").inc(record.bytes_in)
+        verdict = record.verdict
+        usage = record.usage
+        if usage is not None:
+            for kind, count in usage.as_dict().items():
+                if count:
+                    self.tokens.labels(route, model, kind).inc(count)
+        if record.stream:
+            if verdict is not None:
+                self.streams.labels(route, model, str(verdict.outcome), str(verdict.reason)).inc()
+            if usage is None:
+                self.usage_unknown.labels(route, model).inc()
+
+    def exposition(self) -> bytes:
+        """The text exposition of all metrics (summed over workers in multiprocess mode)."""
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)

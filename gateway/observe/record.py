@@ -1,0 +1,39 @@
+"""RequestRecord: the facts about one proxied request, filled in by the relay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.guard.verdict import Usage, Verdict
+
+__all__ = ["RequestRecord"]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Mutable while the request runs; handed to metrics and the access log at the end.
+
+    Times are seconds on the monotonic clock relative to ``started``; None
+    means the moment never came (no byte sent, no token seen).
+    """
+
+    request_id: str
+    route: str
+    method: str
+    path: str
+    started: float
+    status: int = 0
+    model: str | None = None
+    model_label: str = "none"
+    stream: bool = False
+    verdict: Verdict | None = None
+    usage: Usage | None = None  # reported usage (streamed or from a JSON body)
+    upstream_request_id: str | None = None
+    time_to_first_byte: float | None = None
+    time_to_first_token: float | None = None
+    duration: float = 0.0
+    bytes_in: int = 0  # client -> upstream (request body bytes forwarded)
+    bytes_out: int = 0  # upstream -> client (response body bytes sent, annotation included)
+    chunk_gaps: list[float] = field(default_factory=list)
+    rejected: str | None = None  # reason label when refused before reaching an upstream
+    error: str | None = None  # short internal classification, never exception text

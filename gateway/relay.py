@@ -1,0 +1,750 @@
+"""The relay: the only place that does network I/O and keeps time.
+
+For one client request it checks the path, credentials, admission and body
+size, forwards the request to the route's upstream, and relays the answer.
+A streamed answer (``text/event-stream``) goes through a ``StreamGuard``:
+upstream chunks are pulled only as fast as the client takes them
+(backpressure: ``await send`` returns once uvicorn's transport accepted the
+bytes), only event-aligned bytes are forwarded, deadlines are enforced, a
+client disconnect closes the upstream at once, and the annotation is
+appended at the end. Everything else is relayed unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gateway.errors import error_body, error_headers
+from gateway.guard import (
+    ChatContract,
+    CompletionsContract,
+    Contract,
+    FramingOnly,
+    Protocol,
+    Reason,
+    SSEDecoder,
+    StreamGuard,
+    Verdict,
+)
+from gateway.guard.chat import chat_usage
+from gateway.guard.verdict import Outcome, Usage
+from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
+from gateway.lifecycle import Lifecycle
+from gateway.observe import AccessLog, Metrics, ModelLabels, RequestRecord
+from gateway.routing import PathRejected, Route, upstream_target
+from gateway.settings import Settings
+
+__all__ = ["Relay"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
+_REQUEST_DROP = frozenset(
+    {b"host", b"content-length", b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto"}
+)
+_RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
+_STREAM_RESPONSE_DROP = _RESPONSE_DROP | {b"content-length", b"cache-control", b"x-accel-buffering"}
+_UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
+_JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
+
+
+class _Refused(Exception):
+    """A request refused by the gateway before anything was sent upstream."""
+
+    def __init__(
+        self,
+        status: int,
+        label: str,
+        message: str,
+        type_: str,
+        headers: RawHeaders | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.label = label
+        self.message = message
+        self.type_ = type_
+        self.headers = headers
+
+
+@dataclass(slots=True, eq=False)
+class _Exchange:
+    """Per-request state the disconnect watcher and the drain act on."""
+
+    task: asyncio.Task[Any]
+    stop_reason: Reason | None = None
+    response_done: bool = False
+
+    def stop(self, reason: Reason) -> None:
+        if self.stop_reason is None and not self.response_done:
+            self.stop_reason = reason
+            self.task.cancel()
+
+
+def _usage_from_json(protocol: Protocol, body: bytes) -> Usage | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    raw = obj.get("usage")
+    if protocol in (Protocol.CHAT, Protocol.COMPLETIONS):
+        return chat_usage(raw)
+    if isinstance(raw, dict):
+        from gateway.guard.contract import int_or_none
+
+        input_details = raw.get("input_tokens_details")
+        output_details = raw.get("output_tokens_details")
+        cached = raw.get("cache_read_input_tokens")
+        if isinstance(input_details, dict):
+            cached = input_details.get("cached_tokens")
+        return Usage(
+            input_tokens=int_or_none(raw.get("input_tokens", raw.get("prompt_tokens"))),
+            output_tokens=int_or_none(raw.get("output_tokens", raw.get("completion_tokens"))),
+            cached_input_tokens=int_or_none(cached),
+            reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
+            if isinstance(output_details, dict)
+            else None,
+        )
+    return None
+
+
+class Relay:
+    """Proxies requests for the configured routes."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        client: httpx.AsyncClient,
+        metrics: Metrics,
+        access_log: AccessLog,
+        model_labels: ModelLabels,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics
+        self.access_log = access_log
+        self.model_labels = model_labels
+        self.lifecycle = lifecycle
+        self.active_streams = 0
+        self._key_hashes = [bytes.fromhex(h) for h in settings.client_key_sha256]
+
+    # -- entry point --------------------------------------------------------------
+
+    async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.monotonic()
+        request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
+        record = RequestRecord(
+            request_id=request_id,
+            route=route.name,
+            method=scope["method"],
+            path=scope["path"],
+            started=started,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        exchange = _Exchange(task)
+        watcher: asyncio.Task[None] | None = None
+        self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
+        try:
+            try:
+                body = await self._admit(route, scope, receive, record)
+            except _Refused as refused:
+                record.rejected = refused.label
+                self.metrics.reject(refused.label)
+                await self._send_error(
+                    send,
+                    record,
+                    refused.status,
+                    refused.message,
+                    refused.type_,
+                    refused.label,
+                    refused.headers,
+                )
+                return
+            except _ClientGone:
+                record.status = 499
+                return
+            watcher = asyncio.get_running_loop().create_task(
+                self._watch_disconnect(receive, exchange)
+            )
+            await self._proxy(route, scope, send, body, record, exchange)
+        except _AbortConnection:
+            # Returning without finishing the response makes uvicorn drop the
+            # connection: the client sees a truncated body, not a clean end.
+            pass
+        finally:
+            exchange.response_done = True
+            if watcher is not None:
+                watcher.cancel()
+            self.lifecycle.unregister(exchange)
+            if record.usage is None and record.verdict is not None:
+                record.usage = record.verdict.usage
+            record.duration = time.monotonic() - started
+            self.metrics.observe(record)
+            self.access_log.write(record)
+
+    async def _watch_disconnect(self, receive: Receive, exchange: _Exchange) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                exchange.stop(Reason.CLIENT_DISCONNECT)
+                return
+
+    # -- before the upstream --------------------------------------------------------
+
+    async def _admit(
+        self, route: Route, scope: Scope, receive: Receive, record: RequestRecord
+    ) -> bytes:
+        """Checks that need no upstream; returns the request body or raises _Refused."""
+        if self.lifecycle.draining:
+            raise _Refused(
+                503,
+                "shutting_down",
+                "The gateway is shutting down; retry on another instance.",
+                "service_unavailable",
+                [(b"retry-after", b"1"), (b"connection", b"close")],
+            )
+        headers = scope["headers"]
+        if self._key_hashes and not self._client_key_ok(headers):
+            raise _Refused(
+                401, "unauthorized", "Missing or invalid API key.", "authentication_error"
+            )
+        length = get_header(headers, b"content-length")
+        limit = self.settings.limits.max_request_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise self._too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone  # the client left before sending its whole body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise self._too_large(limit)
+            if chunk:
+                parts.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(parts)
+
+    @staticmethod
+    def _too_large(limit: int) -> _Refused:
+        return _Refused(
+            413,
+            "body_too_large",
+            f"Request body exceeds the gateway limit of {limit} bytes.",
+            "invalid_request_error",
+        )
+
+    def _client_key_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
+        auth = get_header(headers, b"authorization")
+        if key is None and auth is not None and auth[:7].lower() == b"bearer ":
+            key = auth[7:].strip()
+        if not key:
+            return False
+        digest = hashlib.sha256(key).digest()
+        ok = False
+        for expected in self._key_hashes:
+            ok |= hmac.compare_digest(digest, expected)
+        return ok
+
+    def _admit_stream(self, route: Route) -> None:
+        limits = self.settings.limits
+        route_cap = route.config.max_concurrent_streams
+        if (
+            limits.max_concurrent_streams is not None
+            and self.active_streams >= limits.max_concurrent_streams
+        ) or (route_cap is not None and route.active >= route_cap):
+            raise _Refused(
+                503,
+                "overloaded",
+                "Too many concurrent streams; retry shortly.",
+                "service_unavailable",
+                [(b"retry-after", b"1")],
+            )
+
+    # -- the exchange -----------------------------------------------------------------
+
+    async def _proxy(
+        self,
+        route: Route,
+        scope: Scope,
+        send: Send,
+        body: bytes,
+        record: RequestRecord,
+        exchange: _Exchange,
+    ) -> None:
+        try:
+            url = upstream_target(
+                route,
+                scope["path"],
+                scope.get("raw_path") or scope["path"].encode(),
+                scope.get("query_string", b""),
+            )
+        except PathRejected:
+            record.rejected = "bad_path"
+            self.metrics.reject("bad_path")
+            await self._send_error(
+                send,
+                record,
+                400,
+                "The request path is not allowed.",
+                "invalid_request_error",
+                "bad_path",
+            )
+            return
+        protocol = route.protocol_for(scope["path"][len(route.config.prefix) :])
+        request_json = self._parse_request(body, scope["headers"])
+        if request_json is not None:
+            model = request_json.get("model")
+            record.model = model if isinstance(model, str) else None
+            record.stream = request_json.get("stream") is True
+        record.model_label = self.model_labels.label(record.model)
+        withhold_usage = False
+        if (
+            record.stream
+            and request_json is not None
+            and route.config.inject_include_usage
+            and protocol is Protocol.CHAT
+        ):
+            options = request_json.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage") is True):
+                new_options = dict(options) if isinstance(options, dict) else {}
+                new_options["include_usage"] = True
+                request_json["stream_options"] = new_options
+                body = json.dumps(request_json, separators=(",", ":")).encode()
+                withhold_usage = True
+        if record.stream:
+            try:
+                self._admit_stream(route)
+            except _Refused as refused:
+                record.rejected = refused.label
+                self.metrics.reject(refused.label)
+                await self._send_error(
+                    send,
+                    record,
+                    refused.status,
+                    refused.message,
+                    refused.type_,
+                    refused.label,
+                    refused.headers,
+                )
+                return
+            self.active_streams += 1
+            route.active += 1
+            self.metrics.stream_started(route.name)
+        try:
+            await self._forward(
+                route, scope, send, url, body, protocol, withhold_usage, record, exchange
+            )
+        finally:
+            if record.stream:
+                self.active_streams -= 1
+                route.active -= 1
+                self.metrics.stream_ended(route.name)
+
+    @staticmethod
+    def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        if not body or body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+            return None
+        ctype = get_header(headers, b"content-type") or b""
+        if ctype and b"json" not in ctype:
+            return None
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def _upstream_headers(
+        self, route: Route, scope: Scope, record: RequestRecord
+    ) -> list[tuple[bytes, bytes]]:
+        headers = strip_hop_by_hop(scope["headers"], _REQUEST_DROP)
+        if route.credential is not None:
+            headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
+            secret = route.credential.get_secret_value().encode()
+            style = route.config.credential_style
+            if style == "auto":
+                style = (
+                    "x-api-key"
+                    if route.protocol_for("") is Protocol.MESSAGES
+                    or ("anthropic" in route.upstream)
+                    else "bearer"
+                )
+            if style == "x-api-key":
+                headers.append((b"x-api-key", secret))
+            else:
+                headers.append((b"authorization", b"Bearer " + secret))
+        if record.stream:
+            headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
+        client = scope.get("client")
+        client_ip = client[0] if client else None
+        prior = get_header(scope["headers"], b"x-forwarded-for")
+        if client_ip:
+            forwarded = (prior + b", " if prior else b"") + client_ip.encode()
+            headers.append((b"x-forwarded-for", forwarded))
+        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        headers.append((b"x-request-id", record.request_id.encode()))
+        return headers
+
+    async def _forward(
+        self,
+        route: Route,
+        scope: Scope,
+        send: Send,
+        url: str,
+        body: bytes,
+        protocol: Protocol,
+        withhold_usage: bool,
+        record: RequestRecord,
+        exchange: _Exchange,
+    ) -> None:
+        timeouts = route.timeouts
+        loop = asyncio.get_running_loop()
+        total_deadline = loop.time() + timeouts.total
+        request = self.client.build_request(
+            scope["method"], url, headers=self._upstream_headers(route, scope, record), content=body
+        )
+        record.bytes_in = len(body)
+        response: httpx.Response | None = None
+        try:
+            try:
+                async with asyncio.timeout_at(
+                    min(loop.time() + timeouts.first_byte, total_deadline)
+                ):
+                    response = await self.client.send(request, stream=True)
+            except TimeoutError:
+                reason = (
+                    Reason.TOTAL_TIMEOUT
+                    if loop.time() >= total_deadline
+                    else Reason.FIRST_BYTE_TIMEOUT
+                )
+                await self._fail_before_response(send, record, 504, reason)
+                return
+            except httpx.TimeoutException:
+                record.error = "connect_timeout"
+                await self._fail_before_response(send, record, 504, Reason.UPSTREAM_UNAVAILABLE)
+                return
+            except (httpx.TransportError, OSError) as exc:
+                record.error = type(exc).__name__
+                await self._fail_before_response(send, record, 502, Reason.UPSTREAM_UNAVAILABLE)
+                return
+            await self._relay_response(
+                route, send, response, protocol, withhold_usage, record, exchange, total_deadline
+            )
+        except asyncio.CancelledError:
+            if exchange.stop_reason is None:
+                raise
+            _uncancel()
+            # stopped by a client disconnect or by the drain before any response byte
+            if record.stream and record.verdict is None:
+                record.verdict = _bare_verdict(exchange.stop_reason)
+            if record.status == 0:
+                record.status = 499 if exchange.stop_reason is Reason.CLIENT_DISCONNECT else 503
+        finally:
+            if response is not None:
+                await _close_quietly(response)
+
+    async def _relay_response(
+        self,
+        route: Route,
+        send: Send,
+        response: httpx.Response,
+        protocol: Protocol,
+        withhold_usage: bool,
+        record: RequestRecord,
+        exchange: _Exchange,
+        total_deadline: float,
+    ) -> None:
+        upstream_id = None
+        for name in _UPSTREAM_ID_HEADERS:
+            upstream_id = response.headers.get(name.decode())
+            if upstream_id:
+                break
+        record.upstream_request_id = upstream_id[:200] if upstream_id else None
+        ctype = response.headers.get("content-type", "")
+        is_sse = 200 <= response.status_code < 300 and ctype.startswith("text/event-stream")
+        if is_sse:
+            await self._relay_stream(
+                route, send, response, protocol, withhold_usage, record, exchange, total_deadline
+            )
+            return
+        if record.stream:
+            if response.status_code >= 300 or response.status_code < 200:
+                record.verdict = _bare_verdict(Reason.UPSTREAM_STATUS)
+            else:
+                record.verdict = _bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
+        await self._relay_plain(send, response, protocol, record, total_deadline)
+
+    def _response_headers(
+        self, response: httpx.Response, record: RequestRecord, drop: frozenset[bytes]
+    ) -> RawHeaders:
+        headers = strip_hop_by_hop(response.headers.raw, drop)
+        headers.append((b"x-request-id", record.request_id.encode()))
+        if record.upstream_request_id:
+            headers.append((b"x-upstream-request-id", record.upstream_request_id.encode()))
+        return headers
+
+    async def _relay_plain(
+        self,
+        send: Send,
+        response: httpx.Response,
+        protocol: Protocol,
+        record: RequestRecord,
+        total_deadline: float,
+    ) -> None:
+        """Relay a non-SSE answer unchanged (status, headers, body)."""
+        record.status = response.status_code
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": self._response_headers(response, record, _RESPONSE_DROP),
+            }
+        )
+        sniff: list[bytes] | None = (
+            []
+            if 200 <= response.status_code < 300
+            and "json" in response.headers.get("content-type", "")
+            and not response.headers.get("content-encoding")
+            else None
+        )
+        sniffed = 0
+        try:
+            async with asyncio.timeout_at(total_deadline):
+                async for chunk in response.aiter_raw():
+                    if not chunk:
+                        continue
+                    if record.time_to_first_byte is None:
+                        record.time_to_first_byte = time.monotonic() - record.started
+                    if sniff is not None:
+                        sniffed += len(chunk)
+                        if sniffed <= _JSON_SNIFF_LIMIT:
+                            sniff.append(chunk)
+                        else:
+                            sniff = None
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    record.bytes_out += len(chunk)
+        except (TimeoutError, httpx.TransportError, OSError) as exc:
+            # Headers are out: the only honest signal left is to break the connection.
+            record.error = (
+                "upstream_timeout" if isinstance(exc, TimeoutError) else ("upstream_disconnect")
+            )
+            raise _AbortConnection from None
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if sniff:
+            record.usage = _usage_from_json(protocol, b"".join(sniff))
+
+    async def _relay_stream(
+        self,
+        route: Route,
+        send: Send,
+        response: httpx.Response,
+        protocol: Protocol,
+        withhold_usage: bool,
+        record: RequestRecord,
+        exchange: _Exchange,
+        total_deadline: float,
+    ) -> None:
+        limits = self.settings.limits
+        guard = StreamGuard(
+            self._contract(route, protocol, withhold_usage),
+            SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
+            max_stream_bytes=limits.max_response_bytes,
+        )
+        record.stream = True
+        record.status = response.status_code
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    *self._response_headers(response, record, _STREAM_RESPONSE_DROP),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
+        loop = asyncio.get_running_loop()
+        timeouts = route.timeouts
+        idle = timeouts.idle
+        started = record.started
+        last_content: float | None = None
+        content_seen = 0
+        got_chunk = False
+        encoded = bool(response.headers.get("content-encoding", "identity") != "identity")
+        chunks = (response.aiter_bytes() if encoded else response.aiter_raw()).__aiter__()
+        try:
+            async with asyncio.timeout_at(
+                min(loop.time() + timeouts.first_byte, total_deadline)
+            ) as deadline:
+                while True:
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        guard.eof()
+                        break
+                    got_chunk = True
+                    deadline.reschedule(min(loop.time() + idle, total_deadline))
+                    out = guard.feed(chunk)
+                    if guard.content_events != content_seen:
+                        now = time.monotonic()
+                        content_seen = guard.content_events
+                        if last_content is None:
+                            record.time_to_first_token = now - started
+                        else:
+                            record.chunk_gaps.append(now - last_content)
+                        last_content = now
+                    if out:
+                        if record.time_to_first_byte is None:
+                            record.time_to_first_byte = time.monotonic() - started
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        record.bytes_out += len(out)
+                    if guard.done:
+                        break
+        except TimeoutError:
+            if loop.time() >= total_deadline:
+                guard.abort(Reason.TOTAL_TIMEOUT)
+            elif not got_chunk:
+                guard.abort(Reason.FIRST_BYTE_TIMEOUT)
+            else:
+                guard.abort(Reason.IDLE_TIMEOUT)
+        except httpx.TransportError:
+            guard.abort(Reason.UPSTREAM_DISCONNECT)
+        except asyncio.CancelledError:
+            if exchange.stop_reason is None:
+                raise
+            _uncancel()
+            guard.abort(exchange.stop_reason)
+        verdict = guard.verdict
+        assert verdict is not None
+        record.verdict = verdict
+        if exchange.stop_reason is Reason.CLIENT_DISCONNECT:
+            return
+        trailer = guard.annotation(record.request_id) if self.settings.annotate else b""
+        if record.time_to_first_byte is None and trailer:
+            record.time_to_first_byte = time.monotonic() - started
+        exchange.response_done = True
+        await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        record.bytes_out += len(trailer)
+        if verdict.complete:
+            await _drain_for_reuse(chunks)
+
+    def _contract(self, route: Route, protocol: Protocol, withhold_usage: bool) -> Contract:
+        require = route.config.require_finish_reason
+        if protocol is Protocol.CHAT:
+            return ChatContract(require_finish_reason=require, withhold_usage=withhold_usage)
+        if protocol is Protocol.COMPLETIONS:
+            return CompletionsContract(require_finish_reason=require)
+        if protocol is Protocol.RESPONSES:
+            from gateway.guard.responses import ResponsesContract
+
+            return ResponsesContract()
+        if protocol is Protocol.MESSAGES:
+            from gateway.guard.messages import MessagesContract
+
+            return MessagesContract()
+        return FramingOnly()
+
+    # -- errors of our own -------------------------------------------------------------
+
+    async def _fail_before_response(
+        self, send: Send, record: RequestRecord, status: int, reason: Reason
+    ) -> None:
+        if record.stream:
+            record.verdict = _bare_verdict(reason)
+        messages = {
+            Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
+            Reason.FIRST_BYTE_TIMEOUT: "The upstream did not answer in time (first byte).",
+            Reason.TOTAL_TIMEOUT: "The upstream did not answer before the total deadline.",
+        }
+        await self._send_error(
+            send,
+            record,
+            status,
+            messages.get(reason, "Upstream failure."),
+            "upstream_error",
+            str(reason),
+        )
+
+    async def _send_error(
+        self,
+        send: Send,
+        record: RequestRecord,
+        status: int,
+        message: str,
+        type_: str,
+        code: str,
+        extra: RawHeaders | None = None,
+    ) -> None:
+        body = error_body(message, type_, code, record.request_id)
+        record.status = status
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": error_headers(body, record.request_id, extra),
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        record.bytes_out += len(body)
+
+
+class _AbortConnection(Exception):
+    """Raised to make the server drop the connection (headers already sent)."""
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request was complete."""
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+async def _drain_for_reuse(chunks: AsyncIterator[bytes], budget: int = 65536) -> None:
+    """After the terminator, read what little is left so the connection can be reused.
+
+    The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
+    that keeps sending gets its connection closed instead.
+    """
+    try:
+        async with asyncio.timeout(0.05):
+            async for chunk in chunks:
+                budget -= len(chunk)
+                if budget < 0:
+                    return
+    except (TimeoutError, httpx.TransportError, OSError):
+        return
+
+
+def _bare_verdict(reason: Reason, detail: str = "") -> Verdict:
+    return Verdict(outcome=Outcome.INCOMPLETE, reason=reason, detail=detail)
+
+
+async def _close_quietly(response: httpx.Response) -> None:
+    with contextlib.suppress(Exception):
+        await response.aclose()
