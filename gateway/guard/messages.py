@@ -1,0 +1,276 @@
+"""The Anthropic Messages API (``/messages``) completion contract.
+
+The stream is ``message_start``, then content blocks (``content_block_start``,
+``content_block_delta``..., ``content_block_stop``, each naming its
+``index``), one or more ``message_delta`` (``stop_reason`` and cumulative
+usage), and ``message_stop``, the terminator. ``ping`` may come anywhere;
+``error`` (``overloaded_error``, ``api_error``...) is the upstream's own error
+event: forwarded, verdict ``upstream_error``.
+
+Checks, each rejecting the event at which it fails: JSON object with a string
+``type`` that matches the ``event:`` name (when there is one); nothing but
+``ping``/``error`` before ``message_start``, and only one of those; a delta or
+stop only for a block that was started (else ``invalid_shape``) and not yet
+stopped (a delta after the stop is ``content_after_finish``); no block starts
+or deltas after a ``message_delta`` carried the ``stop_reason``
+(``content_after_finish``); a tool block's assembled ``partial_json`` is valid
+JSON at its ``content_block_stop`` (empty means ``{}``: no-argument tools);
+``message_stop`` needs a ``stop_reason`` and no open block
+(``missing_finish``). Unknown event and delta types are forwarded and ignored.
+
+Memory: counters, per block its type and state, the tool input JSON of tool
+blocks, and the text only with ``keep_text=True``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.guard.contract import (
+    Action,
+    Contract,
+    Protocol,
+    int_or_none,
+    parse_json_object,
+)
+from gateway.guard.sse import Event
+from gateway.guard.verdict import Reason, Usage, normalize_finish
+
+__all__ = ["MessagesContract"]
+
+
+@dataclass(slots=True)
+class _Block:
+    type: str
+    open: bool = True
+    #: The block takes its input as ``input_json_delta`` (tool_use, server_tool_use, ...).
+    tool: bool = False
+    id: str = ""
+    name: str = ""
+    json: list[str] = field(default_factory=list)
+
+
+#: ``delta`` type -> the field holding its text, for deltas that carry output.
+_TEXT_FIELDS = {
+    "text_delta": "text",
+    "input_json_delta": "partial_json",
+    "thinking_delta": "thinking",
+}
+
+
+class MessagesContract(Contract):
+    """Anthropic Messages stream contract (``POST /v1/messages`` with ``stream: true``)."""
+
+    protocol = Protocol.MESSAGES
+
+    def __init__(self, *, keep_text: bool = False) -> None:
+        super().__init__()
+        self.keep_text = keep_text
+        self._started = False
+        self._stop_reason: str | None = None
+        self._blocks: dict[int, _Block] = {}
+        self._text: list[str] = []
+        self._input_tokens: int | None = None
+        self._output_tokens: int | None = None
+        self._cached_tokens: int | None = None
+        self._reasoning_tokens: int | None = None
+
+    # -- results for callers that asked for them -----------------------------
+
+    def text(self) -> str:
+        """The assembled text of all text blocks (only with ``keep_text=True``)."""
+        return "".join(self._text)
+
+    def tool_call_arguments(self) -> list[tuple[str, str, str]]:
+        """(id, name, input JSON) of each ``tool_use`` block, in index order."""
+        return [
+            (block.id, block.name, "".join(block.json))
+            for _, block in sorted(self._blocks.items())
+            if block.type == "tool_use"
+        ]
+
+    @property
+    def tool_calls(self) -> int:
+        """``tool_use`` blocks: tools the client must run (server tools are not counted)."""
+        return sum(1 for block in self._blocks.values() if block.type == "tool_use")
+
+    # -- the contract ----------------------------------------------------------
+
+    def _on_event(self, event: Event) -> Action:
+        if event.event == "error":
+            return self._upstream_error()
+        obj = parse_json_object(event.data)
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            raise self._reject(Reason.INVALID_SHAPE, "event has no string type")
+        if kind == "error":
+            return self._upstream_error()
+        if event.event != "message" and event.event != kind:
+            raise self._reject(Reason.INVALID_SHAPE, "event name and data type differ")
+        if kind == "ping":
+            return Action.FORWARD
+        if kind == "message_start":
+            return self._on_message_start(obj)
+        if not self._started:
+            raise self._reject(Reason.INVALID_SHAPE, f"{kind} arrived before message_start")
+        if kind == "content_block_start":
+            self._on_block_start(obj)
+        elif kind == "content_block_delta":
+            self._on_block_delta(obj)
+        elif kind == "content_block_stop":
+            self._on_block_stop(obj)
+        elif kind == "message_delta":
+            self._on_message_delta(obj)
+        elif kind == "message_stop":
+            return self._on_message_stop()
+        return Action.FORWARD
+
+    # -- message level -----------------------------------------------------------
+
+    def _on_message_start(self, obj: dict[str, Any]) -> Action:
+        if self._started:
+            raise self._reject(Reason.INVALID_SHAPE, "message_start arrived twice")
+        message = obj.get("message")
+        if not isinstance(message, dict):
+            raise self._reject(Reason.INVALID_SHAPE, "message_start.message is not an object")
+        self._take_usage(message.get("usage"))
+        self._started = True
+        return Action.FORWARD
+
+    def _on_message_delta(self, obj: dict[str, Any]) -> None:
+        delta = obj.get("delta")
+        if not isinstance(delta, dict):
+            raise self._reject(Reason.INVALID_SHAPE, "message_delta.delta is not an object")
+        stop_reason = delta.get("stop_reason")
+        if stop_reason is not None and not isinstance(stop_reason, str):
+            raise self._reject(Reason.INVALID_SHAPE, "message_delta stop_reason is not a string")
+        self._take_usage(obj.get("usage"))
+        if stop_reason:
+            self._stop_reason = stop_reason
+            self.finish_reasons[0] = stop_reason
+
+    def _on_message_stop(self) -> Action:
+        unfinished = [index for index, block in sorted(self._blocks.items()) if block.open]
+        if unfinished:
+            raise self._reject(
+                Reason.MISSING_FINISH, f"message_stop arrived while block {unfinished[0]} was open"
+            )
+        if self._stop_reason is None:
+            raise self._reject(Reason.MISSING_FINISH, "message_stop arrived without a stop_reason")
+        return self._complete(normalize_finish(self._stop_reason))
+
+    def _take_usage(self, raw: object) -> None:
+        """Merge a usage object: counts are cumulative, a field left out keeps its value."""
+        if raw is None:
+            return
+        if not isinstance(raw, dict):
+            raise self._reject(Reason.INVALID_SHAPE, "usage is not an object")
+        input_tokens = int_or_none(raw.get("input_tokens"))
+        output_tokens = int_or_none(raw.get("output_tokens"))
+        cached = int_or_none(raw.get("cache_read_input_tokens"))
+        details = raw.get("output_tokens_details")
+        reasoning = (
+            int_or_none(details.get("thinking_tokens")) if isinstance(details, dict) else None
+        )
+        if input_tokens is not None:
+            self._input_tokens = input_tokens
+        if output_tokens is not None:
+            self._output_tokens = output_tokens
+        if cached is not None:
+            self._cached_tokens = cached
+        if reasoning is not None:
+            self._reasoning_tokens = reasoning
+        self.usage = Usage(
+            input_tokens=self._input_tokens,
+            output_tokens=self._output_tokens,
+            cached_input_tokens=self._cached_tokens,
+            reasoning_tokens=self._reasoning_tokens,
+        )
+
+    # -- content blocks ----------------------------------------------------------
+
+    def _index_of(self, obj: dict[str, Any]) -> int:
+        index = obj.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise self._reject(Reason.INVALID_SHAPE, f"{obj.get('type')}.index is not an integer")
+        return index
+
+    def _check_not_stopped(self, what: str) -> None:
+        if self._stop_reason is not None:
+            raise self._reject(Reason.CONTENT_AFTER_FINISH, f"{what} arrived after the stop_reason")
+
+    def _on_block_start(self, obj: dict[str, Any]) -> None:
+        index = self._index_of(obj)
+        self._check_not_stopped("content_block_start")
+        if index in self._blocks:
+            raise self._reject(Reason.INVALID_SHAPE, f"content block {index} started twice")
+        raw = obj.get("content_block")
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+            raise self._reject(Reason.INVALID_SHAPE, "content_block is not a typed object")
+        kind: str = raw["type"]
+        block = self._blocks[index] = _Block(type=kind, tool=kind.endswith("tool_use"))
+        for attr in ("id", "name"):
+            value = raw.get(attr)
+            if isinstance(value, str):
+                setattr(block, attr, value)
+        initial = raw.get("text") if kind == "text" else None
+        if isinstance(initial, str) and initial:
+            self._count(initial, text=True)
+
+    def _open_block(self, obj: dict[str, Any]) -> tuple[int, _Block]:
+        index = self._index_of(obj)
+        block = self._blocks.get(index)
+        kind = obj.get("type")
+        if block is None:
+            raise self._reject(Reason.INVALID_SHAPE, f"{kind} for content block {index} unstarted")
+        if not block.open:
+            reason = (
+                Reason.CONTENT_AFTER_FINISH
+                if kind == "content_block_delta"
+                else Reason.INVALID_SHAPE
+            )
+            raise self._reject(reason, f"{kind} for content block {index} after its stop")
+        return index, block
+
+    def _on_block_delta(self, obj: dict[str, Any]) -> None:
+        _, block = self._open_block(obj)
+        self._check_not_stopped("content_block_delta")
+        delta = obj.get("delta")
+        if not isinstance(delta, dict) or not isinstance(delta.get("type"), str):
+            raise self._reject(Reason.INVALID_SHAPE, "content_block_delta.delta is not typed")
+        kind: str = delta["type"]
+        key = _TEXT_FIELDS.get(kind)
+        if key is None:  # signature_delta, citations_delta, future types: no text
+            return
+        piece = delta.get(key)
+        if not isinstance(piece, str):
+            raise self._reject(Reason.INVALID_SHAPE, f"{kind}.{key} is not a string")
+        if kind == "input_json_delta":
+            block.tool = True
+            if piece:
+                block.json.append(piece)
+        if piece:
+            self._count(piece, text=kind == "text_delta")
+
+    def _count(self, piece: str, *, text: bool) -> None:
+        self.content_events += 1
+        self.content_chars += len(piece)
+        if text and self.keep_text:
+            self._text.append(piece)
+
+    def _on_block_stop(self, obj: dict[str, Any]) -> None:
+        index, block = self._open_block(obj)
+        if block.tool:
+            arguments = "".join(block.json)
+            if arguments.strip():
+                try:
+                    json.loads(arguments)
+                except ValueError:
+                    raise self._reject(
+                        Reason.INVALID_TOOL_ARGUMENTS,
+                        f"content block {index} tool input is not valid JSON",
+                    ) from None
+            block.json = [arguments] if arguments else []
+        block.open = False
