@@ -9,11 +9,12 @@ in-process simulator on a free loopback port), and closes them at shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
@@ -106,7 +107,7 @@ class _Gateway:
                     signal.signal(signal.SIGTERM, previous)
             await client.aclose()
             if simulator is not None:
-                simulator.should_exit = True
+                await simulator.stop()
             if self.metrics.multiprocess:
                 from prometheus_client import multiprocess
 
@@ -116,8 +117,8 @@ class _Gateway:
         """No upstream configured: front the built-in simulator on a free loopback port."""
         from gateway.simulator import start_in_background
 
-        server, port = await start_in_background("127.0.0.1", 0)
-        upstream = f"http://127.0.0.1:{port}/v1"
+        running = await start_in_background("127.0.0.1", 0)
+        upstream = f"http://127.0.0.1:{running.port}/v1"
         log.warning(
             "no upstream configured: fronting the built-in simulator at %s "
             "(set GATEWAY_UPSTREAM_URL or --upstream for a real provider)",
@@ -126,7 +127,7 @@ class _Gateway:
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self.routes.append(ProxyRoute(config=config, timeouts=self.settings.timeouts))
         self._mount_routes()
-        return server
+        return running
 
     def _mount_routes(self) -> None:
         if self.app_routes is None:
@@ -155,17 +156,28 @@ class _Gateway:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-def _chain_sigterm(begin_drain: Any) -> Any:
-    """Start the drain on SIGTERM, then let the server's own handler run."""
+def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
+    """On SIGTERM drain first, then let the server's own handler shut it down.
+
+    A second SIGTERM (or SIGINT, left to the server) stops at once.
+    """
     try:
         previous = signal.getsignal(signal.SIGTERM)
-    except ValueError:
+        loop = asyncio.get_running_loop()
+    except (ValueError, RuntimeError):
         return None
+    state = {"signalled": False}
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        begin_drain()
-        if callable(previous):
-            previous(signum, frame)
+        def finish() -> None:
+            if callable(previous):
+                previous(signum, frame)
+
+        if state["signalled"]:
+            finish()
+            return
+        state["signalled"] = True
+        loop.call_soon_threadsafe(begin_drain, finish)
 
     try:
         signal.signal(signal.SIGTERM, handler)

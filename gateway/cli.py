@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.settings import Settings, export_for_workers, load_settings
+from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
 __all__ = ["main"]
 
@@ -85,11 +85,7 @@ def _load(args: argparse.Namespace) -> Settings:
         overrides = _overrides(args)
         return load_settings(**overrides)
     except ValidationError as exc:
-        lines = ["invalid configuration:"]
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(root)"
-            lines.append(f"  {where}: {err['msg']}")
-        _die("\n".join(lines))
+        _die(describe_errors(exc, args.config))
     except (FileNotFoundError, ValueError) as exc:
         _die(f"invalid configuration: {exc}")
     raise AssertionError("unreachable")

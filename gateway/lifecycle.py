@@ -40,8 +40,12 @@ class Lifecycle:
         if not self._inflight:
             self._idle.set()
 
-    def begin_drain(self) -> None:
-        """Called on SIGTERM (from the event loop): not ready, no new work, timed drain."""
+    def begin_drain(self, then: Callable[[], None] | None = None) -> None:
+        """Start draining (call from the event loop): not ready, no new work, timed drain.
+
+        ``then`` runs once every in-flight request has ended (the server's own
+        shutdown, so that it closes its sockets only after the drain).
+        """
         if self.draining:
             return
         self.ready = False
@@ -50,16 +54,18 @@ class Lifecycle:
             "draining: %d request(s) in flight, up to %.1fs", self.inflight, self.drain_timeout
         )
         loop = asyncio.get_running_loop()
-        self._drain_task = loop.create_task(self._drain())
+        self._drain_task = loop.create_task(self._drain(then))
 
-    async def _drain(self) -> None:
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.drain_timeout)
-        except TimeoutError:
+    async def _drain(self, then: Callable[[], None] | None) -> None:
+        if not await self.wait_idle(self.drain_timeout):
             stops = list(self._inflight.values())
             log.warning("drain timeout: stopping %d request(s) with gateway_shutdown", len(stops))
             for stop in stops:
                 stop()
+            await self.wait_idle(5.0)
+        log.info("drained")
+        if then is not None:
+            then()
 
     async def wait_idle(self, seconds: float) -> bool:
         try:

@@ -442,13 +442,11 @@ class Relay:
                 )
                 await self._fail_before_response(send, record, 504, reason)
                 return
-            except httpx.TimeoutException:
-                record.error = "connect_timeout"
-                await self._fail_before_response(send, record, 504, Reason.UPSTREAM_UNAVAILABLE)
-                return
             except (httpx.TransportError, OSError) as exc:
-                record.error = type(exc).__name__
-                await self._fail_before_response(send, record, 502, Reason.UPSTREAM_UNAVAILABLE)
+                timed_out = _is_timeout(exc)
+                record.error = "connect_timeout" if timed_out else "connect_error"
+                status = 504 if timed_out else 502
+                await self._fail_before_response(send, record, status, Reason.UPSTREAM_UNAVAILABLE)
                 return
             await self._relay_response(
                 route, send, response, protocol, withhold_usage, record, exchange, total_deadline
@@ -717,6 +715,20 @@ class _AbortConnection(Exception):
 
 class _ClientGone(Exception):
     """The client disconnected before its request was complete."""
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """Whether a transport error was a timeout.
+
+    httpx-aiohttp maps every aiohttp connection error (a refused connection
+    too) to ``httpx.ConnectTimeout``, so the original cause decides.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        if type(cause).__module__.startswith("aiohttp"):
+            return isinstance(cause, TimeoutError)
+        cause = cause.__cause__
+    return isinstance(exc, httpx.TimeoutException | TimeoutError)
 
 
 def _uncancel() -> None:

@@ -13,7 +13,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +34,7 @@ __all__ = [
     "RouteConfig",
     "Settings",
     "Timeouts",
+    "describe_errors",
     "export_for_workers",
     "load_settings",
     "settings_for_worker",
@@ -217,8 +226,29 @@ def _config_path(*sources: PydanticBaseSettingsSource) -> Path | None:
     for source in sources:
         value = source().get("config")
         if value:
-            return Path(value)
+            path = Path(value)
+            if not path.is_file():
+                raise FileNotFoundError(f"config file not found: {path}")
+            return path
     return None
+
+
+def describe_errors(exc: ValidationError, config: str | None = None) -> str:
+    """A precise, multi-line message: which key, where it came from, why."""
+    config = config or os.environ.get("GATEWAY_CONFIG")
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(root)"
+        env_name = "GATEWAY_" + "__".join(p.upper() for p in loc)
+        if env_name in os.environ:
+            origin = f" (environment variable {env_name})"
+        elif config:
+            origin = f" (config file {config}, or its default)"
+        else:
+            origin = ""
+        lines.append(f"  {key}{origin}: {err['msg']}")
+    return "\n".join(lines)
 
 
 def load_settings(**overrides: Any) -> Settings:

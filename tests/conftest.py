@@ -73,3 +73,61 @@ def simulator() -> Iterator[ServerThread]:
 
     with running(create_simulator_app()) as server:
         yield server
+
+
+class GatewayProcess:
+    """The gateway as a real separate process (``python -m gateway serve``)."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        self.port = free_port()
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 20) -> GatewayProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                _out, err = self.proc.communicate()
+                raise RuntimeError(f"gateway exited: {err.decode(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("gateway did not become ready")
+
+    def stop(self) -> tuple[bytes, bytes]:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except Exception:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return out, err
+
+
+@contextlib.contextmanager
+def gateway_process(args: list[str], env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(args, env)
+    try:
+        yield gateway.wait_ready()
+    finally:
+        gateway.stop()

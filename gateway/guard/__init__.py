@@ -10,6 +10,8 @@ from gateway.guard.annotation import render_annotation
 from gateway.guard.chat import ChatContract, CompletionsContract
 from gateway.guard.contract import Action, Contract, FramingOnly, Protocol
 from gateway.guard.errors import BudgetExceeded, EventTooLarge, GuardError, LineTooLong
+from gateway.guard.messages import MessagesContract
+from gateway.guard.responses import ResponsesContract
 from gateway.guard.sse import Event, SSEDecoder
 from gateway.guard.stream import StreamGuard
 from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
@@ -25,9 +27,11 @@ __all__ = [
     "FramingOnly",
     "GuardError",
     "LineTooLong",
+    "MessagesContract",
     "Outcome",
     "Protocol",
     "Reason",
+    "ResponsesContract",
     "SSEDecoder",
     "StreamGuard",
     "Usage",

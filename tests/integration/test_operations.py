@@ -1,0 +1,402 @@
+"""Operating the gateway: configuration, credentials, client keys, admission, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.settings import Settings, load_settings
+from tests.conftest import ServerThread, gateway_process
+from tests.integration.helpers import annotation, gateway_for, metric_value
+
+CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check_config(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    clean.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", *args],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=60,
+    )
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text('port = 1111\nhost = "10.1.1.1"\n[timeouts]\nidle = 11.0\nconnect = 3.0\n')
+    only_file = json.loads(_check_config("--config", str(config)).stdout)
+    assert (only_file["port"], only_file["host"]) == (1111, "10.1.1.1")
+    assert only_file["timeouts"]["idle"] == 11.0
+    env = {"GATEWAY_PORT": "2222", "GATEWAY_TIMEOUTS__IDLE": "22"}
+    with_env = json.loads(_check_config("--config", str(config), env=env).stdout)
+    assert with_env["port"] == 2222
+    assert with_env["timeouts"]["idle"] == 22.0
+    assert with_env["timeouts"]["connect"] == 3.0  # untouched keys still come from the file
+    flags = json.loads(
+        _check_config(
+            "--config", str(config), "--port", "3333", "--idle-timeout", "33", env=env
+        ).stdout
+    )
+    assert flags["port"] == 3333
+    assert flags["timeouts"]["idle"] == 33.0
+    assert flags["timeouts"]["connect"] == 3.0
+    assert flags["host"] == "10.1.1.1"
+    via_env_file = json.loads(_check_config(env={"GATEWAY_CONFIG": str(config)}).stdout)
+    assert via_env_file["port"] == 1111
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "expected"),
+    [
+        ('port = "eighty"\n', {}, "port (config file"),
+        ("bogus_key = 1\n", {}, "bogus_key (config file"),
+        ("[timeouts]\nidle = -1\n", {}, "timeouts.idle"),
+        ("", {"GATEWAY_TIMEOUTS__IDLE": "soon"}, "environment variable GATEWAY_TIMEOUTS__IDLE"),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "ftp://x"\n',
+            {},
+            "routes.0.upstream",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "v1/"\nupstream = "http://x"\n',
+            {},
+            "routes.0.prefix",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
+            '[[routes]]\nname = "a"\nprefix = "/v2"\nupstream = "http://y"\n',
+            {},
+            "route names must be unique",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
+            'credential_env = "GW_TEST_UNSET_KEY"\n',
+            {},
+            "routes[a].credential_env: environment variable GW_TEST_UNSET_KEY is not set",
+        ),
+        ('client_key_sha256 = ["abc"]\n', {}, "client_key_sha256"),
+        ("[limits]\nmax_request_bytes = 0\n", {}, "limits.max_request_bytes"),
+        ("this is not toml", {}, "invalid configuration"),
+    ],
+)
+def test_invalid_configs_are_refused_with_a_precise_message(
+    tmp_path: Path, content: str, env: dict[str, str], expected: str
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(content)
+    result = _check_config("--config", str(config), env=env)
+    assert result.returncode == 2
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_config_file_is_refused() -> None:
+    result = _check_config("--config", "/nonexistent/gateway.toml")
+    assert result.returncode == 2
+    assert "config file not found: /nonexistent/gateway.toml" in result.stderr
+    result = _check_config(env={"GATEWAY_CONFIG": "/nonexistent/x.toml"})
+    assert result.returncode == 2
+    assert "config file not found" in result.stderr
+
+
+def test_a_bad_config_never_starts_a_server(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[timeouts]\nidle = 0\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "timeouts.idle" in result.stderr
+
+
+def test_check_config_redacts_secrets(tmp_path: Path) -> None:
+    key = "sk-route-secret-value-42"
+    client_key_hash = hashlib.sha256(b"client-key").hexdigest()
+    config = tmp_path / "g.toml"
+    config.write_text(
+        f'client_key_sha256 = ["{client_key_hash}"]\n'
+        '[[routes]]\nname = "openai"\nprefix = "/v1"\nupstream = "https://api.example.test/v1"\n'
+        'credential_env = "GW_TEST_ROUTE_KEY"\n'
+    )
+    result = _check_config("--config", str(config), env={"GW_TEST_ROUTE_KEY": key})
+    assert result.returncode == 0, result.stderr
+    assert key not in result.stdout
+    assert client_key_hash not in result.stdout
+    shown = json.loads(result.stdout)
+    assert shown["effective_routes"][0]["credential"] == "<redacted>"
+
+
+def test_example_config_documents_every_key_with_its_default() -> None:
+    import tomllib
+
+    example = tomllib.loads((ROOT / "config" / "gateway.example.toml").read_text())
+    defaults = Settings.model_fields
+    text = (ROOT / "config" / "gateway.example.toml").read_text()
+    for name, field in defaults.items():
+        if name in ("routes", "credentials", "config"):
+            continue
+        assert name in text, f"{name} missing from gateway.example.toml"
+        if name in example and name not in ("timeouts", "limits"):
+            assert example[name] == field.get_default(call_default_factory=True), name
+    for section in ("timeouts", "limits"):
+        model = defaults[section].default
+        for key, value in model.model_dump().items():
+            assert key in text, f"{section}.{key} missing"
+            if key in example[section]:
+                assert example[section][key] == value, f"{section}.{key}"
+    route_text = text[text.index("[[routes]]") :]
+    from gateway.settings import RouteConfig
+
+    for key in RouteConfig.model_fields:
+        assert key in route_text, f"routes.{key} missing"
+
+
+def test_readme_configuration_reference_lists_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    from gateway.settings import RouteConfig
+
+    for name in Settings.model_fields:
+        if name == "credentials":
+            continue
+        assert f"`{name}`" in readme, f"README lacks {name}"
+    for section in ("timeouts", "limits"):
+        model = Settings.model_fields[section].default
+        for key in model.model_dump():
+            assert f"`{section}.{key}`" in readme, f"README lacks {section}.{key}"
+    for key in RouteConfig.model_fields:
+        assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def _sim_headers(simulator: ServerThread, rid: str) -> dict[str, Any]:
+    record = httpx.get(f"{simulator.url}/_sim/requests/{rid}").json()
+    headers: dict[str, Any] = record["headers"]
+    return headers
+
+
+def _sha(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _seen(headers: dict[str, Any], name: str) -> str | None:
+    """The simulator records credential headers as presence plus a sha256 of the value."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return str(value.get("sha256"))
+    return str(value)
+
+
+def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
+    os.environ["GW_TEST_OPENAI_KEY"] = "sk-route-openai"
+    os.environ["GW_TEST_ANTHROPIC_KEY"] = "sk-route-anthropic"
+    try:
+        settings = load_settings(
+            access_log=False,
+            routes=[
+                {
+                    "name": "oa",
+                    "prefix": "/v1",
+                    "upstream": simulator.url + "/v1",
+                    "credential_env": "GW_TEST_OPENAI_KEY",
+                },
+                {
+                    "name": "an",
+                    "prefix": "/anthropic/v1",
+                    "upstream": simulator.url + "/v1",
+                    "credential_env": "GW_TEST_ANTHROPIC_KEY",
+                    "protocol": "messages",
+                },
+                {"name": "open", "prefix": "/open/v1", "upstream": simulator.url + "/v1"},
+            ],
+        )
+    finally:
+        del os.environ["GW_TEST_OPENAI_KEY"], os.environ["GW_TEST_ANTHROPIC_KEY"]
+    from gateway.app import create_app
+    from tests.conftest import running
+
+    with running(create_app(settings)) as gw:
+        client_headers = {
+            "authorization": "Bearer sk-client",
+            "x-api-key": "sk-client-x",
+            "api-key": "sk-client-azure",
+        }
+        httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=CHAT,
+            headers=client_headers | {"x-request-id": "cred-oa"},
+        )
+        seen = _sim_headers(simulator, "cred-oa")
+        assert _seen(seen, "authorization") == _sha("Bearer sk-route-openai")
+        assert _seen(seen, "x-api-key") is None
+        assert _seen(seen, "api-key") is None
+
+        httpx.post(
+            gw.url + "/anthropic/v1/messages",
+            json={"model": "c", "max_tokens": 5, "messages": [], "stream": True},
+            headers=client_headers | {"x-request-id": "cred-an"},
+        )
+        seen = _sim_headers(simulator, "cred-an")
+        assert _seen(seen, "x-api-key") == _sha("sk-route-anthropic")
+        assert _seen(seen, "authorization") is None
+
+        httpx.post(
+            gw.url + "/open/v1/chat/completions",
+            json=CHAT,
+            headers={"authorization": "Bearer sk-client", "x-request-id": "cred-open"},
+        )
+        seen = _sim_headers(simulator, "cred-open")
+        assert _seen(seen, "authorization") == _sha("Bearer sk-client")
+
+
+def test_client_keys_are_checked(simulator: ServerThread) -> None:
+    good = "gw-client-key-1"
+    with gateway_for(
+        simulator.url + "/v1", client_key_sha256=[hashlib.sha256(good.encode()).hexdigest()]
+    ) as gw:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "nope"}):
+            response = httpx.post(
+                gw.url + "/v1/chat/completions", json=CHAT, headers=headers | {"x-request-id": "k0"}
+            )
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+            assert "wrong" not in response.text
+            assert "nope" not in response.text
+        assert httpx.get(f"{simulator.url}/_sim/requests/k0").status_code == 404
+        ok = httpx.post(
+            gw.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {good}"}
+        )
+        assert ok.status_code == 200
+        ok = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": good})
+        assert ok.status_code == 200
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert metric_value(metrics, "gateway_rejected_requests_total", reason="unauthorized") == 3
+        assert good not in metrics
+
+
+def test_upstream_is_fixed_by_the_route(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1") as gw:
+        for target in (
+            "http://127.0.0.1:1/v1/models",
+            "//127.0.0.1:1/v1/models",
+        ):
+            response = httpx.get(gw.url + "/v1/models", headers={"host": target})
+            assert response.status_code == 200  # still the route's upstream
+        # an absolute-form request target does not pick the upstream either
+        import socket
+
+        with socket.create_connection(("127.0.0.1", gw.port)) as conn:
+            conn.sendall(
+                b"GET http://127.0.0.1:1/v1/models HTTP/1.1\r\nHost: 127.0.0.1:1\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+            raw = b""
+            while chunk := conn.recv(65536):
+                raw += chunk
+        assert b'"object":"list"' in raw.replace(b" ", b"") or raw.startswith(b"HTTP/1.1 4")
+
+
+# ---------------------------------------------------------------- admission and drain
+
+
+def test_concurrency_limit_gives_503_with_retry_after(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", limits={"max_concurrent_streams": 2}) as gw:
+
+        async def main() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
+                slow = [
+                    client.post(
+                        "/v1/chat/completions",
+                        json=CHAT,
+                        headers={"x-sim-tokens": "10", "x-sim-tps": "10"},
+                    )
+                    for _ in range(2)
+                ]
+                tasks = [asyncio.ensure_future(s) for s in slow]
+                await asyncio.sleep(0.3)
+                extra = await client.post("/v1/chat/completions", json=CHAT)
+                return [*(await asyncio.gather(*tasks)), extra]
+
+        first, second, extra = asyncio.run(main())
+        assert first.status_code == second.status_code == 200
+        assert extra.status_code == 503
+        assert extra.headers["retry-after"]
+        assert extra.json()["error"]["code"] == "overloaded"
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert metric_value(metrics, "gateway_rejected_requests_total", reason="overloaded") == 1
+        # capacity returns once the streams end
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
+    simulator: ServerThread,
+) -> None:
+    with gateway_process(
+        ["--upstream", simulator.url + "/v1", "--drain-timeout", "2"],
+        env={"GATEWAY_ACCESS_LOG": "false"},
+    ) as gw:
+        results: dict[str, bytes] = {}
+
+        def stream(name: str, headers: dict[str, str]) -> None:
+            with httpx.Client(timeout=30) as client:
+                results[name] = client.post(
+                    gw.url + "/v1/chat/completions", json=CHAT, headers=headers
+                ).content
+
+        short = threading.Thread(
+            target=stream, args=("short", {"x-sim-tokens": "10", "x-sim-tps": "10"})
+        )
+        long = threading.Thread(
+            target=stream,
+            args=("long", {"x-sim-fault": "stall_mid_stream", "x-sim-stall-seconds": "60"}),
+        )
+        short.start()
+        long.start()
+        time.sleep(0.4)
+        signalled = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        ready = httpx.get(gw.url + "/readyz", timeout=5)
+        assert ready.status_code == 503
+        refused = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
+        assert refused.status_code == 503
+        short.join(30)
+        long.join(30)
+        gw.proc.wait(timeout=30)
+        elapsed = time.monotonic() - signalled
+    assert annotation(results["short"])["outcome"] == "complete"
+    note = annotation(results["long"])
+    assert (note["outcome"], note["reason"]) == ("incomplete", "gateway_shutdown")
+    assert b'"code":"gateway_shutdown"' in results["long"]
+    # uvicorn re-raises the signal once it has shut down: a clean exit by SIGTERM
+    assert gw.proc.returncode in (0, -signal.SIGTERM)
+    assert 1.8 < elapsed < 10

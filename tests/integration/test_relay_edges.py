@@ -1,0 +1,306 @@
+"""The relay's edges: errors before the stream, headers, paths, disconnects, limits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServerThread, free_port
+from tests.integration.helpers import annotation, gateway_for, metric_value
+
+CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+@pytest.fixture(scope="module")
+def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    with gateway_for(
+        simulator.url + "/v1",
+        timeouts={"idle": 2.0, "first_byte": 1.0, "total": 10.0},
+        limits={"max_request_bytes": 4096},
+    ) as server:
+        yield server
+
+
+def _sim_record(simulator: ServerThread, request_id: str) -> dict[str, object] | None:
+    response = httpx.get(f"{simulator.url}/_sim/requests/{request_id}")
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    data: dict[str, object] = response.json()
+    return data
+
+
+def _assert_clean_error(response: httpx.Response, status: int, code: str) -> dict[str, object]:
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == code
+    text = response.text.lower()
+    for leak in ("127.0.0.1", "localhost", "traceback", "exception", "errno"):
+        assert leak not in text, leak
+    assert response.headers["x-request-id"]
+    return dict(error)
+
+
+def test_first_byte_timeout_before_headers_is_a_504_json_error(gateway: ServerThread) -> None:
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={"x-sim-fault": "stall_before_headers", "x-sim-stall-seconds": "30"},
+        timeout=10,
+    )
+    _assert_clean_error(response, 504, "first_byte_timeout")
+
+
+def test_unreachable_upstream_is_a_502_naming_no_host() -> None:
+    port = free_port()  # nothing listens there
+    with gateway_for(f"http://127.0.0.1:{port}/v1") as gw:
+        response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
+        _assert_clean_error(response, 502, "upstream_unavailable")
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert (
+            metric_value(
+                metrics,
+                "gateway_streams_total",
+                outcome="incomplete",
+                reason="upstream_unavailable",
+            )
+            == 1
+        )
+
+
+def test_connect_timeout_is_a_504() -> None:
+    # A listening socket whose accept queue is full: further SYNs are dropped,
+    # so connecting hangs until the connect deadline.
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(0)
+    port = blocker.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            fillers.append(s)
+        with gateway_for(f"http://127.0.0.1:{port}/v1", timeouts={"connect": 0.5}) as gw:
+            started = time.monotonic()
+            response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
+            assert time.monotonic() - started < 5
+            assert response.status_code in (502, 504)
+            _assert_clean_error(response, response.status_code, "upstream_unavailable")
+    finally:
+        for s in fillers:
+            s.close()
+        blocker.close()
+
+
+def test_non_2xx_is_relayed_unchanged(gateway: ServerThread, simulator: ServerThread) -> None:
+    headers = {"x-sim-fault": "status", "x-sim-status": "429"}
+    direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
+    before = httpx.get(gateway.url + "/metrics").text
+    via = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=headers)
+    after = httpx.get(gateway.url + "/metrics").text
+    assert via.status_code == direct.status_code == 429
+    assert via.content == direct.content
+    assert via.headers.get("retry-after") == direct.headers.get("retry-after")
+    labels = {"outcome": "incomplete", "reason": "upstream_status"}
+    assert (
+        metric_value(after, "gateway_streams_total", **labels)
+        - metric_value(before, "gateway_streams_total", **labels)
+        == 1
+    )
+    with pytest.raises(openai.RateLimitError):
+        openai.OpenAI(
+            base_url=gateway.url + "/v1", api_key="k", max_retries=0
+        ).chat.completions.create(model="m", messages=[], stream=True, extra_headers=headers)
+
+
+def test_body_over_the_limit_is_a_413_and_never_sent_upstream(
+    gateway: ServerThread, simulator: ServerThread
+) -> None:
+    big = dict(CHAT, messages=[{"role": "user", "content": "x" * 10_000}])
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions", json=big, headers={"x-request-id": "too-big-1"}
+    )
+    _assert_clean_error(response, 413, "body_too_large")
+    assert _sim_record(simulator, "too-big-1") is None
+    # also when the client streams the body without a Content-Length
+    chunks = iter([b'{"model": "m", "messages": "', b"y" * 5000, b'"}'])
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        content=chunks,
+        headers={"x-request-id": "too-big-2", "content-type": "application/json"},
+    )
+    _assert_clean_error(response, 413, "body_too_large")
+    assert _sim_record(simulator, "too-big-2") is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/../admin", "/v1/%2e%2e/admin", "/v1/models/%2E%2E/%2E%2E/x", "/v1/a%2fb", "/v1/./models"],
+)
+def test_traversal_is_rejected_and_never_forwarded(
+    gateway: ServerThread, simulator: ServerThread, path: str
+) -> None:
+    rid = "trav-" + str(abs(hash(path)))
+    with socket.create_connection(("127.0.0.1", gateway.port)) as conn:
+        conn.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Request-ID: {rid}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        raw = b""
+        while chunk := conn.recv(65536):
+            raw += chunk
+    status = int(raw.split(b" ", 2)[1])
+    assert 400 <= status < 500
+    assert _sim_record(simulator, rid) is None
+
+
+def test_request_ids_and_headers(gateway: ServerThread, simulator: ServerThread) -> None:
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={
+            "x-request-id": "client.id-1",
+            "connection": "x-hop",
+            "x-hop": "must-not-pass",
+            "x-custom": "passes",
+            "accept-encoding": "gzip",
+        },
+    )
+    assert response.headers.get_list("x-request-id") == ["client.id-1"]
+    assert response.headers["x-upstream-request-id"]
+    record = _sim_record(simulator, "client.id-1")
+    assert record is not None
+    seen = record["headers"]
+    assert isinstance(seen, dict)
+    assert "x-hop" not in seen
+    assert seen["x-custom"] == "passes"
+    assert seen["accept-encoding"] == "identity"
+    assert seen["x-forwarded-for"] == "127.0.0.1"
+    assert seen["x-forwarded-proto"] == "http"
+    assert seen["x-request-id"] == "client.id-1"
+    # an invalid client id is replaced by a generated one
+    bad = httpx.post(
+        gateway.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "bad id!"}
+    )
+    rid = bad.headers.get_list("x-request-id")
+    assert len(rid) == 1
+    assert rid[0] != "bad id!"
+    assert annotation(bad.content)["rid"] == rid[0]
+
+
+def test_non_streamed_requests_pass_through_unchanged(
+    gateway: ServerThread, simulator: ServerThread
+) -> None:
+    for method, path, body in (
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/embeddings", {"model": "e", "input": "hello"}),
+        ("POST", "/v1/chat/completions", {"model": "m", "messages": []}),
+    ):
+        direct = httpx.request(method, simulator.url + path, json=body)
+        via = httpx.request(method, gateway.url + path + "", json=body)
+        assert via.status_code == direct.status_code == 200
+        assert json.loads(via.content) == json.loads(direct.content)
+        assert b": gateway" not in via.content
+
+
+def test_query_string_is_forwarded(gateway: ServerThread, simulator: ServerThread) -> None:
+    httpx.get(gateway.url + "/v1/models?limit=3&after=a%20b", headers={"x-request-id": "q-1"})
+    record = _sim_record(simulator, "q-1")
+    assert record is not None
+    assert record["query"] == "limit=3&after=a%20b"
+
+
+def _wait_disconnected(simulator: ServerThread, rid: str, within: float) -> dict[str, object]:
+    deadline = time.monotonic() + within
+    while True:
+        record = _sim_record(simulator, rid)
+        if record is not None and record["disconnected"]:
+            return record
+        assert time.monotonic() < deadline, f"upstream still connected: {record}"
+        time.sleep(0.02)
+
+
+def _open_and_abandon(port: int, rid: str, fault: str, read_first: bool) -> None:
+    body = json.dumps(CHAT).encode()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(
+            (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: {rid}\r\n"
+                f"x-sim-fault: {fault}\r\nx-sim-stall-seconds: 30\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+        if read_first:
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        else:
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize(
+    ("fault", "read_first"), [("stall_mid_stream", True), ("stall_before_headers", False)]
+)
+def test_client_disconnect_closes_the_upstream_within_a_second(
+    simulator: ServerThread, fault: str, read_first: bool
+) -> None:
+    rid = f"disc-{fault}"
+    with gateway_for(simulator.url + "/v1", timeouts={"first_byte": 60, "idle": 60}) as gw:
+        _open_and_abandon(gw.port, rid, fault, read_first)
+        _wait_disconnected(simulator, rid, within=1.0)
+        deadline = time.monotonic() + 2
+        labels = {"outcome": "incomplete", "reason": "client_disconnect"}
+        while time.monotonic() < deadline:
+            metrics = httpx.get(gw.url + "/metrics").text
+            if metric_value(metrics, "gateway_streams_total", **labels) == 1:
+                break
+            time.sleep(0.05)
+        assert metric_value(metrics, "gateway_streams_total", **labels) == 1
+        assert metric_value(metrics, "gateway_active_streams") == 0
+
+
+def test_stream_over_the_response_limit_is_limit_exceeded(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", limits={"max_response_bytes": 20_000}) as gw:
+        body = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"x-sim-tokens": "2000"},
+            timeout=10,
+        ).content
+        assert annotation(body)["reason"] == "limit_exceeded"
+        assert len(body) < 21_000
+
+
+def test_event_over_the_event_budget_is_limit_exceeded(simulator: ServerThread) -> None:
+    with gateway_for(
+        simulator.url + "/v1", limits={"max_event_bytes": 10_000, "max_line_bytes": 10_000}
+    ) as gw:
+        body = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"x-sim-fault": "huge_event", "x-sim-chunk-bytes": "50000"},
+            timeout=10,
+        ).content
+        assert annotation(body)["reason"] == "limit_exceeded"
+        assert len(body) < 10_000
+
+
+def test_unknown_path_is_a_json_404(gateway: ServerThread) -> None:
+    response = httpx.get(gateway.url + "/nope")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "no_route"
+
+
+def test_health_endpoints(gateway: ServerThread) -> None:
+    assert httpx.get(gateway.url + "/healthz").status_code == 200
+    assert httpx.get(gateway.url + "/readyz").status_code == 200

@@ -1,0 +1,242 @@
+"""The relay end to end: real gateway and simulator on loopback, real httpx and openai clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServerThread
+from tests.integration.helpers import (
+    annotation,
+    assert_whole_events,
+    gateway_for,
+    metric_value,
+)
+
+CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+# fault -> the reason the gateway must report
+FAULT_REASONS = {
+    "drop_before_done": "missing_done",
+    "drop_after_text": "missing_done",
+    "drop_mid_event": "missing_done",
+    "drop_mid_utf8": "missing_done",
+    "done_without_finish": "missing_finish",
+    "abort_mid_body": "upstream_disconnect",
+    "invalid_json": "invalid_json",
+    "invalid_shape": "invalid_shape",
+    "content_after_finish": "content_after_finish",
+    "invalid_tool_arguments": "invalid_tool_arguments",
+}
+COMPLETE_REASONS = {
+    "none": "stop",
+    "length": "length",
+    "content_filter": "content_filter",
+    "tool_calls": "tool_calls",
+    "choices_2": "stop",
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    with gateway_for(
+        simulator.url + "/v1", timeouts={"idle": 1.0, "first_byte": 1.0, "total": 4.0}
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def sdk(gateway: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="test-key", max_retries=0)
+
+
+def _stream_text(client: openai.OpenAI, **extra: object) -> str:
+    stream = client.chat.completions.create(
+        model="sim-1",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        **extra,  # type: ignore[arg-type]
+    )
+    parts = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.index == 0 and choice.delta.content:
+                parts.append(choice.delta.content)
+    return "".join(parts)
+
+
+def test_sdk_complete_stream_gives_the_whole_text(
+    sdk: openai.OpenAI, simulator: ServerThread
+) -> None:
+    direct = openai.OpenAI(base_url=simulator.url + "/v1", api_key="k", max_retries=0)
+    expected = _stream_text(direct, extra_headers={"x-sim-tokens": "40"})
+    assert len(expected) > 40
+    assert _stream_text(sdk, extra_headers={"x-sim-tokens": "40"}) == expected
+
+
+@pytest.mark.parametrize("fault", sorted(FAULT_REASONS))
+def test_sdk_raises_on_every_fault_with_the_reason_as_code(sdk: openai.OpenAI, fault: str) -> None:
+    with pytest.raises(openai.APIError) as caught:
+        _stream_text(sdk, extra_headers={"x-sim-fault": fault})
+    assert caught.value.code == FAULT_REASONS[fault]
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("stall_mid_stream", "idle_timeout"), ("heartbeats_forever", "total_timeout")],
+)
+def test_sdk_raises_on_deadlines(sdk: openai.OpenAI, fault: str, reason: str) -> None:
+    with pytest.raises(openai.APIError) as caught:
+        _stream_text(sdk, extra_headers={"x-sim-fault": fault, "x-sim-stall-seconds": "30"})
+    assert caught.value.code == reason
+
+
+def test_sdk_raises_on_upstream_error_event(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIError):
+        _stream_text(sdk, extra_headers={"x-sim-fault": "error_event"})
+
+
+@pytest.mark.parametrize("fault", [*sorted(FAULT_REASONS), "error_event", "stall_mid_stream"])
+def test_raw_body_is_whole_events_then_one_annotation(gateway: ServerThread, fault: str) -> None:
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={"x-sim-fault": fault, "x-request-id": f"t-{fault}"},
+        timeout=10,
+    )
+    body = response.content
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == f"t-{fault}"
+    assert_whole_events(body)
+    note = annotation(body)
+    assert note["rid"] == f"t-{fault}"
+    assert note["outcome"] == "incomplete"
+    if fault == "error_event":
+        assert note["reason"] == "upstream_error"
+        # the upstream's own error is forwarded and no second error is added
+        assert body.count(b'"error"') == 1
+        assert b"stream_incomplete" not in body
+    else:
+        expected = FAULT_REASONS.get(fault, "idle_timeout")
+        assert note["reason"] == expected
+        error_line = body.rsplit(b"\n\n", 2)[-2].split(b"\n")[-1]
+        assert error_line.startswith(b"data: ")
+        payload = json.loads(error_line[6:])
+        assert payload["error"]["code"] == expected
+        assert payload["error"]["type"] == "stream_incomplete"
+    assert not body.endswith(b"\n\n")
+    assert b"[DONE]" not in body
+
+
+@pytest.mark.parametrize("fault", sorted(COMPLETE_REASONS))
+def test_complete_streams_end_with_the_upstream_terminator_and_a_comment(
+    gateway: ServerThread, fault: str
+) -> None:
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={"x-sim-fault": fault},
+        timeout=10,
+    )
+    body = response.content
+    note = annotation(body)
+    assert (note["outcome"], note["reason"]) == ("complete", COMPLETE_REASONS[fault])
+    assert note["rid"] == response.headers["x-request-id"]
+    assert body.endswith(
+        b"data: [DONE]\n\n: gateway outcome=complete reason="
+        + note["reason"].encode()
+        + b" request_id="
+        + note["rid"].encode()
+        + b"\n"
+    )
+    assert response.headers["cache-control"] == "no-cache"
+    assert response.headers["x-accel-buffering"] == "no"
+    assert "content-length" not in response.headers
+
+
+def _strip_annotation(body: bytes) -> bytes:
+    return body[: body.rindex(b": gateway outcome=")]
+
+
+@pytest.mark.parametrize("crlf", ["0", "1"])
+def test_random_partitions_do_not_change_what_the_client_receives(
+    gateway: ServerThread, simulator: ServerThread, crlf: str
+) -> None:
+    for seed in range(6):
+        base = {"x-sim-tokens": "60", "x-sim-crlf": crlf, "x-sim-seed": str(seed)}
+        direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=base).content
+        body = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json=CHAT,
+            headers=base | {"x-sim-partition": "random"},
+            timeout=10,
+        ).content
+        assert annotation(body)["outcome"] == "complete"
+        # the partition (inside UTF-8 characters and CRLF pairs) changes nothing
+        assert _strip_annotation(body) == direct
+
+
+def test_partitioned_cut_inside_utf8_is_withheld(gateway: ServerThread) -> None:
+    for seed in range(4):
+        body = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={
+                "x-sim-fault": "drop_mid_utf8",
+                "x-sim-partition": "random",
+                "x-sim-seed": str(seed),
+            },
+            timeout=10,
+        ).content
+        assert_whole_events(body)
+        body.decode("utf-8")  # never a broken character
+        assert annotation(body)["reason"] == "missing_done"
+
+
+def test_two_hundred_concurrent_streams_get_the_right_verdicts(gateway: ServerThread) -> None:
+    faults = ["none", "drop_before_done", "invalid_json", "length", "done_without_finish"]
+    expected = {**FAULT_REASONS, **COMPLETE_REASONS}
+
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[str, str]:
+        fault = faults[i % len(faults)]
+        response = await client.post(
+            "/v1/chat/completions",
+            json=CHAT,
+            headers={"x-sim-fault": fault, "x-sim-tokens": "20", "x-sim-tps": "100"},
+        )
+        return fault, annotation(response.content)["reason"]
+
+    async def main() -> list[tuple[str, str]]:
+        limits = httpx.Limits(max_connections=250)
+        async with httpx.AsyncClient(base_url=gateway.url, limits=limits, timeout=30) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(200)))
+
+    results = asyncio.run(main())
+    assert len(results) == 200
+    for fault, reason in results:
+        assert reason == expected[fault], fault
+
+
+def test_streams_metrics_count_each_verdict(gateway: ServerThread) -> None:
+    before = httpx.get(gateway.url + "/metrics").text
+    for fault in ("none", "invalid_json", "invalid_json"):
+        httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"x-sim-fault": fault},
+            timeout=10,
+        )
+    after = httpx.get(gateway.url + "/metrics").text
+
+    def delta(**labels: str) -> float:
+        return metric_value(after, "gateway_streams_total", **labels) - metric_value(
+            before, "gateway_streams_total", **labels
+        )
+
+    assert delta(outcome="complete", reason="stop") == 1
+    assert delta(outcome="incomplete", reason="invalid_json") == 2
