@@ -135,6 +135,8 @@ def serve(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: the access log already has one line per request
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

@@ -19,10 +19,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from starlette.testclient import TestClient
 
 from gateway.simulator import (
     FAULTS,
     RunningSimulator,
+    create_simulator_app,
     expected_text,
     start_in_background,
     tool_arguments,
@@ -41,9 +43,10 @@ class Sim:
     base_url: str
     loop: asyncio.AbstractEventLoop
     running: RunningSimulator
+    http: httpx.Client  # one pooled client: a new one per request costs an SSL context
 
     def record(self, request_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.base_url}/_sim/requests/{request_id}")
+        response = self.http.get(f"{self.base_url}/_sim/requests/{request_id}")
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
@@ -69,10 +72,12 @@ def sim() -> Iterator[Sim]:
 
     thread = threading.Thread(target=run, name="simulator", daemon=True)
     thread.start()
-    assert ready.wait(10), "the simulator did not start"
+    assert ready.wait(10), "the simulator did not start in time"
+    assert "running" in started, "the simulator failed to start"
     running: RunningSimulator = started["running"]
     assert running.port > 0
-    yield Sim(base_url=running.base_url, loop=started["loop"], running=running)
+    with httpx.Client(timeout=10) as http:
+        yield Sim(base_url=running.base_url, loop=started["loop"], running=running, http=http)
     asyncio.run_coroutine_threadsafe(running.stop(), started["loop"]).result(10)
     thread.join(10)
 
@@ -106,7 +111,7 @@ def claude(sim: Sim) -> Iterator[anthropic.Anthropic]:
 
 def post(sim: Sim, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
     sim_headers = {k.replace("_", "-"): v for k, v in headers.items()}
-    return httpx.post(f"{sim.base_url}{path}", json=body, headers=sim_headers, timeout=10)
+    return sim.http.post(f"{sim.base_url}{path}", json=body, headers=sim_headers)
 
 
 def events(raw: bytes) -> list[tuple[str | None, str]]:
@@ -167,7 +172,7 @@ def test_openai_chat_stream(oai: openai.OpenAI) -> None:
             assert chunk.choices == []
             usage = chunk.usage
     assert "".join(text) == TEXT_20
-    assert any(ord(ch) > 0xFFFF for ch in TEXT_20) or any(ord(ch) > 0x7F for ch in TEXT_20)
+    assert any(len(ch.encode()) > 1 for ch in TEXT_20)  # multibyte UTF-8 in the deltas
     assert finishes == ["stop"]
     assert usage is not None
     assert usage.completion_tokens == 20
@@ -409,7 +414,7 @@ def test_drop_mid_utf8_ends_inside_a_character(sim: Sim) -> None:
 
 
 def _read_all(sim: Sim, path: str, headers: dict[str, str], into: bytearray) -> None:
-    with httpx.stream(
+    with sim.http.stream(
         "POST", f"{sim.base_url}{path}", json=BODIES[path], headers=headers
     ) as response:
         assert response.status_code == 200
@@ -572,7 +577,7 @@ def test_random_partition_gives_identical_bytes(sim: Sim, path: str) -> None:
     for crlf in ("0", "1"):
         plain = post(sim, path, body, x_sim_seed="7", x_sim_crlf=crlf).content
         chunks = []
-        with httpx.stream(
+        with sim.http.stream(
             "POST",
             f"{sim.base_url}{path}",
             json=body,
@@ -613,9 +618,9 @@ def test_every_fault_streamed_and_not(sim: Sim, path: str) -> None:
             body = dict(BODIES[path], stream=stream)
             if fault == "abort_mid_body":
                 with pytest.raises(httpx.RemoteProtocolError):
-                    httpx.post(url, json=body, headers=headers, timeout=10)
+                    sim.http.post(url, json=body, headers=headers)
                 continue
-            response = httpx.post(url, json=body, headers=headers, timeout=10)
+            response = sim.http.post(url, json=body, headers=headers)
             if fault == "status":
                 assert response.status_code == 500
                 assert "error" in response.json()
@@ -629,11 +634,20 @@ def test_every_fault_streamed_and_not(sim: Sim, path: str) -> None:
                 assert _is_json(response.text) == (fault not in BROKEN_JSON_BODY), fault
 
 
+def test_app_serves_from_several_event_loops() -> None:
+    """The ASGI app holds no loop-bound state (TestClient runs each request in a new loop)."""
+    client = TestClient(create_simulator_app(default_tokens=3))
+    for _ in range(3):
+        response = client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-seed": "1"})
+        assert response.status_code == 200
+        assert response.content.endswith(b"data: [DONE]\n\n")
+
+
 # -- observation: records and disconnects -------------------------------------------------
 
 
 def test_request_records(sim: Sim) -> None:
-    response = httpx.post(
+    response = sim.http.post(
         f"{sim.base_url}/v1/chat/completions?x=1",
         json=CHAT,
         headers={"x-request-id": "rec-1", "authorization": "Bearer sk-secret"},
@@ -648,8 +662,8 @@ def test_request_records(sim: Sim) -> None:
     assert record["headers"]["authorization"]["present"] is True
     assert "sk-secret" not in json.dumps(record)
     assert record["ended"] >= record["started"]
-    assert httpx.get(f"{sim.base_url}/_sim/requests/nope").status_code == 404
-    listing = httpx.get(f"{sim.base_url}/_sim/requests?limit=1").json()
+    assert sim.http.get(f"{sim.base_url}/_sim/requests/nope").status_code == 404
+    listing = sim.http.get(f"{sim.base_url}/_sim/requests?limit=1").json()
     assert [item["request_id"] for item in listing["data"]] == ["rec-1"]
 
 

@@ -1,0 +1,33 @@
+"""A built-in OpenAI/Anthropic-compatible fake provider with scripted faults.
+
+It stands in for a remote provider, so it imports nothing from the rest of
+the ``gateway`` package. Per-request control comes from ``x-sim-*`` request
+headers (or a ``"sim"`` body object); see ``docs/simulator.md``.
+
+Public surface::
+
+    create_simulator_app(*, default_tps=0, default_tokens=20) -> Starlette
+    serve(host, port, **kw)                       # blocking
+    await start_in_background(host, port, **kw)   # -> RunningSimulator (.port, .stop())
+    FAULTS, expected_text(), tool_arguments()     # for tests
+"""
+
+from gateway.simulator._app import create_simulator_app
+from gateway.simulator._knobs import FAULTS, KnobError, Knobs
+from gateway.simulator._records import RecordStore, RequestRecord
+from gateway.simulator._server import RunningSimulator, serve, start_in_background
+from gateway.simulator._text import expected_text, tool_arguments
+
+__all__ = [
+    "FAULTS",
+    "KnobError",
+    "Knobs",
+    "RecordStore",
+    "RequestRecord",
+    "RunningSimulator",
+    "create_simulator_app",
+    "expected_text",
+    "serve",
+    "start_in_background",
+    "tool_arguments",
+]

@@ -1,0 +1,243 @@
+"""The simulator's Starlette application: provider routes and the observation routes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
+from gateway.simulator._protocols import (
+    ProtocolName,
+    embeddings_body,
+    error_body,
+    make_plan,
+    make_renderer,
+    models_body,
+)
+from gateway.simulator._records import (
+    RECORD_SCOPE_KEY,
+    RecorderMiddleware,
+    RecordStore,
+    RequestRecord,
+)
+from gateway.simulator._script import Step, Write, json_steps, stream_steps
+from gateway.simulator._sse import dumps
+from gateway.simulator._wire import Closing, ScriptedResponse, install_abort_log_filter
+
+__all__ = ["create_simulator_app"]
+
+_RETRY_AFTER_STATUSES: Final = frozenset({429, 503, 529})
+_DEFAULT_LIST_LIMIT: Final = 100
+
+
+class _Simulator:
+    def __init__(self, *, default_tps: float, default_tokens: int, store: RecordStore) -> None:
+        self.default_tps = default_tps
+        self.default_tokens = default_tokens
+        self.store = store
+        #: Set when the server shuts down: responses still being written are cut.
+        self.closing = Closing()
+
+    # -- helpers -----------------------------------------------------------------
+
+    @staticmethod
+    def _id_headers(protocol: str) -> tuple[str, list[tuple[str, str]]]:
+        upstream_id = f"req_sim_{uuid.uuid4().hex}"
+        own = "request-id" if protocol == "messages" else "x-request-id"
+        return upstream_id, [("x-upstream-sim-id", upstream_id), (own, upstream_id)]
+
+    def _json(
+        self,
+        status: int,
+        payload: Any,
+        headers: list[tuple[str, str]],
+        *,
+        stall_before: float = 0.0,
+    ) -> ScriptedResponse:
+        data = dumps(payload).encode()
+        steps: list[Step] = [Write(data)]
+        all_headers = [
+            ("content-type", "application/json"),
+            ("content-length", str(len(data))),
+            *headers,
+        ]
+        if status in _RETRY_AFTER_STATUSES:
+            all_headers.append(("retry-after", "1"))
+        return ScriptedResponse(
+            status_code=status,
+            headers=all_headers,
+            steps=steps,
+            stall_before=stall_before,
+            closing=self.closing,
+        )
+
+    async def _read(
+        self, request: Request, protocol: str
+    ) -> tuple[dict[str, Any], int, Knobs, str, list[tuple[str, str]]] | ScriptedResponse:
+        """The JSON body, its size, the knobs and the id headers; or a 400 response."""
+        upstream_id, id_headers = self._id_headers(protocol)
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            message = "The request body is not a JSON object."
+            payload = error_body(protocol, 400, message, upstream_id)
+            return self._json(400, payload, id_headers)
+        try:
+            knobs = read_knobs(
+                request.headers,
+                body,
+                default_tps=self.default_tps,
+                default_tokens=self.default_tokens,
+            )
+        except KnobError as exc:
+            return self._json(400, error_body(protocol, 400, str(exc), upstream_id), id_headers)
+        record = request.scope.get(RECORD_SCOPE_KEY)
+        if isinstance(record, RequestRecord):
+            record.fault = knobs.fault
+        return body, len(raw), knobs, upstream_id, id_headers
+
+    # -- provider routes ---------------------------------------------------------
+
+    async def _generate(self, request: Request, protocol: ProtocolName) -> Response:
+        read = await self._read(request, protocol)
+        if isinstance(read, ScriptedResponse):
+            return read
+        body, size, knobs, upstream_id, id_headers = read
+        stall = knobs.stall_seconds if knobs.fault == "stall_before_headers" else 0.0
+        if knobs.fault == "status":
+            message = f"Simulated upstream error (status {knobs.status})."
+            payload = error_body(protocol, knobs.status, message, upstream_id)
+            return self._json(knobs.status, payload, id_headers)
+
+        renderer = make_renderer(make_plan(protocol, body, knobs, size), crlf=knobs.crlf)
+        partition_seed = knobs.seed if knobs.partition else None
+        if body.get("stream") is True:
+            headers = [
+                ("content-type", "text/event-stream; charset=utf-8"),
+                ("cache-control", "no-cache"),
+                *id_headers,
+            ]
+            return ScriptedResponse(
+                status_code=200,
+                headers=headers,
+                steps=stream_steps(renderer, knobs),
+                tps=knobs.tps,
+                partition_seed=partition_seed,
+                stall_before=stall,
+                closing=self.closing,
+            )
+        steps, length = json_steps(renderer, knobs)
+        headers = [("content-type", "application/json"), *id_headers]
+        if length is not None:
+            headers.insert(1, ("content-length", str(length)))
+        return ScriptedResponse(
+            status_code=200,
+            headers=headers,
+            steps=steps,
+            partition_seed=partition_seed,
+            stall_before=stall,
+            closing=self.closing,
+        )
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completions")
+
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, "responses")
+
+    async def messages(self, request: Request) -> Response:
+        return await self._generate(request, "messages")
+
+    async def embeddings(self, request: Request) -> Response:
+        read = await self._read(request, "embeddings")
+        if isinstance(read, ScriptedResponse):
+            return read
+        body, _, knobs, upstream_id, id_headers = read
+        if knobs.fault == "status":
+            message = f"Simulated upstream error (status {knobs.status})."
+            payload = error_body("embeddings", knobs.status, message, upstream_id)
+            return self._json(knobs.status, payload, id_headers)
+        stall = knobs.stall_seconds if knobs.fault == "stall_before_headers" else 0.0
+        return self._json(200, embeddings_body(body), id_headers, stall_before=stall)
+
+    async def models(self, request: Request) -> Response:
+        anthropic = "anthropic-version" in request.headers
+        _, id_headers = self._id_headers("messages" if anthropic else "models")
+        return self._json(200, models_body(anthropic=anthropic), id_headers)
+
+    # -- observation routes ------------------------------------------------------
+
+    async def get_record(self, request: Request) -> Response:
+        record = self.store.get(request.path_params["request_id"])
+        if record is None:
+            return JSONResponse({"error": {"message": "unknown request id"}}, status_code=404)
+        return JSONResponse(record.to_json())
+
+    async def list_records(self, request: Request) -> Response:
+        try:
+            limit = int(request.query_params.get("limit", _DEFAULT_LIST_LIMIT))
+        except ValueError:
+            return JSONResponse({"error": {"message": "limit must be an integer"}}, 400)
+        data = [record.to_json() for record in self.store.latest(limit)]
+        return JSONResponse({"object": "list", "data": data, "total": len(self.store)})
+
+    async def clear_records(self, request: Request) -> Response:
+        self.store.clear()
+        return Response(status_code=204)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def faults(self, request: Request) -> Response:
+        return JSONResponse({"faults": list(FAULTS)})
+
+
+def create_simulator_app(
+    *,
+    default_tps: float = 0,
+    default_tokens: int = 20,
+    store: RecordStore | None = None,
+) -> Starlette:
+    """The simulator as an ASGI application.
+
+    ``default_tps`` paces content deltas per second (0: as fast as possible)
+    and ``default_tokens`` is the number of content deltas, for requests that
+    do not set ``x-sim-tps`` / ``x-sim-tokens``. The request records are
+    kept in ``store`` (a new bounded store by default), also reachable as
+    ``app.state.records``.
+    """
+    if default_tps < 0 or default_tokens < 0:
+        raise ValueError("default_tps and default_tokens must not be negative")
+    install_abort_log_filter()
+    records = store if store is not None else RecordStore()
+    sim = _Simulator(default_tps=default_tps, default_tokens=default_tokens, store=records)
+    routes = [
+        Route("/v1/chat/completions", sim.chat, methods=["POST"]),
+        Route("/v1/completions", sim.completions, methods=["POST"]),
+        Route("/v1/responses", sim.responses, methods=["POST"]),
+        Route("/v1/messages", sim.messages, methods=["POST"]),
+        Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
+        Route("/v1/models", sim.models, methods=["GET"]),
+        Route("/_sim/requests", sim.list_records, methods=["GET"]),
+        Route("/_sim/requests", sim.clear_records, methods=["DELETE"]),
+        Route("/_sim/requests/{request_id:str}", sim.get_record, methods=["GET"]),
+        Route("/_sim/health", sim.health, methods=["GET"]),
+        Route("/_sim/faults", sim.faults, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(RecorderMiddleware, store=records)])
+    app.state.records = records
+    app.state.closing = sim.closing
+    return app
