@@ -43,8 +43,7 @@ def incomplete_message(reason: Reason, request_id: str) -> str:
 
 def comment_line(verdict: Verdict, request_id: str) -> bytes:
     return (
-        f": gateway outcome={verdict.outcome} reason={verdict.reason} "
-        f"request_id={request_id}\n"
+        f": gateway outcome={verdict.outcome} reason={verdict.reason} request_id={request_id}\n"
     ).encode()
 
 

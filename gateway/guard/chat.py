@@ -123,7 +123,8 @@ class ChatContract(Contract):
             choices = []
         elif not isinstance(choices, list):
             raise self._reject(Reason.INVALID_SHAPE, "choices is not a list")
-        if "usage" in obj and obj["usage"] is not None:
+        has_usage = obj.get("usage") is not None
+        if has_usage:
             usage = chat_usage(obj["usage"])
             if usage is None:
                 raise self._reject(Reason.INVALID_SHAPE, "usage is not an object")
@@ -133,7 +134,7 @@ class ChatContract(Contract):
             carried |= self._on_choice(position, raw_choice)
         if carried:
             self.content_events += 1
-        if not choices and self.withhold_usage and self.usage is not None:
+        if not choices and has_usage and self.withhold_usage:
             return Action.WITHHOLD
         return Action.FORWARD
 

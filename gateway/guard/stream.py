@@ -60,23 +60,32 @@ class StreamGuard:
         """Take one upstream chunk; return the bytes to forward to the client now."""
         if self.done or not chunk:
             return b""
-        if (
-            self.max_stream_bytes is not None
-            and self.decoder.received + len(chunk) > self.max_stream_bytes
-        ):
+        over = False
+        if self.max_stream_bytes is not None:
+            room = self.max_stream_bytes - self.decoder.received
+            if len(chunk) > room:
+                # Judge the part within the budget as if the network had split the
+                # chunk there, so the outcome does not depend on the partition.
+                chunk = chunk[: max(room, 0)]
+                over = True
+        data = self._feed(chunk) if chunk else b""
+        if over and not self.done:
             self._held = b""
             self.contract.abort(
                 Reason.LIMIT_EXCEEDED, f"the stream exceeded {self.max_stream_bytes} bytes"
             )
-            return b""
+        return data
+
+    def _feed(self, chunk: bytes) -> bytes:
         held = self._held + chunk if self._held else chunk
         base = self._held_start
+        error: GuardError | None = None
         try:
             events = self.decoder.feed(chunk)
         except GuardError as exc:
-            self._held = b""
-            self.contract.abort(Reason(exc.reason), str(exc))
-            return b""
+            # The events completed before the offending line are whole: judge them.
+            error = exc
+            events = self.decoder.events_before_error
         out: list[bytes] = []
         cursor = base  # first stream offset not yet emitted or dropped
         stop: int | None = None
@@ -92,11 +101,13 @@ class StreamGuard:
             break
         upto = stop if stop is not None else self.decoder.boundary
         out.append(held[cursor - base : upto - base])
-        if stop is not None:
+        if stop is not None or error is not None:
             self._held = b""
         else:
             self._held = held[upto - base :]
             self._held_start = upto
+        if error is not None:
+            self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
         data = out[0] if len(out) == 1 else b"".join(out)
         self.forwarded_bytes += len(data)
         return data
