@@ -182,7 +182,7 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
     from gateway.settings import RouteConfig
 
     for name in Settings.model_fields:
-        if name == "credentials":
+        if name in ("credentials", "timeouts", "limits"):  # the sections are listed by key
             continue
         assert f"`{name}`" in readme, f"README lacks {name}"
     for section in ("timeouts", "limits"):

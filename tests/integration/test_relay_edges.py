@@ -304,3 +304,21 @@ def test_unknown_path_is_a_json_404(gateway: ServerThread) -> None:
 def test_health_endpoints(gateway: ServerThread) -> None:
     assert httpx.get(gateway.url + "/healthz").status_code == 200
     assert httpx.get(gateway.url + "/readyz").status_code == 200
+
+
+def test_annotation_can_be_turned_off(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", annotate=False) as gw:
+        headers = {"x-sim-seed": "7"}
+        direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        via = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        assert via.content == direct.content  # the upstream's bytes, nothing appended
+        cut = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=CHAT,
+            headers=headers | {"x-sim-fault": "invalid_json"},
+        )
+        assert b": gateway" not in cut.content
+        assert b"stream_incomplete" not in cut.content
+        metrics = httpx.get(gw.url + "/metrics").text
+        # the verdict is still recorded
+        assert metric_value(metrics, "gateway_streams_total", reason="invalid_json") == 1
