@@ -1,7 +1,7 @@
-"""The ASGI application: routes, lifespan, health, metrics and the proxy mounts.
+"""The ASGI application: routes, lifespan, health, metrics and the proxy dispatch.
 
-``create_app(settings)`` builds a Starlette app. Each configured route is a
-``Mount`` of a plain ASGI callable that hands the request to the relay; no
+``create_app(settings)`` builds a Starlette app. A request under a route's
+prefix goes straight to the relay (a plain ASGI call); no
 ``BaseHTTPMiddleware`` anywhere (it hides client disconnects). The lifespan
 creates the pooled upstream client (and, with no upstream configured, an
 in-process simulator on a free loopback port), and closes them at shutdown.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from gateway import __version__
@@ -32,29 +33,36 @@ from gateway.observe import AccessLog, Metrics, ModelLabels
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
+from gateway.routing import match_route
 from gateway.settings import RouteConfig, Settings
-from gateway.upstream import create_upstream_client
+from gateway.upstream import create_upstream
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("gateway")
 
 
-class _ProxyMount:
-    """The ASGI callable behind one route's prefix."""
+class GatewayApp(Starlette):
+    """Starlette, with proxied paths dispatched straight to the relay.
 
-    def __init__(self, gateway: _Gateway, route: ProxyRoute) -> None:
-        self._gateway = gateway
-        self._route = route
+    Requests under a route prefix skip Starlette's router and middleware
+    (two ``send`` wrappers per event on the hottest path); everything else
+    (health, metrics, 404s) is plain Starlette.
+    """
+
+    gateway: _Gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        relay = self._gateway.relay
-        if relay is None:
-            await _not_ready(scope, send)
-            return
-        await relay.handle(self._route, scope, receive, send)
+        if scope["type"] == "http":
+            route = match_route(self.gateway.routes, scope["path"])
+            if route is not None:
+                relay = self.gateway.relay
+                if relay is None:
+                    await _not_ready(scope, send)
+                    return
+                await relay.handle(route, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 class _Gateway:
@@ -81,20 +89,22 @@ class _Gateway:
         simulator = None
         if not self.routes:
             simulator = await self._start_simulator()
-        client = create_upstream_client(
+        upstream = create_upstream(
             self.settings.upstream_transport,
             self.settings.upstream_max_connections,
             self.settings.timeouts.connect,
         )
         self.relay = Relay(
             settings=self.settings,
-            client=client,
+            upstream=upstream,
             metrics=self.metrics,
             access_log=self.access_log,
             model_labels=self.model_labels,
             lifecycle=self.lifecycle,
         )
         previous = _chain_sigterm(self.lifecycle.begin_drain)
+        # What exists now lives as long as the process: keep it out of every GC pass.
+        gc.freeze()
         self.lifecycle.ready = True
         try:
             yield
@@ -105,7 +115,8 @@ class _Gateway:
             if previous is not None:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, previous)
-            await client.aclose()
+            await upstream.aclose()
+            self.access_log.flush()
             if simulator is not None:
                 await simulator.stop()
             if self.metrics.multiprocess:
@@ -126,20 +137,7 @@ class _Gateway:
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self.routes.append(ProxyRoute(config=config, timeouts=self.settings.timeouts))
-        self._mount_routes()
         return running
-
-    def _mount_routes(self) -> None:
-        if self.app_routes is None:
-            return
-        self.app_routes[:] = [r for r in self.app_routes if not isinstance(r, Mount)]
-        self.app_routes.extend(self.mounts())
-
-    app_routes: list[BaseRoute] | None = None
-
-    def mounts(self) -> list[BaseRoute]:
-        ordered = sorted(self.routes, key=lambda r: len(r.config.prefix), reverse=True)
-        return [Mount(r.config.prefix, app=_ProxyMount(self, r)) for r in ordered]
 
     # -- endpoints of the gateway itself ----------------------------------------------
 
@@ -202,7 +200,6 @@ def create_app(settings: Settings) -> Starlette:
         Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
-        *gateway.mounts(),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -217,12 +214,12 @@ def create_app(settings: Settings) -> Starlette:
             headers={k.decode(): v.decode() for k, v in error_headers(body, request_id)},
         )
 
-    app = Starlette(
+    app = GatewayApp(
         routes=routes,
         lifespan=gateway.lifespan,
         exception_handlers={404: not_found},
     )
-    gateway.app_routes = app.router.routes
+    app.gateway = gateway
     app.state.gateway = gateway
     return app
 

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,8 @@ from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_b
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, RequestRecord
 from gateway.routing import PathRejected, Route, upstream_target
-from gateway.settings import Settings
+from gateway.settings import Settings, Timeouts
+from gateway.upstream import READ_CHUNK, ReadChunk, Upstream
 
 __all__ = ["Relay"]
 
@@ -130,14 +131,14 @@ class Relay:
         self,
         *,
         settings: Settings,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         metrics: Metrics,
         access_log: AccessLog,
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
     ) -> None:
         self.settings = settings
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.access_log = access_log
         self.model_labels = model_labels
@@ -334,7 +335,8 @@ class Relay:
                 request_json["stream_options"] = new_options
                 body = json.dumps(request_json, separators=(",", ":")).encode()
                 withhold_usage = True
-        if record.stream:
+        admitted = record.stream
+        if admitted:
             try:
                 self._admit_stream(route)
             except _Refused as refused:
@@ -358,7 +360,7 @@ class Relay:
                 route, scope, send, url, body, protocol, withhold_usage, record, exchange
             )
         finally:
-            if record.stream:
+            if admitted:
                 self.active_streams -= 1
                 route.active -= 1
                 self.metrics.stream_ended(route.name)
@@ -423,8 +425,8 @@ class Relay:
         timeouts = route.timeouts
         loop = asyncio.get_running_loop()
         total_deadline = loop.time() + timeouts.total
-        request = self.client.build_request(
-            scope["method"], url, headers=self._upstream_headers(route, scope, record), content=body
+        request = self.upstream.request(
+            scope["method"], url, self._upstream_headers(route, scope, record), body
         )
         record.bytes_in = len(body)
         response: httpx.Response | None = None
@@ -433,7 +435,7 @@ class Relay:
                 async with asyncio.timeout_at(
                     min(loop.time() + timeouts.first_byte, total_deadline)
                 ):
-                    response = await self.client.send(request, stream=True)
+                    response = await self.upstream.send(request)
             except TimeoutError:
                 reason = (
                     Reason.TOTAL_TIMEOUT
@@ -585,49 +587,39 @@ class Relay:
             }
         )
         loop = asyncio.get_running_loop()
-        timeouts = route.timeouts
-        idle = timeouts.idle
         started = record.started
         last_content: float | None = None
         content_seen = 0
-        got_chunk = False
-        encoded = bool(response.headers.get("content-encoding", "identity") != "identity")
-        chunks = (response.aiter_bytes() if encoded else response.aiter_raw()).__aiter__()
+        read = _chunk_reader(response)
+        # One timer for the first-byte, idle and total deadlines, re-armed only when
+        # it fires: cheaper than rescheduling a timeout on every chunk.
+        watchdog = _Watchdog(loop, exchange, route.timeouts, total_deadline)
         try:
-            async with asyncio.timeout_at(
-                min(loop.time() + timeouts.first_byte, total_deadline)
-            ) as deadline:
-                while True:
-                    try:
-                        chunk = await chunks.__anext__()
-                    except StopAsyncIteration:
-                        guard.eof()
-                        break
-                    got_chunk = True
-                    deadline.reschedule(min(loop.time() + idle, total_deadline))
-                    out = guard.feed(chunk)
-                    if guard.content_events != content_seen:
-                        now = time.monotonic()
-                        content_seen = guard.content_events
-                        if last_content is None:
-                            record.time_to_first_token = now - started
-                        else:
-                            record.chunk_gaps.append(now - last_content)
-                        last_content = now
-                    if out:
-                        if record.time_to_first_byte is None:
-                            record.time_to_first_byte = time.monotonic() - started
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                        record.bytes_out += len(out)
-                    if guard.done:
-                        break
-        except TimeoutError:
-            if loop.time() >= total_deadline:
-                guard.abort(Reason.TOTAL_TIMEOUT)
-            elif not got_chunk:
-                guard.abort(Reason.FIRST_BYTE_TIMEOUT)
-            else:
-                guard.abort(Reason.IDLE_TIMEOUT)
+            while True:
+                chunk = await read()
+                if not chunk:
+                    guard.eof()
+                    break
+                if watchdog.got_chunk:
+                    watchdog.last = loop.time()
+                else:
+                    watchdog.first_chunk()
+                out = guard.feed(chunk)
+                if guard.content_events != content_seen:
+                    now = time.monotonic()
+                    content_seen = guard.content_events
+                    if last_content is None:
+                        record.time_to_first_token = now - started
+                    else:
+                        record.chunk_gaps.append(now - last_content)
+                    last_content = now
+                if out:
+                    if record.time_to_first_byte is None:
+                        record.time_to_first_byte = time.monotonic() - started
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    record.bytes_out += len(out)
+                if guard.done:
+                    break
         except httpx.TransportError:
             guard.abort(Reason.UPSTREAM_DISCONNECT)
         except asyncio.CancelledError:
@@ -635,6 +627,8 @@ class Relay:
                 raise
             _uncancel()
             guard.abort(exchange.stop_reason)
+        finally:
+            watchdog.cancel()
         verdict = guard.verdict
         assert verdict is not None
         record.verdict = verdict
@@ -647,7 +641,7 @@ class Relay:
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         record.bytes_out += len(trailer)
         if verdict.complete:
-            await _drain_for_reuse(chunks)
+            await _drain_for_reuse(read)
 
     def _contract(self, route: Route, protocol: Protocol, withhold_usage: bool) -> Contract:
         require = route.config.require_finish_reason
@@ -737,7 +731,7 @@ def _uncancel() -> None:
         task.uncancel()
 
 
-async def _drain_for_reuse(chunks: AsyncIterator[bytes], budget: int = 65536) -> None:
+async def _drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
     """After the terminator, read what little is left so the connection can be reused.
 
     The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
@@ -745,12 +739,77 @@ async def _drain_for_reuse(chunks: AsyncIterator[bytes], budget: int = 65536) ->
     """
     try:
         async with asyncio.timeout(0.05):
-            async for chunk in chunks:
+            while chunk := await read():
                 budget -= len(chunk)
                 if budget < 0:
                     return
     except (TimeoutError, httpx.TransportError, OSError):
         return
+
+
+def _chunk_reader(response: httpx.Response) -> ReadChunk:
+    """The fastest way to read this response's body chunk by chunk (b"" at the end)."""
+    encoded = response.headers.get("content-encoding", "identity") != "identity"
+    read: ReadChunk | None = response.extensions.get(READ_CHUNK)
+    if read is not None and not encoded:
+        return read
+    chunks = (response.aiter_bytes() if encoded else response.aiter_raw()).__aiter__()
+
+    async def next_chunk() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    return next_chunk
+
+
+class _Watchdog:
+    """First-byte, idle and total deadlines of one stream, on one re-arming timer.
+
+    The relay stamps ``last`` on every chunk; the timer fires at the earliest
+    possible deadline, re-arms itself if data came meanwhile, and otherwise
+    stops the exchange with the deadline's reason (the relay then annotates).
+    """
+
+    __slots__ = ("_handle", "_loop", "exchange", "first_byte", "got_chunk", "idle", "last", "total")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        exchange: _Exchange,
+        timeouts: Timeouts,
+        total_deadline: float,
+    ) -> None:
+        self._loop = loop
+        self.exchange = exchange
+        self.first_byte = timeouts.first_byte
+        self.idle = timeouts.idle
+        self.total = total_deadline
+        self.last = loop.time()
+        self.got_chunk = False
+        self._handle = loop.call_at(min(self.last + self.first_byte, self.total), self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now >= self.total:
+            self.exchange.stop(Reason.TOTAL_TIMEOUT)
+            return
+        limit = self.last + (self.idle if self.got_chunk else self.first_byte)
+        if now >= limit:
+            self.exchange.stop(Reason.IDLE_TIMEOUT if self.got_chunk else Reason.FIRST_BYTE_TIMEOUT)
+            return
+        self._handle = self._loop.call_at(min(limit, self.total), self._check)
+
+    def first_chunk(self) -> None:
+        """From now on the idle deadline applies: re-arm once, if it comes sooner."""
+        self.got_chunk = True
+        self.last = self._loop.time()
+        self._handle.cancel()
+        self._handle = self._loop.call_at(min(self.last + self.idle, self.total), self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _bare_verdict(reason: Reason, detail: str = "") -> Verdict:

@@ -6,6 +6,7 @@ completion text, never credentials or client keys.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from typing import Any, TextIO
@@ -48,16 +49,48 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
 
 
 class AccessLog:
-    """Writes one line per request; ``enabled=False`` makes it a no-op."""
+    """Writes one line per request; ``enabled=False`` makes it a no-op.
 
-    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+    Lines are buffered and flushed within ``flush_interval`` seconds (and at
+    shutdown), so a busy gateway does not pay a write system call per request.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        flush_interval: float = 0.1,
+        max_buffered: int = 256,
+    ) -> None:
         self.enabled = enabled
         self._stream = stream
+        self._interval = flush_interval
+        self._max = max_buffered
+        self._lines: list[str] = []
+        self._scheduled = False
 
     def write(self, record: RequestRecord) -> None:
         if not self.enabled:
             return
-        line = json.dumps(log_fields(record), separators=(",", ":"), ensure_ascii=False)
+        self._lines.append(
+            json.dumps(log_fields(record), separators=(",", ":"), ensure_ascii=False)
+        )
+        if len(self._lines) >= self._max:
+            self.flush()
+        elif not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._scheduled = True
+            loop.call_later(self._interval, self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if not self._lines:
+            return
         out = self._stream if self._stream is not None else sys.stdout
-        out.write(line + "\n")
+        out.write("\n".join(self._lines) + "\n")
+        self._lines.clear()
         out.flush()
