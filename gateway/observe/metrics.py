@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -83,6 +84,7 @@ class Metrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[Any, ...], Any] = {}
         reg = self.registry
         self.multiprocess = multiprocess_enabled()
         self.requests = Counter(
@@ -166,44 +168,53 @@ class Metrics:
         self.build_info.labels(__version__).set(1)
 
     def stream_started(self, route: str) -> None:
-        self.active_streams.labels(route).inc()
+        self._child(self.active_streams, route).inc()
 
     def stream_ended(self, route: str) -> None:
-        self.active_streams.labels(route).dec()
+        self._child(self.active_streams, route).dec()
 
     def reject(self, reason: str) -> None:
-        self.rejected.labels(reason).inc()
+        self._child(self.rejected, reason).inc()
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, memoized: label values are bounded, lookups are hot."""
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def observe(self, record: RequestRecord) -> None:
         """Record one finished proxied request."""
+        child = self._child
         route, model = record.route, record.model_label
-        self.requests.labels(route, record.method, str(record.status)).inc()
-        self.request_duration.labels(route, "true" if record.stream else "false").observe(
+        child(self.requests, route, record.method, str(record.status)).inc()
+        child(self.request_duration, route, "true" if record.stream else "false").observe(
             record.duration
         )
         if record.time_to_first_byte is not None:
-            self.time_to_first_byte.labels(route).observe(record.time_to_first_byte)
+            child(self.time_to_first_byte, route).observe(record.time_to_first_byte)
         if record.time_to_first_token is not None:
-            self.time_to_first_token.labels(route, model).observe(record.time_to_first_token)
+            child(self.time_to_first_token, route, model).observe(record.time_to_first_token)
         if record.chunk_gaps:
-            per_chunk = self.time_per_output_chunk.labels(route, model)
+            per_chunk = child(self.time_per_output_chunk, route, model)
             for gap in record.chunk_gaps:
                 per_chunk.observe(gap)
         if record.bytes_out:
-            self.relayed_bytes.labels(route, "upstream_to_client").inc(record.bytes_out)
+            child(self.relayed_bytes, route, "upstream_to_client").inc(record.bytes_out)
         if record.bytes_in:
-            self.relayed_bytes.labels(route, "client_to_upstream").inc(record.bytes_in)
+            child(self.relayed_bytes, route, "client_to_upstream").inc(record.bytes_in)
         verdict = record.verdict
         usage = record.usage
         if usage is not None:
             for kind, count in usage.as_dict().items():
                 if count:
-                    self.tokens.labels(route, model, kind).inc(count)
+                    child(self.tokens, route, model, kind).inc(count)
         if record.stream:
             if verdict is not None:
-                self.streams.labels(route, model, str(verdict.outcome), str(verdict.reason)).inc()
+                child(self.streams, route, model, verdict.outcome.value, verdict.reason.value).inc()
             if usage is None:
-                self.usage_unknown.labels(route, model).inc()
+                child(self.usage_unknown, route, model).inc()
 
     def exposition(self) -> bytes:
         """The text exposition of all metrics (summed over workers in multiprocess mode)."""
