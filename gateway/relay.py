@@ -36,7 +36,7 @@ from gateway.guard import (
     StreamGuard,
     Verdict,
 )
-from gateway.guard.chat import chat_usage
+from gateway.guard.usage import usage_for
 from gateway.guard.verdict import Outcome, Usage
 from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
 from gateway.lifecycle import Lifecycle
@@ -100,28 +100,7 @@ def _usage_from_json(protocol: Protocol, body: bytes) -> Usage | None:
         obj = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
-        return None
-    raw = obj.get("usage")
-    if protocol in (Protocol.CHAT, Protocol.COMPLETIONS):
-        return chat_usage(raw)
-    if isinstance(raw, dict):
-        from gateway.guard.contract import int_or_none
-
-        input_details = raw.get("input_tokens_details")
-        output_details = raw.get("output_tokens_details")
-        cached = raw.get("cache_read_input_tokens")
-        if isinstance(input_details, dict):
-            cached = input_details.get("cached_tokens")
-        return Usage(
-            input_tokens=int_or_none(raw.get("input_tokens", raw.get("prompt_tokens"))),
-            output_tokens=int_or_none(raw.get("output_tokens", raw.get("completion_tokens"))),
-            cached_input_tokens=int_or_none(cached),
-            reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
-            if isinstance(output_details, dict)
-            else None,
-        )
-    return None
+    return usage_for(protocol, obj.get("usage")) if isinstance(obj, dict) else None
 
 
 class Relay:
@@ -165,19 +144,9 @@ class Relay:
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
             try:
-                body = await self._admit(route, scope, receive, record)
+                url, body = await self._admit(route, scope, receive, record)
             except _Refused as refused:
-                record.rejected = refused.label
-                self.metrics.reject(refused.label)
-                await self._send_error(
-                    send,
-                    record,
-                    refused.status,
-                    refused.message,
-                    refused.type_,
-                    refused.label,
-                    refused.headers,
-                )
+                await self._refuse(send, record, refused)
                 return
             except _ClientGone:
                 record.status = 499
@@ -185,7 +154,7 @@ class Relay:
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_disconnect(receive, exchange)
             )
-            await self._proxy(route, scope, send, body, record, exchange)
+            await self._proxy(route, scope, send, url, body, record, exchange)
         except _AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
             # connection: the client sees a truncated body, not a clean end.
@@ -212,8 +181,11 @@ class Relay:
 
     async def _admit(
         self, route: Route, scope: Scope, receive: Receive, record: RequestRecord
-    ) -> bytes:
-        """Checks that need no upstream; returns the request body or raises _Refused."""
+    ) -> tuple[str, bytes]:
+        """Checks that need no upstream; returns the upstream URL and the request body.
+
+        Raises _Refused (path, draining, client key, body size) or _ClientGone.
+        """
         if self.lifecycle.draining:
             raise _Refused(
                 503,
@@ -222,6 +194,17 @@ class Relay:
                 "service_unavailable",
                 [(b"retry-after", b"1"), (b"connection", b"close")],
             )
+        try:
+            url = upstream_target(
+                route,
+                scope["path"],
+                scope.get("raw_path") or scope["path"].encode(),
+                scope.get("query_string", b""),
+            )
+        except PathRejected:
+            raise _Refused(
+                400, "bad_path", "The request path is not allowed.", "invalid_request_error"
+            ) from None
         headers = scope["headers"]
         if self._key_hashes and not self._client_key_ok(headers):
             raise _Refused(
@@ -245,7 +228,7 @@ class Relay:
             if chunk:
                 parts.append(chunk)
             more = message.get("more_body", False)
-        return b"".join(parts)
+        return url, b"".join(parts)
 
     @staticmethod
     def _too_large(limit: int) -> _Refused:
@@ -291,29 +274,11 @@ class Relay:
         route: Route,
         scope: Scope,
         send: Send,
+        url: str,
         body: bytes,
         record: RequestRecord,
         exchange: _Exchange,
     ) -> None:
-        try:
-            url = upstream_target(
-                route,
-                scope["path"],
-                scope.get("raw_path") or scope["path"].encode(),
-                scope.get("query_string", b""),
-            )
-        except PathRejected:
-            record.rejected = "bad_path"
-            self.metrics.reject("bad_path")
-            await self._send_error(
-                send,
-                record,
-                400,
-                "The request path is not allowed.",
-                "invalid_request_error",
-                "bad_path",
-            )
-            return
         protocol = route.protocol_for(scope["path"][len(route.config.prefix) :])
         request_json = self._parse_request(body, scope["headers"])
         if request_json is not None:
@@ -340,17 +305,7 @@ class Relay:
             try:
                 self._admit_stream(route)
             except _Refused as refused:
-                record.rejected = refused.label
-                self.metrics.reject(refused.label)
-                await self._send_error(
-                    send,
-                    record,
-                    refused.status,
-                    refused.message,
-                    refused.type_,
-                    refused.label,
-                    refused.headers,
-                )
+                await self._refuse(send, record, refused)
                 return
             self.active_streams += 1
             route.active += 1
@@ -660,6 +615,20 @@ class Relay:
         return FramingOnly()
 
     # -- errors of our own -------------------------------------------------------------
+
+    async def _refuse(self, send: Send, record: RequestRecord, refused: _Refused) -> None:
+        """Answer a request refused before any upstream, and count it."""
+        record.rejected = refused.label
+        self.metrics.reject(refused.label)
+        await self._send_error(
+            send,
+            record,
+            refused.status,
+            refused.message,
+            refused.type_,
+            refused.label,
+            refused.headers,
+        )
 
     async def _fail_before_response(
         self, send: Send, record: RequestRecord, status: int, reason: Reason

@@ -17,13 +17,13 @@ from gateway.guard.contract import (
     Action,
     Contract,
     Protocol,
-    int_or_none,
     parse_json_object,
 )
 from gateway.guard.sse import Event
-from gateway.guard.verdict import Reason, Usage, normalize_finish
+from gateway.guard.usage import chat_usage
+from gateway.guard.verdict import Reason, normalize_finish
 
-__all__ = ["ChatContract", "CompletionsContract", "chat_usage"]
+__all__ = ["ChatContract", "CompletionsContract"]
 
 
 @dataclass(slots=True)
@@ -38,24 +38,6 @@ class _Choice:
     finish: str | None = None
     text: list[str] = field(default_factory=list)
     tools: dict[int, _ToolCall] = field(default_factory=dict)
-
-
-def chat_usage(raw: object) -> Usage | None:
-    """Usage from an OpenAI ``usage`` object (chat and legacy completions share it)."""
-    if not isinstance(raw, dict):
-        return None
-    prompt_details = raw.get("prompt_tokens_details")
-    completion_details = raw.get("completion_tokens_details")
-    return Usage(
-        input_tokens=int_or_none(raw.get("prompt_tokens")),
-        output_tokens=int_or_none(raw.get("completion_tokens")),
-        cached_input_tokens=int_or_none(prompt_details.get("cached_tokens"))
-        if isinstance(prompt_details, dict)
-        else None,
-        reasoning_tokens=int_or_none(completion_details.get("reasoning_tokens"))
-        if isinstance(completion_details, dict)
-        else None,
-    )
 
 
 def _is_done(data: str) -> bool:

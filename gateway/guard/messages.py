@@ -32,11 +32,11 @@ from gateway.guard.contract import (
     Action,
     Contract,
     Protocol,
-    int_or_none,
     parse_json_object,
 )
 from gateway.guard.sse import Event
-from gateway.guard.verdict import Reason, Usage, normalize_finish
+from gateway.guard.usage import messages_usage
+from gateway.guard.verdict import Reason, normalize_finish
 
 __all__ = ["MessagesContract"]
 
@@ -72,10 +72,6 @@ class MessagesContract(Contract):
         self._stop_reason: str | None = None
         self._blocks: dict[int, _Block] = {}
         self._text: list[str] = []
-        self._input_tokens: int | None = None
-        self._output_tokens: int | None = None
-        self._cached_tokens: int | None = None
-        self._reasoning_tokens: int | None = None
 
     # -- results for callers that asked for them -----------------------------
 
@@ -167,27 +163,9 @@ class MessagesContract(Contract):
             return
         if not isinstance(raw, dict):
             raise self._reject(Reason.INVALID_SHAPE, "usage is not an object")
-        input_tokens = int_or_none(raw.get("input_tokens"))
-        output_tokens = int_or_none(raw.get("output_tokens"))
-        cached = int_or_none(raw.get("cache_read_input_tokens"))
-        details = raw.get("output_tokens_details")
-        reasoning = (
-            int_or_none(details.get("thinking_tokens")) if isinstance(details, dict) else None
-        )
-        if input_tokens is not None:
-            self._input_tokens = input_tokens
-        if output_tokens is not None:
-            self._output_tokens = output_tokens
-        if cached is not None:
-            self._cached_tokens = cached
-        if reasoning is not None:
-            self._reasoning_tokens = reasoning
-        self.usage = Usage(
-            input_tokens=self._input_tokens,
-            output_tokens=self._output_tokens,
-            cached_input_tokens=self._cached_tokens,
-            reasoning_tokens=self._reasoning_tokens,
-        )
+        reported = messages_usage(raw)
+        assert reported is not None
+        self.usage = reported if self.usage is None else self.usage.merged(reported)
 
     # -- content blocks ----------------------------------------------------------
 

@@ -33,13 +33,13 @@ from gateway.guard.contract import (
     Action,
     Contract,
     Protocol,
-    int_or_none,
     parse_json_object,
 )
 from gateway.guard.sse import Event
-from gateway.guard.verdict import Reason, Usage
+from gateway.guard.usage import responses_usage
+from gateway.guard.verdict import Reason
 
-__all__ = ["ResponsesContract", "responses_usage"]
+__all__ = ["ResponsesContract"]
 
 #: Deltas that carry output the client asked for: counted as content.
 _TEXT_DELTAS = frozenset(
@@ -58,24 +58,6 @@ _INCOMPLETE: dict[str, Reason] = {
     "max_output_tokens": Reason.LENGTH,
     "content_filter": Reason.CONTENT_FILTER,
 }
-
-
-def responses_usage(raw: object) -> Usage | None:
-    """Usage from a Responses API ``usage`` object, or None if it is not an object."""
-    if not isinstance(raw, dict):
-        return None
-    input_details = raw.get("input_tokens_details")
-    output_details = raw.get("output_tokens_details")
-    return Usage(
-        input_tokens=int_or_none(raw.get("input_tokens")),
-        output_tokens=int_or_none(raw.get("output_tokens")),
-        cached_input_tokens=int_or_none(input_details.get("cached_tokens"))
-        if isinstance(input_details, dict)
-        else None,
-        reasoning_tokens=int_or_none(output_details.get("reasoning_tokens"))
-        if isinstance(output_details, dict)
-        else None,
-    )
 
 
 @dataclass(slots=True)

@@ -87,6 +87,15 @@ class Usage:
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
 
+    def merged(self, newer: Usage) -> Usage:
+        """This usage updated by a newer report; a count the newer one lacks is kept."""
+        return Usage(
+            input_tokens=_newer(newer.input_tokens, self.input_tokens),
+            output_tokens=_newer(newer.output_tokens, self.output_tokens),
+            cached_input_tokens=_newer(newer.cached_input_tokens, self.cached_input_tokens),
+            reasoning_tokens=_newer(newer.reasoning_tokens, self.reasoning_tokens),
+        )
+
     def as_dict(self) -> dict[str, int]:
         """The reported counts, keyed by metric token type (unreported ones left out)."""
         pairs = (
@@ -96,6 +105,10 @@ class Usage:
             ("reasoning", self.reasoning_tokens),
         )
         return {name: value for name, value in pairs if value is not None}
+
+
+def _newer(value: int | None, old: int | None) -> int | None:
+    return old if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
