@@ -83,9 +83,17 @@ class _Refused(Exception):
 
 @dataclass(slots=True, eq=False)
 class _Exchange:
-    """Per-request state the disconnect watcher and the drain act on."""
+    """One request in flight: what the relay's steps share, and what the
+    disconnect watcher, the deadlines and the drain act on (``stop``)."""
 
     task: asyncio.Task[Any]
+    route: Route
+    scope: Scope
+    send: Send
+    record: RequestRecord
+    protocol: Protocol = Protocol.SSE
+    withhold_usage: bool = False
+    total_deadline: float = 0.0
     stop_reason: Reason | None = None
     response_done: bool = False
 
@@ -139,7 +147,7 @@ class Relay:
         )
         task = asyncio.current_task()
         assert task is not None
-        exchange = _Exchange(task)
+        exchange = _Exchange(task, route, scope, send, record)
         watcher: asyncio.Task[None] | None = None
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
@@ -154,7 +162,7 @@ class Relay:
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_disconnect(receive, exchange)
             )
-            await self._proxy(route, scope, send, url, body, record, exchange)
+            await self._proxy(exchange, url, body)
         except _AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
             # connection: the client sees a truncated body, not a clean end.
@@ -269,24 +277,15 @@ class Relay:
 
     # -- the exchange -----------------------------------------------------------------
 
-    async def _proxy(
-        self,
-        route: Route,
-        scope: Scope,
-        send: Send,
-        url: str,
-        body: bytes,
-        record: RequestRecord,
-        exchange: _Exchange,
-    ) -> None:
-        protocol = route.protocol_for(scope["path"][len(route.config.prefix) :])
+    async def _proxy(self, exchange: _Exchange, url: str, body: bytes) -> None:
+        route, scope, send, record = exchange.route, exchange.scope, exchange.send, exchange.record
+        protocol = exchange.protocol = route.protocol_for(scope["path"][len(route.config.prefix) :])
         request_json = self._parse_request(body, scope["headers"])
         if request_json is not None:
             model = request_json.get("model")
             record.model = model if isinstance(model, str) else None
             record.stream = request_json.get("stream") is True
         record.model_label = self.model_labels.label(record.model)
-        withhold_usage = False
         if (
             record.stream
             and request_json is not None
@@ -299,7 +298,7 @@ class Relay:
                 new_options["include_usage"] = True
                 request_json["stream_options"] = new_options
                 body = json.dumps(request_json, separators=(",", ":")).encode()
-                withhold_usage = True
+                exchange.withhold_usage = True
         admitted = record.stream
         if admitted:
             try:
@@ -311,9 +310,7 @@ class Relay:
             route.active += 1
             self.metrics.stream_started(route.name)
         try:
-            await self._forward(
-                route, scope, send, url, body, protocol, withhold_usage, record, exchange
-            )
+            await self._forward(exchange, url, body)
         finally:
             if admitted:
                 self.active_streams -= 1
@@ -365,21 +362,11 @@ class Relay:
         headers.append((b"x-request-id", record.request_id.encode()))
         return headers
 
-    async def _forward(
-        self,
-        route: Route,
-        scope: Scope,
-        send: Send,
-        url: str,
-        body: bytes,
-        protocol: Protocol,
-        withhold_usage: bool,
-        record: RequestRecord,
-        exchange: _Exchange,
-    ) -> None:
+    async def _forward(self, exchange: _Exchange, url: str, body: bytes) -> None:
+        route, scope, send, record = exchange.route, exchange.scope, exchange.send, exchange.record
         timeouts = route.timeouts
         loop = asyncio.get_running_loop()
-        total_deadline = loop.time() + timeouts.total
+        total_deadline = exchange.total_deadline = loop.time() + timeouts.total
         request = self.upstream.request(
             scope["method"], url, self._upstream_headers(route, scope, record), body
         )
@@ -405,9 +392,7 @@ class Relay:
                 status = 504 if timed_out else 502
                 await self._fail_before_response(send, record, status, Reason.UPSTREAM_UNAVAILABLE)
                 return
-            await self._relay_response(
-                route, send, response, protocol, withhold_usage, record, exchange, total_deadline
-            )
+            await self._relay_response(exchange, response)
         except asyncio.CancelledError:
             if exchange.stop_reason is None:
                 raise
@@ -421,17 +406,8 @@ class Relay:
             if response is not None:
                 await _close_quietly(response)
 
-    async def _relay_response(
-        self,
-        route: Route,
-        send: Send,
-        response: httpx.Response,
-        protocol: Protocol,
-        withhold_usage: bool,
-        record: RequestRecord,
-        exchange: _Exchange,
-        total_deadline: float,
-    ) -> None:
+    async def _relay_response(self, exchange: _Exchange, response: httpx.Response) -> None:
+        record = exchange.record
         upstream_id = None
         for name in _UPSTREAM_ID_HEADERS:
             upstream_id = response.headers.get(name.decode())
@@ -441,16 +417,14 @@ class Relay:
         ctype = response.headers.get("content-type", "")
         is_sse = 200 <= response.status_code < 300 and ctype.startswith("text/event-stream")
         if is_sse:
-            await self._relay_stream(
-                route, send, response, protocol, withhold_usage, record, exchange, total_deadline
-            )
+            await self._relay_stream(exchange, response)
             return
         if record.stream:
             if response.status_code >= 300 or response.status_code < 200:
                 record.verdict = _bare_verdict(Reason.UPSTREAM_STATUS)
             else:
                 record.verdict = _bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
-        await self._relay_plain(send, response, protocol, record, total_deadline)
+        await self._relay_plain(exchange, response)
 
     def _response_headers(
         self, response: httpx.Response, record: RequestRecord, drop: frozenset[bytes]
@@ -461,15 +435,9 @@ class Relay:
             headers.append((b"x-upstream-request-id", record.upstream_request_id.encode()))
         return headers
 
-    async def _relay_plain(
-        self,
-        send: Send,
-        response: httpx.Response,
-        protocol: Protocol,
-        record: RequestRecord,
-        total_deadline: float,
-    ) -> None:
+    async def _relay_plain(self, exchange: _Exchange, response: httpx.Response) -> None:
         """Relay a non-SSE answer unchanged (status, headers, body)."""
+        send, record = exchange.send, exchange.record
         record.status = response.status_code
         await send(
             {
@@ -487,7 +455,7 @@ class Relay:
         )
         sniffed = 0
         try:
-            async with asyncio.timeout_at(total_deadline):
+            async with asyncio.timeout_at(exchange.total_deadline):
                 async for chunk in response.aiter_raw():
                     if not chunk:
                         continue
@@ -509,22 +477,13 @@ class Relay:
             raise _AbortConnection from None
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if sniff:
-            record.usage = _usage_from_json(protocol, b"".join(sniff))
+            record.usage = _usage_from_json(exchange.protocol, b"".join(sniff))
 
-    async def _relay_stream(
-        self,
-        route: Route,
-        send: Send,
-        response: httpx.Response,
-        protocol: Protocol,
-        withhold_usage: bool,
-        record: RequestRecord,
-        exchange: _Exchange,
-        total_deadline: float,
-    ) -> None:
+    async def _relay_stream(self, exchange: _Exchange, response: httpx.Response) -> None:
+        send, record = exchange.send, exchange.record
         limits = self.settings.limits
         guard = StreamGuard(
-            self._contract(route, protocol, withhold_usage),
+            self._contract(exchange.route, exchange.protocol, exchange.withhold_usage),
             SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
             max_stream_bytes=limits.max_response_bytes,
         )
@@ -548,7 +507,7 @@ class Relay:
         read = _chunk_reader(response)
         # One timer for the first-byte, idle and total deadlines, re-armed only when
         # it fires: cheaper than rescheduling a timeout on every chunk.
-        watchdog = _Watchdog(loop, exchange, route.timeouts, total_deadline)
+        watchdog = _Watchdog(loop, exchange, exchange.route.timeouts, exchange.total_deadline)
         try:
             while True:
                 chunk = await read()

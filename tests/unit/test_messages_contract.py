@@ -16,6 +16,7 @@ import pytest
 
 from gateway.guard import Outcome, Reason, SSEDecoder, StreamGuard, Usage, Verdict
 from gateway.guard.messages import MessagesContract
+from tests.unit.helpers import bytewise, two_chunk_splits
 
 MSG_ID = "msg_01XFDUDYJgAACzvnptvVoYEL"
 TOOL_ID = "toolu_01T1x1fJ34qAmk2tNTrN7Up6"
@@ -655,18 +656,12 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 # -- every partition -----------------------------------------------------------------
 
 
-def _partitions(stream: bytes) -> Iterable[list[bytes]]:
-    for cut in range(1, len(stream)):
-        yield [stream[:cut], stream[cut:]]
-    yield [stream[i : i + 1] for i in range(len(stream))]
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_every_partition_gives_the_same_result(case: Case) -> None:
     stream = case.stream
     out, verdict, guard = drive(stream)
     annotation = guard.annotation("req-1")
-    for chunks in _partitions(stream):
+    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
         got, got_verdict, got_guard = drive(stream, chunks)
         assert got == out
         assert got_verdict == verdict
@@ -703,7 +698,7 @@ def test_limit_exceeded_by_event_budget() -> None:
     assert verdict.reason is Reason.LIMIT_EXCEEDED
     assert out == before
     assert guard.annotation("r").startswith(b"event: error\ndata: ")
-    for chunks in _partitions(stream):
+    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
         got, got_verdict, _ = drive(stream, chunks, decoder=decoder())
         assert got_verdict.reason is Reason.LIMIT_EXCEEDED
         assert got in {b"".join(events[:k]) for k in range(big + 1)}

@@ -24,6 +24,7 @@ from gateway.guard import (
     Verdict,
 )
 from gateway.guard.responses import ResponsesContract
+from tests.unit.helpers import bytewise, two_chunk_splits
 
 RESP_ID = "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
 MSG_ID = "msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b"
@@ -812,19 +813,13 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 # -- every partition -----------------------------------------------------------------
 
 
-def _partitions(stream: bytes) -> Iterable[list[bytes]]:
-    for cut in range(1, len(stream)):
-        yield [stream[:cut], stream[cut:]]
-    yield [stream[i : i + 1] for i in range(len(stream))]
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_every_partition_gives_the_same_result(case: Case) -> None:
     stream = case.stream
     out, verdict, guard = drive(stream)
     last = contract_of(guard).last_sequence_number
     annotation = guard.annotation("req-1")
-    for chunks in _partitions(stream):
+    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
         got, got_verdict, got_guard = drive(stream, chunks)
         assert got == out
         assert got_verdict == verdict
@@ -863,7 +858,7 @@ def test_limit_exceeded_by_event_budget() -> None:
     assert body["code"] == "limit_exceeded"
     assert body["sequence_number"] == big  # events 0..big-1 relayed
     # any partition: the same verdict, and only whole events from that prefix
-    for chunks in _partitions(stream):
+    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
         got, got_verdict, _ = drive(stream, chunks, decoder=decoder())
         assert got_verdict.reason is Reason.LIMIT_EXCEEDED
         assert before.startswith(got)
