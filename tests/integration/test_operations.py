@@ -400,3 +400,26 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
     # uvicorn re-raises the signal once it has shut down: a clean exit by SIGTERM
     assert gw.proc.returncode in (0, -signal.SIGTERM)
     assert 1.8 < elapsed < 10
+
+
+def test_with_no_upstream_it_fronts_the_built_in_simulator() -> None:
+    import openai
+
+    with gateway_process([], env={"GATEWAY_ACCESS_LOG": "false"}) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="any", max_retries=0)
+        stream = client.chat.completions.create(
+            model="sim-1", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text
+        with pytest.raises(openai.APIError) as caught:
+            for _ in client.chat.completions.create(
+                model="sim-1",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                extra_headers={"x-sim-fault": "drop_before_done"},
+            ):
+                pass
+        assert caught.value.code == "missing_done"
+        _, err = gw.stop()
+    assert b"no upstream configured: fronting the built-in simulator" in err
