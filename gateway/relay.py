@@ -13,9 +13,6 @@ appended at the end. Everything else is relayed unchanged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -24,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from gateway.admission import Admission, ClientGone, Refused
+from gateway.deadlines import Watchdog
 from gateway.errors import error_body, error_headers
 from gateway.guard import (
     ChatContract,
@@ -41,9 +40,15 @@ from gateway.guard.verdict import Outcome, Usage
 from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, RequestRecord
-from gateway.routing import PathRejected, Route, upstream_target
-from gateway.settings import Settings, Timeouts
-from gateway.upstream import READ_CHUNK, ReadChunk, Upstream
+from gateway.routing import Route
+from gateway.settings import Settings
+from gateway.upstream import (
+    Upstream,
+    chunk_reader,
+    close_quietly,
+    drain_for_reuse,
+    is_timeout,
+)
 
 __all__ = ["Relay"]
 
@@ -60,25 +65,6 @@ _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {b"content-length", b"cache-control", b"x-accel-buffering"}
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
-
-
-class _Refused(Exception):
-    """A request refused by the gateway before anything was sent upstream."""
-
-    def __init__(
-        self,
-        status: int,
-        label: str,
-        message: str,
-        type_: str,
-        headers: RawHeaders | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.label = label
-        self.message = message
-        self.type_ = type_
-        self.headers = headers
 
 
 @dataclass(slots=True, eq=False)
@@ -130,8 +116,7 @@ class Relay:
         self.access_log = access_log
         self.model_labels = model_labels
         self.lifecycle = lifecycle
-        self.active_streams = 0
-        self._key_hashes = [bytes.fromhex(h) for h in settings.client_key_sha256]
+        self.admission = Admission(settings.limits, settings.client_key_sha256)
 
     # -- entry point --------------------------------------------------------------
 
@@ -152,11 +137,13 @@ class Relay:
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
             try:
-                url, body = await self._admit(route, scope, receive, record)
-            except _Refused as refused:
+                url, body = await self.admission.admit(
+                    route, scope, receive, self.lifecycle.draining
+                )
+            except Refused as refused:
                 await self._refuse(send, record, refused)
                 return
-            except _ClientGone:
+            except ClientGone:
                 record.status = 499
                 return
             watcher = asyncio.get_running_loop().create_task(
@@ -185,96 +172,6 @@ class Relay:
                 exchange.stop(Reason.CLIENT_DISCONNECT)
                 return
 
-    # -- before the upstream --------------------------------------------------------
-
-    async def _admit(
-        self, route: Route, scope: Scope, receive: Receive, record: RequestRecord
-    ) -> tuple[str, bytes]:
-        """Checks that need no upstream; returns the upstream URL and the request body.
-
-        Raises _Refused (path, draining, client key, body size) or _ClientGone.
-        """
-        if self.lifecycle.draining:
-            raise _Refused(
-                503,
-                "shutting_down",
-                "The gateway is shutting down; retry on another instance.",
-                "service_unavailable",
-                [(b"retry-after", b"1"), (b"connection", b"close")],
-            )
-        try:
-            url = upstream_target(
-                route,
-                scope["path"],
-                scope.get("raw_path") or scope["path"].encode(),
-                scope.get("query_string", b""),
-            )
-        except PathRejected:
-            raise _Refused(
-                400, "bad_path", "The request path is not allowed.", "invalid_request_error"
-            ) from None
-        headers = scope["headers"]
-        if self._key_hashes and not self._client_key_ok(headers):
-            raise _Refused(
-                401, "unauthorized", "Missing or invalid API key.", "authentication_error"
-            )
-        length = get_header(headers, b"content-length")
-        limit = self.settings.limits.max_request_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise self._too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone  # the client left before sending its whole body
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise self._too_large(limit)
-            if chunk:
-                parts.append(chunk)
-            more = message.get("more_body", False)
-        return url, b"".join(parts)
-
-    @staticmethod
-    def _too_large(limit: int) -> _Refused:
-        return _Refused(
-            413,
-            "body_too_large",
-            f"Request body exceeds the gateway limit of {limit} bytes.",
-            "invalid_request_error",
-        )
-
-    def _client_key_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
-        auth = get_header(headers, b"authorization")
-        if key is None and auth is not None and auth[:7].lower() == b"bearer ":
-            key = auth[7:].strip()
-        if not key:
-            return False
-        digest = hashlib.sha256(key).digest()
-        ok = False
-        for expected in self._key_hashes:
-            ok |= hmac.compare_digest(digest, expected)
-        return ok
-
-    def _admit_stream(self, route: Route) -> None:
-        limits = self.settings.limits
-        route_cap = route.config.max_concurrent_streams
-        if (
-            limits.max_concurrent_streams is not None
-            and self.active_streams >= limits.max_concurrent_streams
-        ) or (route_cap is not None and route.active >= route_cap):
-            raise _Refused(
-                503,
-                "overloaded",
-                "Too many concurrent streams; retry shortly.",
-                "service_unavailable",
-                [(b"retry-after", b"1")],
-            )
-
     # -- the exchange -----------------------------------------------------------------
 
     async def _proxy(self, exchange: _Exchange, url: str, body: bytes) -> None:
@@ -302,19 +199,16 @@ class Relay:
         admitted = record.stream
         if admitted:
             try:
-                self._admit_stream(route)
-            except _Refused as refused:
+                self.admission.start_stream(route)
+            except Refused as refused:
                 await self._refuse(send, record, refused)
                 return
-            self.active_streams += 1
-            route.active += 1
             self.metrics.stream_started(route.name)
         try:
             await self._forward(exchange, url, body)
         finally:
             if admitted:
-                self.active_streams -= 1
-                route.active -= 1
+                self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
 
     @staticmethod
@@ -387,7 +281,7 @@ class Relay:
                 await self._fail_before_response(send, record, 504, reason)
                 return
             except (httpx.TransportError, OSError) as exc:
-                timed_out = _is_timeout(exc)
+                timed_out = is_timeout(exc)
                 record.error = "connect_timeout" if timed_out else "connect_error"
                 status = 504 if timed_out else 502
                 await self._fail_before_response(send, record, status, Reason.UPSTREAM_UNAVAILABLE)
@@ -404,7 +298,7 @@ class Relay:
                 record.status = 499 if exchange.stop_reason is Reason.CLIENT_DISCONNECT else 503
         finally:
             if response is not None:
-                await _close_quietly(response)
+                await close_quietly(response)
 
     async def _relay_response(self, exchange: _Exchange, response: httpx.Response) -> None:
         record = exchange.record
@@ -504,10 +398,10 @@ class Relay:
         started = record.started
         last_content: float | None = None
         content_seen = 0
-        read = _chunk_reader(response)
+        read = chunk_reader(response)
         # One timer for the first-byte, idle and total deadlines, re-armed only when
         # it fires: cheaper than rescheduling a timeout on every chunk.
-        watchdog = _Watchdog(loop, exchange, exchange.route.timeouts, exchange.total_deadline)
+        watchdog = Watchdog(loop, exchange.stop, exchange.route.timeouts, exchange.total_deadline)
         try:
             while True:
                 chunk = await read()
@@ -555,7 +449,7 @@ class Relay:
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         record.bytes_out += len(trailer)
         if verdict.complete:
-            await _drain_for_reuse(read)
+            await drain_for_reuse(read)
 
     def _contract(self, route: Route, protocol: Protocol, withhold_usage: bool) -> Contract:
         require = route.config.require_finish_reason
@@ -575,7 +469,7 @@ class Relay:
 
     # -- errors of our own -------------------------------------------------------------
 
-    async def _refuse(self, send: Send, record: RequestRecord, refused: _Refused) -> None:
+    async def _refuse(self, send: Send, record: RequestRecord, refused: Refused) -> None:
         """Answer a request refused before any upstream, and count it."""
         record.rejected = refused.label
         self.metrics.reject(refused.label)
@@ -635,115 +529,11 @@ class _AbortConnection(Exception):
     """Raised to make the server drop the connection (headers already sent)."""
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its request was complete."""
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    """Whether a transport error was a timeout.
-
-    httpx-aiohttp maps every aiohttp connection error (a refused connection
-    too) to ``httpx.ConnectTimeout``, so the original cause decides.
-    """
-    cause: BaseException | None = exc
-    while cause is not None:
-        if type(cause).__module__.startswith("aiohttp"):
-            return isinstance(cause, TimeoutError)
-        cause = cause.__cause__
-    return isinstance(exc, httpx.TimeoutException | TimeoutError)
-
-
 def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
 
 
-async def _drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
-    """After the terminator, read what little is left so the connection can be reused.
-
-    The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
-    that keeps sending gets its connection closed instead.
-    """
-    try:
-        async with asyncio.timeout(0.05):
-            while chunk := await read():
-                budget -= len(chunk)
-                if budget < 0:
-                    return
-    except (TimeoutError, httpx.TransportError, OSError):
-        return
-
-
-def _chunk_reader(response: httpx.Response) -> ReadChunk:
-    """The fastest way to read this response's body chunk by chunk (b"" at the end)."""
-    encoded = response.headers.get("content-encoding", "identity") != "identity"
-    read: ReadChunk | None = response.extensions.get(READ_CHUNK)
-    if read is not None and not encoded:
-        return read
-    chunks = (response.aiter_bytes() if encoded else response.aiter_raw()).__aiter__()
-
-    async def next_chunk() -> bytes:
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            return b""
-
-    return next_chunk
-
-
-class _Watchdog:
-    """First-byte, idle and total deadlines of one stream, on one re-arming timer.
-
-    The relay stamps ``last`` on every chunk; the timer fires at the earliest
-    possible deadline, re-arms itself if data came meanwhile, and otherwise
-    stops the exchange with the deadline's reason (the relay then annotates).
-    """
-
-    __slots__ = ("_handle", "_loop", "exchange", "first_byte", "got_chunk", "idle", "last", "total")
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        exchange: _Exchange,
-        timeouts: Timeouts,
-        total_deadline: float,
-    ) -> None:
-        self._loop = loop
-        self.exchange = exchange
-        self.first_byte = timeouts.first_byte
-        self.idle = timeouts.idle
-        self.total = total_deadline
-        self.last = loop.time()
-        self.got_chunk = False
-        self._handle = loop.call_at(min(self.last + self.first_byte, self.total), self._check)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        if now >= self.total:
-            self.exchange.stop(Reason.TOTAL_TIMEOUT)
-            return
-        limit = self.last + (self.idle if self.got_chunk else self.first_byte)
-        if now >= limit:
-            self.exchange.stop(Reason.IDLE_TIMEOUT if self.got_chunk else Reason.FIRST_BYTE_TIMEOUT)
-            return
-        self._handle = self._loop.call_at(min(limit, self.total), self._check)
-
-    def first_chunk(self) -> None:
-        """From now on the idle deadline applies: re-arm once, if it comes sooner."""
-        self.got_chunk = True
-        self.last = self._loop.time()
-        self._handle.cancel()
-        self._handle = self._loop.call_at(min(self.last + self.idle, self.total), self._check)
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
 def _bare_verdict(reason: Reason, detail: str = "") -> Verdict:
     return Verdict(outcome=Outcome.INCOMPLETE, reason=reason, detail=detail)
-
-
-async def _close_quietly(response: httpx.Response) -> None:
-    with contextlib.suppress(Exception):
-        await response.aclose()

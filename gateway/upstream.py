@@ -20,13 +20,24 @@ connect timeout ``httpx.ConnectTimeout``, a body cut mid-way
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
 import aiohttp
 import httpx
 
-__all__ = ["READ_CHUNK", "AiohttpTransport", "Upstream", "create_upstream"]
+__all__ = [
+    "READ_CHUNK",
+    "AiohttpTransport",
+    "Upstream",
+    "chunk_reader",
+    "close_quietly",
+    "create_upstream",
+    "drain_for_reuse",
+    "is_timeout",
+]
 
 #: Response extension: ``async () -> bytes``, the next raw body chunk, b"" at the end.
 READ_CHUNK = "gateway.read_chunk"
@@ -155,3 +166,52 @@ def create_upstream(
         keepalive_expiry=30.0,
     )
     return Upstream(httpx.AsyncHTTPTransport(limits=limits, retries=0), connect_timeout)
+
+
+def chunk_reader(response: httpx.Response) -> ReadChunk:
+    """The fastest way to read this response's body chunk by chunk (b"" at the end)."""
+    encoded = response.headers.get("content-encoding", "identity") != "identity"
+    read: ReadChunk | None = response.extensions.get(READ_CHUNK)
+    if read is not None and not encoded:
+        return read
+    chunks = (response.aiter_bytes() if encoded else response.aiter_raw()).__aiter__()
+
+    async def next_chunk() -> bytes:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    return next_chunk
+
+
+async def drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
+    """After the terminator, read what little is left so the connection can be reused.
+
+    The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
+    that keeps sending gets its connection closed instead.
+    """
+    try:
+        async with asyncio.timeout(0.05):
+            while chunk := await read():
+                budget -= len(chunk)
+                if budget < 0:
+                    return
+    except (TimeoutError, httpx.TransportError, OSError):
+        return
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a transport error was a timeout (a connect timeout, as opposed to a refusal)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if type(cause).__module__.startswith("aiohttp"):
+            return isinstance(cause, TimeoutError)
+        cause = cause.__cause__
+    return isinstance(exc, httpx.TimeoutException | TimeoutError)
+
+
+async def close_quietly(response: httpx.Response) -> None:
+    """Close a response; a broken upstream must not mask the verdict already reached."""
+    with contextlib.suppress(Exception):
+        await response.aclose()

@@ -1,0 +1,149 @@
+"""Admission: everything checked before a request may reach an upstream.
+
+In order: the gateway is not draining, the path stays under the route's
+prefix, the client key (when keys are configured) matches, the body fits the
+size limit; then, for streams, the global and per-route concurrency caps.
+A refusal is an ``Refused`` with the status, the metric label and the
+message the client gets; nothing has been sent upstream at that point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from gateway.headers import RawHeaders, get_header
+from gateway.routing import PathRejected, Route, upstream_target
+from gateway.settings import Limits
+
+__all__ = ["Admission", "ClientGone", "Refused"]
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class Refused(Exception):
+    """A request refused by the gateway before anything was sent upstream."""
+
+    def __init__(
+        self,
+        status: int,
+        label: str,
+        message: str,
+        type_: str,
+        headers: RawHeaders | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.label = label
+        self.message = message
+        self.type_ = type_
+        self.headers = headers
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was complete."""
+
+
+class Admission:
+    """The gate in front of the upstreams, with the live stream counts it caps."""
+
+    def __init__(self, limits: Limits, client_key_sha256: list[str]) -> None:
+        self.limits = limits
+        self._key_hashes = [bytes.fromhex(h) for h in client_key_sha256]
+        self.active_streams = 0
+
+    async def admit(
+        self, route: Route, scope: MutableMapping[str, Any], receive: Receive, draining: bool
+    ) -> tuple[str, bytes]:
+        """The upstream URL and the whole request body, or Refused / ClientGone."""
+        if draining:
+            raise Refused(
+                503,
+                "shutting_down",
+                "The gateway is shutting down; retry on another instance.",
+                "service_unavailable",
+                [(b"retry-after", b"1"), (b"connection", b"close")],
+            )
+        try:
+            url = upstream_target(
+                route,
+                scope["path"],
+                scope.get("raw_path") or scope["path"].encode(),
+                scope.get("query_string", b""),
+            )
+        except PathRejected:
+            raise Refused(
+                400, "bad_path", "The request path is not allowed.", "invalid_request_error"
+            ) from None
+        headers = scope["headers"]
+        if self._key_hashes and not self._client_key_ok(headers):
+            raise Refused(
+                401, "unauthorized", "Missing or invalid API key.", "authentication_error"
+            )
+        return url, await self._read_body(headers, receive)
+
+    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        limit = self.limits.max_request_bytes
+        length = get_header(headers, b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise _too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            if chunk:
+                parts.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(parts)
+
+    def _client_key_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
+        auth = get_header(headers, b"authorization")
+        if key is None and auth is not None and auth[:7].lower() == b"bearer ":
+            key = auth[7:].strip()
+        if not key:
+            return False
+        digest = hashlib.sha256(key).digest()
+        ok = False
+        for expected in self._key_hashes:  # constant time, and no early exit
+            ok |= hmac.compare_digest(digest, expected)
+        return ok
+
+    def start_stream(self, route: Route) -> None:
+        """Count a stream in, or Refused (503 + Retry-After) when a cap is reached."""
+        cap = self.limits.max_concurrent_streams
+        route_cap = route.config.max_concurrent_streams
+        if (cap is not None and self.active_streams >= cap) or (
+            route_cap is not None and route.active >= route_cap
+        ):
+            raise Refused(
+                503,
+                "overloaded",
+                "Too many concurrent streams; retry shortly.",
+                "service_unavailable",
+                [(b"retry-after", b"1")],
+            )
+        self.active_streams += 1
+        route.active += 1
+
+    def end_stream(self, route: Route) -> None:
+        self.active_streams -= 1
+        route.active -= 1
+
+
+def _too_large(limit: int) -> Refused:
+    return Refused(
+        413,
+        "body_too_large",
+        f"Request body exceeds the gateway limit of {limit} bytes.",
+        "invalid_request_error",
+    )
