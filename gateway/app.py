@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.errors import error_body, error_headers
@@ -62,7 +62,30 @@ class GatewayApp(Starlette):
                     return
                 await relay.handle(route, scope, receive, send)
                 return
+            await super().__call__(scope, receive, _with_request_id(scope, send))
+            return
         await super().__call__(scope, receive, send)
+
+
+_REQUEST_ID_KEY = "gateway.request_id"
+
+
+def _with_request_id(scope: Scope, send: Send) -> Send:
+    """Every response carries exactly one X-Request-ID, the gateway's own ones too."""
+    request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
+    scope[_REQUEST_ID_KEY] = request_id
+    value = request_id.encode()
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [
+                (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
+            ]
+            headers.append((b"x-request-id", value))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_id
 
 
 class _Gateway:
@@ -204,7 +227,7 @@ def create_app(settings: Settings) -> Starlette:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         gateway.metrics.reject("no_route")
-        request_id = pick_request_id(request.headers.get("x-request-id", "").encode() or None)
+        request_id = str(request.scope.get(_REQUEST_ID_KEY) or pick_request_id(None))
         body = error_body(
             "No route for this path.", "invalid_request_error", "no_route", request_id
         )

@@ -145,7 +145,9 @@ def serve(settings: Settings) -> None:
         "access_log": settings.uvicorn_access_log,
         "server_header": False,
         "log_level": settings.log_level,
-        "timeout_graceful_shutdown": int(settings.drain_timeout) + 5,
+        # The drain (lifecycle.py) runs before uvicorn's own shutdown starts, and
+        # streams stopped by it flush their trailer within 5 s: uvicorn needs little.
+        "timeout_graceful_shutdown": 5,
         "backlog": 4096,
     }
     if settings.workers > 1:

@@ -2,7 +2,8 @@
 
 The relay stamps ``last`` on every chunk (a float store); the timer fires at
 the earliest deadline that could have passed, re-arms itself when data came
-meanwhile, and otherwise calls ``stop`` with the deadline's reason. That is
+meanwhile, and otherwise calls ``stop`` with the deadline's reason. While the
+relay waits for a slow client (``sending``) the idle clock does not run. That is
 one timer per idle period instead of one reschedule per chunk, which cost
 more than the guard on the hot path.
 """
@@ -19,7 +20,17 @@ __all__ = ["Watchdog"]
 
 
 class Watchdog:
-    __slots__ = ("_handle", "_loop", "_stop", "first_byte", "got_chunk", "idle", "last", "total")
+    __slots__ = (
+        "_handle",
+        "_loop",
+        "_stop",
+        "first_byte",
+        "got_chunk",
+        "idle",
+        "last",
+        "sending",
+        "total",
+    )
 
     def __init__(
         self,
@@ -35,6 +46,9 @@ class Watchdog:
         self.total = total_deadline
         self.last = loop.time()
         self.got_chunk = False
+        #: True while the relay waits for the client to take bytes: that wait is the
+        #: client's, not upstream silence, so only the total deadline runs meanwhile.
+        self.sending = False
         self._handle = loop.call_at(min(self.last + self.first_byte, self.total), self._check)
 
     def _check(self) -> None:
@@ -43,7 +57,9 @@ class Watchdog:
             self._stop(Reason.TOTAL_TIMEOUT)
             return
         limit = self.last + (self.idle if self.got_chunk else self.first_byte)
-        if now >= limit:
+        if self.sending:
+            limit = now + self.idle
+        elif now >= limit:
             self._stop(Reason.IDLE_TIMEOUT if self.got_chunk else Reason.FIRST_BYTE_TIMEOUT)
             return
         self._handle = self._loop.call_at(min(limit, self.total), self._check)

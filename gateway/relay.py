@@ -62,9 +62,16 @@ _REQUEST_DROP = frozenset(
     {b"host", b"content-length", b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto"}
 )
 _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
-_STREAM_RESPONSE_DROP = _RESPONSE_DROP | {b"content-length", b"cache-control", b"x-accel-buffering"}
+# SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
+_STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
+    b"content-length",
+    b"content-encoding",
+    b"cache-control",
+    b"x-accel-buffering",
+}
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
+_TRAILER_SECONDS = 5.0  # how long the last send of a stream may wait for the client
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +87,7 @@ class _Exchange:
     protocol: Protocol = Protocol.SSE
     withhold_usage: bool = False
     total_deadline: float = 0.0
+    counted: bool = False  # counted in the active streams (admission, gauge)
     stop_reason: Reason | None = None
     response_done: bool = False
 
@@ -146,6 +154,12 @@ class Relay:
             except ClientGone:
                 record.status = 499
                 return
+            except asyncio.CancelledError:
+                if exchange.stop_reason is None:
+                    raise
+                _uncancel()
+                await self._stopped_before_response(exchange)
+                return
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_disconnect(receive, exchange)
             )
@@ -196,18 +210,18 @@ class Relay:
                 request_json["stream_options"] = new_options
                 body = json.dumps(request_json, separators=(",", ":")).encode()
                 exchange.withhold_usage = True
-        admitted = record.stream
-        if admitted:
+        if record.stream:
             try:
                 self.admission.start_stream(route)
             except Refused as refused:
                 await self._refuse(send, record, refused)
                 return
+            exchange.counted = True
             self.metrics.stream_started(route.name)
         try:
             await self._forward(exchange, url, body)
         finally:
-            if admitted:
+            if exchange.counted:
                 self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
 
@@ -292,10 +306,7 @@ class Relay:
                 raise
             _uncancel()
             # stopped by a client disconnect or by the drain before any response byte
-            if record.stream and record.verdict is None:
-                record.verdict = _bare_verdict(exchange.stop_reason)
-            if record.status == 0:
-                record.status = 499 if exchange.stop_reason is Reason.CLIENT_DISCONNECT else 503
+            await self._stopped_before_response(exchange)
         finally:
             if response is not None:
                 await close_quietly(response)
@@ -309,7 +320,12 @@ class Relay:
                 break
         record.upstream_request_id = upstream_id[:200] if upstream_id else None
         ctype = response.headers.get("content-type", "")
-        is_sse = 200 <= response.status_code < 300 and ctype.startswith("text/event-stream")
+        is_sse = (
+            200 <= response.status_code < 300
+            and response.status_code not in (204, 205)
+            and ctype.startswith("text/event-stream")
+            and exchange.scope["method"] != "HEAD"
+        )
         if is_sse:
             await self._relay_stream(exchange, response)
             return
@@ -370,6 +386,7 @@ class Relay:
             )
             raise _AbortConnection from None
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        exchange.response_done = True
         if sniff:
             record.usage = _usage_from_json(exchange.protocol, b"".join(sniff))
 
@@ -382,6 +399,12 @@ class Relay:
             max_stream_bytes=limits.max_response_bytes,
         )
         record.stream = True
+        if not exchange.counted:
+            # A stream the request did not announce (non-JSON body, GET): count it as
+            # one from here on; it is too late to refuse it.
+            self.admission.count_stream(exchange.route)
+            self.metrics.stream_started(exchange.route.name)
+            exchange.counted = True
         record.status = response.status_code
         await send(
             {
@@ -399,6 +422,7 @@ class Relay:
         last_content: float | None = None
         content_seen = 0
         read = chunk_reader(response)
+        sending = False
         # One timer for the first-byte, idle and total deadlines, re-armed only when
         # it fires: cheaper than rescheduling a timeout on every chunk.
         watchdog = Watchdog(loop, exchange.stop, exchange.route.timeouts, exchange.total_deadline)
@@ -424,17 +448,25 @@ class Relay:
                 if out:
                     if record.time_to_first_byte is None:
                         record.time_to_first_byte = time.monotonic() - started
+                    sending = watchdog.sending = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    sending = watchdog.sending = False
                     record.bytes_out += len(out)
+                    # Time spent waiting for a slow client is not upstream silence.
+                    watchdog.last = loop.time()
                 if guard.done:
                     break
+        except httpx.DecodingError:
+            guard.abort(Reason.INVALID_SHAPE, "the upstream's content encoding is broken")
         except httpx.TransportError:
             guard.abort(Reason.UPSTREAM_DISCONNECT)
         except asyncio.CancelledError:
             if exchange.stop_reason is None:
                 raise
             _uncancel()
-            guard.abort(exchange.stop_reason)
+            # Bytes whose send was interrupted may never have reached the client: a
+            # verdict reached on them (even "complete") does not stand.
+            guard.abort(exchange.stop_reason, force=sending)
         finally:
             watchdog.cancel()
         verdict = guard.verdict
@@ -446,7 +478,14 @@ class Relay:
         if record.time_to_first_byte is None and trailer:
             record.time_to_first_byte = time.monotonic() - started
         exchange.response_done = True
-        await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        try:
+            # A client that stopped reading must not hold the request (or the drain)
+            # past this: drop its connection instead.
+            async with asyncio.timeout(_TRAILER_SECONDS):
+                await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        except TimeoutError:
+            record.error = "client_stalled"
+            raise _AbortConnection from None
         record.bytes_out += len(trailer)
         if verdict.complete:
             await drain_for_reuse(read)
@@ -468,6 +507,33 @@ class Relay:
         return FramingOnly()
 
     # -- errors of our own -------------------------------------------------------------
+
+    async def _stopped_before_response(self, exchange: _Exchange) -> None:
+        """The exchange was stopped before any response byte: record it, and tell the
+        client why unless it is the one who left."""
+        record, reason = exchange.record, exchange.stop_reason
+        assert reason is not None
+        if record.stream and record.verdict is None:
+            record.verdict = _bare_verdict(reason)
+        if record.status != 0:
+            return
+        if reason is Reason.CLIENT_DISCONNECT:
+            record.status = 499
+            return
+        message = (
+            "The gateway is shutting down; retry on another instance."
+            if reason is Reason.GATEWAY_SHUTDOWN
+            else "The request was stopped before the upstream answered."
+        )
+        await self._send_error(
+            exchange.send,
+            record,
+            503,
+            message,
+            "service_unavailable",
+            str(reason),
+            [(b"retry-after", b"1"), (b"connection", b"close")],
+        )
 
     async def _refuse(self, send: Send, record: RequestRecord, refused: Refused) -> None:
         """Answer a request refused before any upstream, and count it."""

@@ -99,12 +99,13 @@ class Contract(abc.ABC):
         assert self.verdict is not None
         return self.verdict
 
-    def abort(self, reason: Reason, detail: str = "") -> Verdict:
+    def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
         """End the stream for a reason found outside the contract (timeouts, limits, ...).
 
-        A verdict that is already final is kept.
+        A verdict that is already final is kept, unless ``force``: the relay could
+        not deliver the bytes that verdict was reached on.
         """
-        if self.verdict is None:
+        if self.verdict is None or force:
             self._conclude(Outcome.INCOMPLETE, reason, detail)
         assert self.verdict is not None
         return self.verdict

@@ -117,10 +117,14 @@ class StreamGuard:
         self._held = b""
         return self.contract.on_eof()
 
-    def abort(self, reason: Reason, detail: str = "") -> Verdict:
-        """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...)."""
+    def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
+        """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...).
+
+        ``force`` replaces a final verdict too: the bytes it was reached on were
+        not delivered (their send was interrupted).
+        """
         self._held = b""
-        return self.contract.abort(reason, detail)
+        return self.contract.abort(reason, detail, force=force)
 
     def annotation(self, request_id: str) -> bytes:
         """The trailer the relay appends after the last forwarded byte."""

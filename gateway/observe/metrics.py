@@ -210,9 +210,8 @@ class Metrics:
             for kind, count in usage.as_dict().items():
                 if count:
                     child(self.tokens, route, model, kind).inc(count)
-        if record.stream:
-            if verdict is not None:
-                child(self.streams, route, model, verdict.outcome.value, verdict.reason.value).inc()
+        if record.stream and verdict is not None:
+            child(self.streams, route, model, verdict.outcome.value, verdict.reason.value).inc()
             if usage is None:
                 child(self.usage_unknown, route, model).inc()
 

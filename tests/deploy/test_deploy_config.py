@@ -94,7 +94,7 @@ METRIC_LABELS: dict[str, set[str]] = {
 }
 # Seconds beyond the drain timeout that a stop must allow: the server gives
 # itself drain_timeout + 5 s to shut down (uvicorn's timeout_graceful_shutdown).
-SHUTDOWN_MARGIN = 5
+SHUTDOWN_MARGIN = 10  # after the drain: 5 s for stopped streams' trailers, 5 s uvicorn
 REQUIRED_ALERTS = {"GatewayIncompleteStreamsHigh", "GatewayTimeToFirstTokenHigh", "GatewayDown"}
 
 

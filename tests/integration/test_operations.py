@@ -365,12 +365,13 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
         env={"GATEWAY_ACCESS_LOG": "false"},
     ) as gw:
         results: dict[str, bytes] = {}
+        statuses: dict[str, int] = {}
 
         def stream(name: str, headers: dict[str, str]) -> None:
             with httpx.Client(timeout=30) as client:
-                results[name] = client.post(
-                    gw.url + "/v1/chat/completions", json=CHAT, headers=headers
-                ).content
+                response = client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+                results[name] = response.content
+                statuses[name] = response.status_code
 
         short = threading.Thread(
             target=stream, args=("short", {"x-sim-tokens": "10", "x-sim-tps": "10"})
@@ -379,8 +380,13 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
             target=stream,
             args=("long", {"x-sim-fault": "stall_mid_stream", "x-sim-stall-seconds": "60"}),
         )
+        waiting = threading.Thread(
+            target=stream,
+            args=("waiting", {"x-sim-fault": "stall_before_headers", "x-sim-stall-seconds": "60"}),
+        )
         short.start()
         long.start()
+        waiting.start()
         time.sleep(0.4)
         signalled = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
@@ -391,12 +397,16 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
         assert refused.status_code == 503
         short.join(30)
         long.join(30)
+        waiting.join(30)
         gw.proc.wait(timeout=30)
         elapsed = time.monotonic() - signalled
     assert annotation(results["short"])["outcome"] == "complete"
     note = annotation(results["long"])
     assert (note["outcome"], note["reason"]) == ("incomplete", "gateway_shutdown")
     assert b'"code":"gateway_shutdown"' in results["long"]
+    # stopped before any response byte: a clean JSON 503, not a server error
+    assert statuses["waiting"] == 503
+    assert json.loads(results["waiting"])["error"]["code"] == "gateway_shutdown"
     # uvicorn re-raises the signal once it has shut down: a clean exit by SIGTERM
     assert gw.proc.returncode in (0, -signal.SIGTERM)
     assert 1.8 < elapsed < 10
