@@ -11,11 +11,11 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
@@ -96,8 +96,27 @@ def _die(message: str) -> None:
     raise SystemExit(2)
 
 
+def _redact_url(url: str | None) -> str | None:
+    """A URL with any user-info and query values masked (keys may hide in either)."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "<redacted>@" + netloc.rsplit("@", 1)[1]
+    query = "&".join(
+        f"{pair.split('=', 1)[0]}=<redacted>" if "=" in pair else pair
+        for pair in parts.query.split("&")
+        if pair
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def redacted(settings: Settings) -> dict[str, Any]:
     data = settings.model_dump(mode="json", exclude={"credentials"})
+    data["upstream_url"] = _redact_url(data.get("upstream_url"))
+    for route in data.get("routes", []):
+        route["upstream"] = _redact_url(route.get("upstream"))
     data["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in settings.client_key_sha256]
     for route in data.get("routes", []):
         if route.get("credential_env"):
@@ -106,7 +125,7 @@ def redacted(settings: Settings) -> dict[str, Any]:
         {
             "name": r.name,
             "prefix": r.prefix,
-            "upstream": r.upstream,
+            "upstream": _redact_url(r.upstream),
             "credential": "<redacted>" if settings.credentials.get(r.name) else None,
         }
         for r in settings.effective_routes()
@@ -118,13 +137,11 @@ def _prepare_metrics_dir(settings: Settings) -> None:
     if settings.workers == 1 and settings.metrics_dir is None:
         return
     path = settings.metrics_dir or Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
-    if path.exists():
-        for child in path.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
     path.mkdir(parents=True, exist_ok=True)
+    # Empty it of a previous instance's metric files, and of nothing else: a
+    # mistyped directory must not lose anybody's data.
+    for stale in path.glob("*.db"):
+        stale.unlink()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
 
 
@@ -137,6 +154,16 @@ def serve(settings: Settings) -> None:
     )
     # httpx logs every request at INFO: the access log already has one line per request
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if (
+        settings.host not in ("127.0.0.1", "::1", "localhost")
+        and settings.credentials
+        and not settings.client_key_sha256
+    ):
+        logging.getLogger("gateway").warning(
+            "listening on %s with upstream credentials and no client keys: anyone who can "
+            "reach this port spends those credentials (set client_key_sha256)",
+            settings.host,
+        )
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

@@ -431,6 +431,13 @@ class Relay:
                 chunk = await read()
                 if not chunk:
                     guard.eof()
+                    if guard.final:
+                        sending = watchdog.sending = True
+                        await send(
+                            {"type": "http.response.body", "body": guard.final, "more_body": True}
+                        )
+                        sending = watchdog.sending = False
+                        record.bytes_out += len(guard.final)
                     break
                 if watchdog.got_chunk:
                     watchdog.last = loop.time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,7 +144,7 @@ class Settings(BaseSettings):
     upstream_url: str | None = Field(
         None, description="Shorthand for a single route: /v1 -> this base URL."
     )
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
     port: int = Field(8080, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
     routes: list[RouteConfig] = Field(default_factory=list)
@@ -184,8 +185,20 @@ class Settings(BaseSettings):
                 raise ValueError("each entry must be 64 lower-case hex digits (a SHA-256)")
         return value
 
+    @field_validator("upstream_url")
+    @classmethod
+    def _upstream_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
     @model_validator(mode="after")
     def _unique_routes(self) -> Settings:
+        if self.upstream_url and self.routes:
+            raise ValueError(
+                "upstream_url (--upstream, GATEWAY_UPSTREAM_URL) and routes are both set: "
+                "the shorthand would be ignored; configure one or the other"
+            )
         names = [r.name for r in self.routes]
         prefixes = [r.prefix for r in self.routes]
         if len(set(names)) != len(names):
@@ -261,7 +274,12 @@ def load_settings(**overrides: Any) -> Settings:
     config = clean.get("config")
     if config is not None and not Path(config).is_file():
         raise FileNotFoundError(f"config file not found: {config}")
-    return _with_credentials(Settings(**clean))
+    try:
+        settings = Settings(**clean)
+    except tomllib.TOMLDecodeError as exc:
+        path = config or os.environ.get("GATEWAY_CONFIG")
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    return _with_credentials(settings)
 
 
 def _with_credentials(settings: Settings) -> Settings:

@@ -92,7 +92,7 @@ def render_annotation(
     *,
     last_sequence_number: int | None = None,
 ) -> bytes:
-    if verdict.complete or verdict.reason is Reason.UPSTREAM_ERROR:
+    if verdict.complete or verdict.error_forwarded:
         return comment_line(verdict, request_id)
     return error_event(
         protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number

@@ -21,7 +21,7 @@ from gateway.guard.contract import (
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import chat_usage
-from gateway.guard.verdict import Reason, normalize_finish
+from gateway.guard.verdict import ERROR_FINISHES, Reason, normalize_finish
 
 __all__ = ["ChatContract", "CompletionsContract"]
 
@@ -37,7 +37,11 @@ class _ToolCall:
 class _Choice:
     finish: str | None = None
     text: list[str] = field(default_factory=list)
+    #: Tool calls by slot, in order of appearance.
     tools: dict[int, _ToolCall] = field(default_factory=dict)
+    #: The slot each wire ``index`` currently refers to (see ``_slot_for``).
+    slots: dict[int, int] = field(default_factory=dict)
+    last_slot: int | None = None
 
 
 def _is_done(data: str) -> bool:
@@ -129,6 +133,14 @@ class ChatContract(Contract):
                 else "[DONE] arrived without any choice"
             )
             raise self._reject(Reason.MISSING_FINISH, detail)
+        failed = [(i, r) for i, r in sorted(self.finish_reasons.items()) if r in ERROR_FINISHES]
+        if failed:
+            # The provider says the choice ended by an error, then sends [DONE] as if
+            # all were well: withhold [DONE] so the client's SDK sees our error first.
+            index, raw = failed[0]
+            raise self._reject(
+                Reason.UPSTREAM_ERROR, f"choice {index} finished with the error reason {raw!r}"
+            )
         if not self.finish_reasons:
             return self._complete(Reason.OTHER)
         lowest = min(self.finish_reasons)
@@ -180,11 +192,14 @@ class ChatContract(Contract):
         if tools:
             self._on_tool_deltas(state, tools)
         finish = raw.get("finish_reason")
-        if finish is not None:
+        if finish:  # None, and the "" some servers send on every chunk, mean "not yet"
             if not isinstance(finish, str):
                 raise self._reject(Reason.INVALID_SHAPE, "finish_reason is not a string")
             if state.finish is None:
-                self._check_tool_arguments(index, state)
+                # A length cut may end a tool call mid-arguments: that is the provider's
+                # contract met (reason "length"), not broken arguments.
+                if normalize_finish(finish) is not Reason.LENGTH:
+                    self._check_tool_arguments(index, state)
                 state.finish = finish
                 self.finish_reasons[index] = finish
         return carried
@@ -203,17 +218,17 @@ class ChatContract(Contract):
         return False
 
     def _on_tool_deltas(self, state: _Choice, tools: list[Any]) -> None:
-        for position, raw in enumerate(tools):
+        for raw in tools:
             if not isinstance(raw, dict):
                 raise self._reject(Reason.INVALID_SHAPE, "a tool call delta is not an object")
-            index = raw.get("index", position)
-            if not isinstance(index, int) or isinstance(index, bool):
+            index = raw.get("index")
+            if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
                 raise self._reject(Reason.INVALID_SHAPE, "tool call index is not an integer")
-            call = state.tools.get(index)
-            if call is None:
-                call = state.tools[index] = _ToolCall()
             call_id = raw.get("id")
-            if isinstance(call_id, str) and call_id:
+            if not isinstance(call_id, str):
+                call_id = ""
+            call = state.tools[self._slot_for(state, index, call_id)]
+            if call_id:
                 call.id = call_id
             function = raw.get("function")
             if function is None:
@@ -231,10 +246,40 @@ class ChatContract(Contract):
                     call.arguments.append(arguments)
                     self.content_chars += len(arguments)
 
+    @staticmethod
+    def _slot_for(state: _Choice, index: int | None, call_id: str) -> int:
+        """Which tool call a delta belongs to.
+
+        OpenAI numbers calls with ``index`` and sends the ``id`` once. Some servers
+        omit ``index`` (Gemini's compatible endpoint) or send every call as index
+        0 with its own ``id``: a new ``id`` starts a new call, a delta without one
+        continues the call its index (or, without an index, the last call) refers to.
+        """
+        if index is not None:
+            slot = state.slots.get(index)
+            if slot is not None and call_id and state.tools[slot].id not in ("", call_id):
+                slot = None
+        elif state.last_slot is not None and (
+            not call_id or state.tools[state.last_slot].id in ("", call_id)
+        ):
+            slot = state.last_slot
+        else:
+            slot = None
+        if slot is None:
+            slot = len(state.tools)
+            state.tools[slot] = _ToolCall()
+            if index is not None:
+                state.slots[index] = slot
+        state.last_slot = slot
+        return slot
+
     def _check_tool_arguments(self, index: int, state: _Choice) -> None:
         for tool_index, call in sorted(state.tools.items()):
+            arguments = "".join(call.arguments)
+            if not arguments.strip():
+                continue  # no arguments at all: a tool without parameters
             try:
-                json.loads("".join(call.arguments))
+                json.loads(arguments)
             except ValueError:
                 raise self._reject(
                     Reason.INVALID_TOOL_ARGUMENTS,

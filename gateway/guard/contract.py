@@ -131,10 +131,13 @@ class Contract(abc.ABC):
         return Action.FINISH
 
     def _upstream_error(self, detail: str = "the upstream sent an error event") -> Action:
-        self._conclude(Outcome.INCOMPLETE, Reason.UPSTREAM_ERROR, detail)
+        """The upstream's own error event: relayed as it is, no second error added."""
+        self._conclude(Outcome.INCOMPLETE, Reason.UPSTREAM_ERROR, detail, error_forwarded=True)
         return Action.FINISH
 
-    def _conclude(self, outcome: Outcome, reason: Reason, detail: str) -> None:
+    def _conclude(
+        self, outcome: Outcome, reason: Reason, detail: str, *, error_forwarded: bool = False
+    ) -> None:
         self.verdict = Verdict(
             outcome=outcome,
             reason=reason,
@@ -145,6 +148,7 @@ class Contract(abc.ABC):
             content_chars=self.content_chars,
             tool_calls=self.tool_calls,
             detail=detail,
+            error_forwarded=error_forwarded,
         )
 
 

@@ -70,6 +70,9 @@ class MessagesContract(Contract):
         self.keep_text = keep_text
         self._started = False
         self._stop_reason: str | None = None
+        #: The first tool block whose assembled input is not valid JSON. Judged at the
+        #: stop reason: a max_tokens cut may end a tool input mid-way (contract met).
+        self._bad_tool_block: int | None = None
         self._blocks: dict[int, _Block] = {}
         self._text: list[str] = []
 
@@ -142,6 +145,8 @@ class MessagesContract(Contract):
         stop_reason = delta.get("stop_reason")
         if stop_reason is not None and not isinstance(stop_reason, str):
             raise self._reject(Reason.INVALID_SHAPE, "message_delta stop_reason is not a string")
+        if stop_reason:
+            self._check_tool_inputs(stop_reason)
         self._take_usage(obj.get("usage"))
         if stop_reason:
             self._stop_reason = stop_reason
@@ -156,6 +161,14 @@ class MessagesContract(Contract):
         if self._stop_reason is None:
             raise self._reject(Reason.MISSING_FINISH, "message_stop arrived without a stop_reason")
         return self._complete(normalize_finish(self._stop_reason))
+
+    def _check_tool_inputs(self, stop_reason: str) -> None:
+        """At the stop reason: broken tool input is the upstream's fault unless it was cut."""
+        if self._bad_tool_block is not None and normalize_finish(stop_reason) is not Reason.LENGTH:
+            raise self._reject(
+                Reason.INVALID_TOOL_ARGUMENTS,
+                f"content block {self._bad_tool_block} tool input is not valid JSON",
+            )
 
     def _take_usage(self, raw: object) -> None:
         """Merge a usage object: counts are cumulative, a field left out keeps its value."""
@@ -242,13 +255,10 @@ class MessagesContract(Contract):
         index, block = self._open_block(obj)
         if block.tool:
             arguments = "".join(block.json)
-            if arguments.strip():
+            if arguments.strip() and self._bad_tool_block is None:
                 try:
                     json.loads(arguments)
                 except ValueError:
-                    raise self._reject(
-                        Reason.INVALID_TOOL_ARGUMENTS,
-                        f"content block {index} tool input is not valid JSON",
-                    ) from None
+                    self._bad_tool_block = index
             block.json = [arguments] if arguments else []
         block.open = False

@@ -231,6 +231,8 @@ class ResponsesContract(Contract):
         call.finished = True
 
     def _check_arguments(self, arguments: str) -> None:
+        if not arguments.strip():
+            return  # no arguments at all: a tool without parameters
         try:
             json.loads(arguments)
         except ValueError:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from gateway.guard.annotation import render_annotation
 from gateway.guard.contract import Action, Contract
 from gateway.guard.errors import GuardError
-from gateway.guard.sse import SSEDecoder
+from gateway.guard.sse import Event, SSEDecoder
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["StreamGuard"]
@@ -38,6 +38,8 @@ class StreamGuard:
         self._held = b""  # bytes received but not yet forwarded or dropped
         self._held_start = 0  # stream offset of the first held byte
         self.forwarded_bytes = 0
+        #: Bytes that became forwardable only at the end of the upstream body (``eof``).
+        self.final = b""
 
     @property
     def verdict(self) -> Verdict | None:
@@ -78,7 +80,6 @@ class StreamGuard:
 
     def _feed(self, chunk: bytes) -> bytes:
         held = self._held + chunk if self._held else chunk
-        base = self._held_start
         error: GuardError | None = None
         try:
             events = self.decoder.feed(chunk)
@@ -86,6 +87,11 @@ class StreamGuard:
             # The events completed before the offending line are whole: judge them.
             error = exc
             events = self.decoder.events_before_error
+        return self._judge(events, held, error)
+
+    def _judge(self, events: list[Event], held: bytes, error: GuardError | None) -> bytes:
+        """Run ``events`` through the contract; return the bytes of ``held`` to forward."""
+        base = self._held_start
         out: list[bytes] = []
         cursor = base  # first stream offset not yet emitted or dropped
         stop: int | None = None
@@ -113,7 +119,19 @@ class StreamGuard:
         return data
 
     def eof(self) -> Verdict:
-        """The upstream body ended cleanly; pending bytes are discarded (never forwarded)."""
+        """The upstream body ended cleanly.
+
+        A last event that only the end completes (its blank line ended by a bare CR)
+        is judged now, and its bytes wait in ``final`` for the relay to send; any
+        other pending bytes are an unfinished event and are never forwarded.
+        """
+        if not self.done:
+            try:
+                events = self.decoder.close()
+            except GuardError:
+                events = []
+            if events:
+                self.final = self._judge(events, self._held, None)
         self._held = b""
         return self.contract.on_eof()
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "COMPLETE_REASONS",
+    "ERROR_FINISHES",
     "INCOMPLETE_REASONS",
     "Outcome",
     "Reason",
@@ -73,6 +74,11 @@ _FINISH: dict[str, Reason] = {
 }
 
 
+#: Finish reasons with which providers report that generation failed (vLLM "abort",
+#: OpenRouter "error", DeepSeek "insufficient_system_resource"): not a finish.
+ERROR_FINISHES = frozenset({"abort", "error", "insufficient_system_resource"})
+
+
 def normalize_finish(raw: str) -> Reason:
     """Map a provider's finish/stop reason onto the bounded vocabulary."""
     return _FINISH.get(raw, Reason.OTHER)
@@ -128,6 +134,8 @@ class Verdict:
     tool_calls: int = 0
     #: A short human-readable explanation; never contains prompt or completion text.
     detail: str = ""
+    #: The upstream's own error event was relayed: the client already has an error.
+    error_forwarded: bool = False
 
     @property
     def complete(self) -> bool:

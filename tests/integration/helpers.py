@@ -21,7 +21,9 @@ ANNOTATION = re.compile(
 @contextlib.contextmanager
 def gateway_for(upstream: str, **settings: Any) -> Iterator[ServerThread]:
     """A real gateway (uvicorn, uvloop, httptools) whose /v1 route goes to ``upstream``."""
-    options: dict[str, Any] = {"upstream_url": upstream, "access_log": False}
+    options: dict[str, Any] = {"access_log": False}
+    if "routes" not in settings:
+        options["upstream_url"] = upstream
     options.update(settings)
     with running(create_app(Settings(**options))) as server:
         yield server

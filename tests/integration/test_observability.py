@@ -186,12 +186,15 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
     metrics_dir = tempfile.mkdtemp(prefix="gw-mp-test-")
     stale = Path(metrics_dir) / "counter_99999.db"
     stale.write_bytes(b"stale")  # must be emptied at start
+    unrelated = Path(metrics_dir) / "notes.txt"
+    unrelated.write_text("not a metrics file: must survive")
     try:
         with gateway_process(
             ["--upstream", simulator.url + "/v1", "--workers", "2", "--metrics-dir", metrics_dir],
             env={"GATEWAY_ACCESS_LOG": "false"},
         ) as gw:
             assert not stale.exists()
+            assert unrelated.read_text() == "not a metrics file: must survive"
             with httpx.Client(base_url=gw.url, timeout=15) as client:
                 for i in range(100):
                     fault = "none" if i % 2 else "drop_before_done"

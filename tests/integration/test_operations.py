@@ -97,7 +97,15 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
         ),
         ('client_key_sha256 = ["abc"]\n', {}, "client_key_sha256"),
         ("[limits]\nmax_request_bytes = 0\n", {}, "limits.max_request_bytes"),
-        ("this is not toml", {}, "invalid configuration"),
+        ("this is not toml", {}, "bad.toml is not valid TOML"),
+        ('host = ""\n', {}, "host (config file"),
+        (
+            'upstream_url = "http://a.test/v1"\n'
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://b.test/v1"\n',
+            {},
+            "upstream_url (--upstream, GATEWAY_UPSTREAM_URL) and routes are both set",
+        ),
+        ('upstream_url = "api.openai.com/v1"\n', {}, "upstream_url (config file"),
     ],
 )
 def test_invalid_configs_are_refused_with_a_precise_message(
@@ -147,6 +155,12 @@ def test_check_config_redacts_secrets(tmp_path: Path) -> None:
     result = _check_config("--config", str(config), env={"GW_TEST_ROUTE_KEY": key})
     assert result.returncode == 0, result.stderr
     assert key not in result.stdout
+    # keys in an upstream URL (user-info, query) are masked too
+    leaky = _check_config("--upstream", "https://user:sk-in-url@api.example.test/v1?api-key=sk-q")
+    assert leaky.returncode == 0, leaky.stderr
+    assert "sk-in-url" not in leaky.stdout
+    assert "sk-q" not in leaky.stdout
+    assert "api.example.test" in leaky.stdout
     assert client_key_hash not in result.stdout
     shown = json.loads(result.stdout)
     assert shown["effective_routes"][0]["credential"] == "<redacted>"

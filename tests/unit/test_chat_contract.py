@@ -699,3 +699,87 @@ def test_chat_delta_text_is_ignored_by_completions_and_vice_versa() -> None:
     completions_in_chat = run_guard(ChatContract(), [completion("Hi", "stop"), DONE])
     assert completions_in_chat.verdict.content_chars == 0
     assert completions_in_chat.verdict.complete
+
+
+# -- what real providers send (found in review) ------------------------------------
+
+
+def _tool(
+    index: int | None, call_id: str | None, name: str | None, arguments: str
+) -> dict[str, object]:
+    call: dict[str, object] = {"type": "function", "function": {"arguments": arguments}}
+    if index is not None:
+        call["index"] = index
+    if call_id is not None:
+        call["id"] = call_id
+    if name is not None:
+        call["function"] = {"name": name, "arguments": arguments}
+    return call
+
+
+def _tools_chunk(*calls: dict[str, object]) -> bytes:
+    return sse(chunk([choice(0, tool_calls=list(calls))]))
+
+
+@pytest.mark.parametrize("raw", ["abort", "error", "insufficient_system_resource"])
+def test_error_finish_reasons_then_done_are_an_upstream_error(raw: str) -> None:
+    stream = join(role_chunk(), text_chunk("The answer is"), finish_chunk(raw), DONE)
+    run = run_guard(ChatContract(), [stream])
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.INCOMPLETE, Reason.UPSTREAM_ERROR)
+    # [DONE] is withheld, so the SDK reads our error event before the end of the stream
+    assert run.output == stream[: -len(DONE)]
+    assert b'"code":"upstream_error"' in run.guard.annotation("r")
+
+
+def test_empty_string_finish_reason_means_not_finished() -> None:
+    def piece(text: str, finish: str | None) -> bytes:
+        return sse(chunk([{"index": 0, "delta": {"content": text}, "finish_reason": finish}]))
+
+    stream = join(piece("Hel", ""), piece("lo", ""), piece("", "stop"), DONE)
+    run = run_guard(ChatContract(keep_text=True), [stream])
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.STOP)
+    assert run.output == stream
+
+
+def test_tool_calls_without_index_are_told_apart_by_id() -> None:
+    stream = join(
+        _tools_chunk(_tool(None, "call_1", "f", '{"x":')),
+        _tools_chunk(_tool(None, None, None, "1}")),
+        _tools_chunk(_tool(None, "call_2", "g", '{"y":2}')),
+        finish_chunk("tool_calls"),
+        DONE,
+    )
+    contract = ChatContract()
+    run = run_guard(contract, [stream])
+    assert run.verdict.reason is Reason.TOOL_CALLS
+    assert contract.tool_call_arguments() == [
+        ("call_1", "f", '{"x":1}'),
+        ("call_2", "g", '{"y":2}'),
+    ]
+
+
+def test_tool_calls_sharing_index_zero_with_distinct_ids_are_two_calls() -> None:
+    stream = join(
+        _tools_chunk(_tool(0, "call_a", "f", '{"x"')),
+        _tools_chunk(_tool(0, None, None, ":1}")),
+        _tools_chunk(_tool(0, "call_b", "g", '{"y":2}')),
+        finish_chunk("tool_calls"),
+        DONE,
+    )
+    contract = ChatContract()
+    run = run_guard(contract, [stream])
+    assert run.verdict.reason is Reason.TOOL_CALLS
+    assert [args for _, _, args in contract.tool_call_arguments()] == ['{"x":1}', '{"y":2}']
+
+
+def test_a_tool_without_parameters_may_send_empty_arguments() -> None:
+    stream = join(_tools_chunk(_tool(0, "call_1", "now", "")), finish_chunk("tool_calls"), DONE)
+    run = run_guard(ChatContract(), [stream])
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.TOOL_CALLS)
+
+
+def test_tool_arguments_cut_by_length_are_a_complete_length_stream() -> None:
+    stream = join(_tools_chunk(_tool(0, "call_1", "f", '{"a": "lo')), finish_chunk("length"), DONE)
+    run = run_guard(ChatContract(), [stream])
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.LENGTH)
+    assert run.output == stream

@@ -576,25 +576,31 @@ def _cases() -> list[Case]:
             usage=BASIC,
             raw_finish={0: "end_turn"},
         ),
+        # broken tool input is judged at the stop reason: the message_delta is withheld
         rejected(
             "tool_arguments",
-            [message_start(), *tool_block(0, ['{"location": "San'])],
-            3,
+            [message_start(), *tool_block(0, ['{"location": "San']), message_delta("tool_use")],
+            4,
             Reason.INVALID_TOOL_ARGUMENTS,
             usage=STARTED,
             tool_calls=1,
         ),
         rejected(
             "server_tool_arguments",
-            [*web_search_stream()[:5], json_delta(1, ', "more"}'), block_stop(1)],
-            6,
+            [
+                *web_search_stream()[:5],
+                json_delta(1, ', "more"}'),
+                block_stop(1),
+                message_delta("end_turn"),
+            ],
+            7,
             Reason.INVALID_TOOL_ARGUMENTS,
             usage=STARTED,
         ),
         rejected(
             "tool_arguments_two_values",
-            [message_start(), *tool_block(0, ["{}", "{}"])],
-            4,
+            [message_start(), *tool_block(0, ["{}", "{}"]), message_delta("tool_use")],
+            5,
             Reason.INVALID_TOOL_ARGUMENTS,
             usage=STARTED,
             tool_calls=1,
@@ -721,7 +727,10 @@ def test_limit_exceeded_by_stream_budget() -> None:
     [
         (TEXT[:4], Reason.MISSING_DONE),
         ([*TEXT[:6], MESSAGE_STOP], Reason.MISSING_FINISH),
-        ([message_start(), *tool_block(0, ['{"a'])], Reason.INVALID_TOOL_ARGUMENTS),
+        (
+            [message_start(), *tool_block(0, ['{"a']), message_delta("tool_use")],
+            Reason.INVALID_TOOL_ARGUMENTS,
+        ),
         (inserted(TEXT, 6, text_delta(0, "late")), Reason.CONTENT_AFTER_FINISH),
     ],
     ids=lambda v: str(v) if isinstance(v, Reason) else "",
@@ -779,3 +788,15 @@ def test_content_chars_count_text_thinking_and_tool_input() -> None:
     assert verdict.content_chars == len(
         "Okay, let's check the weather for San Francisco, CA:"
     ) + len("".join(TOOL_PIECES))
+
+
+def test_tool_input_cut_by_max_tokens_is_a_complete_length_stream() -> None:
+    blocks = [
+        message_start(),
+        *tool_block(0, ['{"location": "San']),
+        message_delta("max_tokens"),
+        MESSAGE_STOP,
+    ]
+    out, verdict, _ = drive(b"".join(blocks))
+    assert (verdict.outcome, verdict.reason) == (Outcome.COMPLETE, Reason.LENGTH)
+    assert out == b"".join(blocks)

@@ -26,7 +26,9 @@ from gateway.guard import (
     Contract,
     FramingOnly,
     GuardError,
+    Reason,
     SSEDecoder,
+    StreamGuard,
 )
 from tests.unit.helpers import (
     DONE,
@@ -228,9 +230,9 @@ def test_guard_fixtures_reach_the_intended_verdicts() -> None:
         "chat-complete-crlf": ("complete", "stop"),
         "chat-complete-cr": ("complete", "stop"),
         # CR-only framing that ends exactly at the CR of the [DONE] block's blank
-        # line: whether an LF follows is unknown until EOF, when nothing can be
-        # forwarded any more; the gateway does not claim a [DONE] it did not relay
-        "chat-cr-ending-at-the-last-cr": ("incomplete", "missing_done"),
+        # line: only EOF completes that event; the guard judges it then and hands
+        # its bytes to the relay in ``final``
+        "chat-cr-ending-at-the-last-cr": ("complete", "stop"),
         "chat-tool-calls": ("complete", "tool_calls"),
         "chat-withheld-usage-crlf": ("complete", "stop"),
         "chat-missing-done": ("incomplete", "missing_done"),
@@ -459,3 +461,13 @@ def test_random_chat_streams_guard_is_partition_independent(
     whole = _guard_result(make, [stream], max_stream_bytes=limit)
     assert _guard_result(make, partition, max_stream_bytes=limit) == whole
     assert _guard_result(make, [bytes([b]) for b in stream], max_stream_bytes=limit) == whole
+
+
+def test_an_event_completed_only_by_eof_is_forwarded_in_final() -> None:
+    stream = cr(CHAT_OK)
+    for name, chunks in all_partitions(stream):
+        guard = StreamGuard(ChatContract())
+        out = b"".join(guard.feed(piece) for piece in chunks)
+        verdict = guard.eof()
+        assert verdict.reason is Reason.STOP, name
+        assert out + guard.final == stream, name
