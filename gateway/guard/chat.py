@@ -9,7 +9,6 @@ caller asks for it (``keep_text=True``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from gateway.guard.contract import (
     Contract,
     Protocol,
     parse_json_object,
+    valid_tool_arguments,
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import chat_usage
@@ -275,16 +275,11 @@ class ChatContract(Contract):
 
     def _check_tool_arguments(self, index: int, state: _Choice) -> None:
         for tool_index, call in sorted(state.tools.items()):
-            arguments = "".join(call.arguments)
-            if not arguments.strip():
-                continue  # no arguments at all: a tool without parameters
-            try:
-                json.loads(arguments)
-            except ValueError:
+            if not valid_tool_arguments("".join(call.arguments)):
                 raise self._reject(
                     Reason.INVALID_TOOL_ARGUMENTS,
                     f"choice {index} tool call {tool_index} arguments are not valid JSON",
-                ) from None
+                )
 
 
 class CompletionsContract(ChatContract):

@@ -16,7 +16,15 @@ from typing import Any, ClassVar
 from gateway.guard.sse import Event
 from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
 
-__all__ = ["Action", "Contract", "FramingOnly", "Protocol", "int_or_none", "parse_json_object"]
+__all__ = [
+    "Action",
+    "Contract",
+    "FramingOnly",
+    "Protocol",
+    "int_or_none",
+    "parse_json_object",
+    "valid_tool_arguments",
+]
 
 
 class Protocol(enum.StrEnum):
@@ -54,6 +62,17 @@ def parse_json_object(data: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise _Rejected(Reason.INVALID_SHAPE, "event data is not a JSON object")
     return obj
+
+
+def valid_tool_arguments(arguments: str) -> bool:
+    """Assembled tool arguments are valid: JSON, or nothing (a tool without parameters)."""
+    if not arguments.strip():
+        return True
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def int_or_none(value: object) -> int | None:

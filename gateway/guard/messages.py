@@ -24,7 +24,6 @@ blocks, and the text only with ``keep_text=True``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from gateway.guard.contract import (
     Contract,
     Protocol,
     parse_json_object,
+    valid_tool_arguments,
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import messages_usage
@@ -255,10 +255,7 @@ class MessagesContract(Contract):
         index, block = self._open_block(obj)
         if block.tool:
             arguments = "".join(block.json)
-            if arguments.strip() and self._bad_tool_block is None:
-                try:
-                    json.loads(arguments)
-                except ValueError:
-                    self._bad_tool_block = index
+            if self._bad_tool_block is None and not valid_tool_arguments(arguments):
+                self._bad_tool_block = index
             block.json = [arguments] if arguments else []
         block.open = False

@@ -25,7 +25,6 @@ read for their status, output item types and usage, never stored.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -34,6 +33,7 @@ from gateway.guard.contract import (
     Contract,
     Protocol,
     parse_json_object,
+    valid_tool_arguments,
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import responses_usage
@@ -231,14 +231,10 @@ class ResponsesContract(Contract):
         call.finished = True
 
     def _check_arguments(self, arguments: str) -> None:
-        if not arguments.strip():
-            return  # no arguments at all: a tool without parameters
-        try:
-            json.loads(arguments)
-        except ValueError:
+        if not valid_tool_arguments(arguments):
             raise self._reject(
                 Reason.INVALID_TOOL_ARGUMENTS, "function call arguments are not valid JSON"
-            ) from None
+            )
 
     def _on_arguments_done(self, obj: dict[str, Any]) -> None:
         self._finish_call(self._call_for(obj), obj.get("arguments"))
