@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=9000)
     sim.add_argument("--tps", type=float, default=0.0, help="deltas per second (0: no pacing)")
+    sim.add_argument("--tokens", type=int, default=20, help="content deltas per answer")
     return parser
 
 
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "simulate":
         from gateway.simulator import serve as simulate
 
-        simulate(args.host, args.port, default_tps=args.tps)
+        simulate(args.host, args.port, default_tps=args.tps, default_tokens=args.tokens)
         return
     settings = _load(args)
     if args.command == "check-config":

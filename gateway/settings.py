@@ -84,7 +84,7 @@ class Limits(_Strict):
     max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
     max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
     max_concurrent_streams: int | None = Field(
-        None, gt=0, description="Global cap on concurrent proxied requests (503 beyond)."
+        None, gt=0, description="Global cap on concurrent streams (503 beyond)."
     )
 
 
@@ -151,7 +151,9 @@ class Settings(BaseSettings):
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     annotate: bool = Field(True, description="Append the complete/incomplete annotation.")
-    access_log: bool = Field(True, description="One JSON line per request on stdout.")
+    access_log: bool = Field(
+        True, description="One JSON line per request under a route prefix, on stdout."
+    )
     uvicorn_access_log: bool = False
     drain_timeout: float = Field(
         30.0, ge=0, description="Seconds in-flight streams get on SIGTERM."
@@ -169,9 +171,6 @@ class Settings(BaseSettings):
     )
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
-    simulator: bool = Field(
-        False, description="Front the built-in simulator (implied when no upstream is set)."
-    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     credentials: dict[str, SecretStr] = Field(
         default_factory=dict, exclude=True, description="Resolved upstream credentials (internal)."

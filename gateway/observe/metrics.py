@@ -129,7 +129,7 @@ class Metrics:
         )
         self.time_per_output_chunk = Histogram(
             "gateway_time_per_output_chunk_seconds",
-            "Gaps between output-carrying events.",
+            "Gaps between upstream reads that carried output (events in one read count once).",
             ["route", "model"],
             buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS,
             registry=reg,
