@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
-from gateway.errors import error_body, error_headers
+from gateway.errors import error_body, error_headers, send_error
 from gateway.headers import get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels
@@ -168,7 +168,7 @@ class _Gateway:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(self, request: Request) -> Response:
-        if self.lifecycle.ready and not self.lifecycle.draining:
+        if self.lifecycle.ready:  # begin_drain clears it
             return JSONResponse({"status": "ready"})
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)
@@ -209,11 +209,9 @@ def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
 
 async def _not_ready(scope: Scope, send: Send) -> None:
     request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
-    body = error_body("The gateway is starting.", "service_unavailable", "not_ready", request_id)
-    await send(
-        {"type": "http.response.start", "status": 503, "headers": error_headers(body, request_id)}
+    await send_error(
+        send, 503, "The gateway is starting.", "service_unavailable", "not_ready", request_id
     )
-    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(settings: Settings) -> Starlette:

@@ -7,10 +7,12 @@ credential or an internal exception's text.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from gateway.headers import RawHeaders
 
-__all__ = ["error_body", "error_headers"]
+__all__ = ["error_body", "error_headers", "send_error"]
 
 
 def error_body(message: str, type_: str, code: str, request_id: str) -> bytes:
@@ -37,3 +39,25 @@ def error_headers(body: bytes, request_id: str, extra: RawHeaders | None = None)
     if extra:
         headers.extend(extra)
     return headers
+
+
+async def send_error(
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    request_id: str,
+    extra: RawHeaders | None = None,
+) -> int:
+    """Send a whole JSON error response over ASGI; returns the body's length."""
+    body = error_body(message, type_, code, request_id)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": error_headers(body, request_id, extra),
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    return len(body)

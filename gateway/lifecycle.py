@@ -58,10 +58,10 @@ class Lifecycle:
 
     async def _drain(self, then: Callable[[], None] | None) -> None:
         if not await self.wait_idle(self.drain_timeout):
-            stops = list(self._inflight.values())
-            log.warning("drain timeout: stopping %d request(s) with gateway_shutdown", len(stops))
-            for stop in stops:
-                stop()
+            log.warning(
+                "drain timeout: stopping %d request(s) with gateway_shutdown", self.inflight
+            )
+            self.stop_all()
             await self.wait_idle(5.0)
         log.info("drained")
         if then is not None:

@@ -23,7 +23,7 @@ import httpx
 
 from gateway.admission import Admission, ClientGone, Refused
 from gateway.deadlines import Watchdog
-from gateway.errors import error_body, error_headers
+from gateway.errors import send_error
 from gateway.guard import (
     ChatContract,
     CompletionsContract,
@@ -422,7 +422,6 @@ class Relay:
         last_content: float | None = None
         content_seen = 0
         read = chunk_reader(response)
-        sending = False
         # One timer for the first-byte, idle and total deadlines, re-armed only when
         # it fires: cheaper than rescheduling a timeout on every chunk.
         watchdog = Watchdog(loop, exchange.stop, exchange.route.timeouts, exchange.total_deadline)
@@ -432,11 +431,11 @@ class Relay:
                 if not chunk:
                     guard.eof()
                     if guard.final:
-                        sending = watchdog.sending = True
+                        watchdog.sending = True
                         await send(
                             {"type": "http.response.body", "body": guard.final, "more_body": True}
                         )
-                        sending = watchdog.sending = False
+                        watchdog.sending = False
                         record.bytes_out += len(guard.final)
                     break
                 if watchdog.got_chunk:
@@ -455,9 +454,9 @@ class Relay:
                 if out:
                     if record.time_to_first_byte is None:
                         record.time_to_first_byte = time.monotonic() - started
-                    sending = watchdog.sending = True
+                    watchdog.sending = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                    sending = watchdog.sending = False
+                    watchdog.sending = False
                     record.bytes_out += len(out)
                     # Time spent waiting for a slow client is not upstream silence.
                     watchdog.last = loop.time()
@@ -473,7 +472,7 @@ class Relay:
             _uncancel()
             # Bytes whose send was interrupted may never have reached the client: a
             # verdict reached on them (even "complete") does not stand.
-            guard.abort(exchange.stop_reason, force=sending)
+            guard.abort(exchange.stop_reason, force=watchdog.sending)
         finally:
             watchdog.cancel()
         verdict = guard.verdict
@@ -585,17 +584,10 @@ class Relay:
         code: str,
         extra: RawHeaders | None = None,
     ) -> None:
-        body = error_body(message, type_, code, record.request_id)
         record.status = status
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": error_headers(body, record.request_id, extra),
-            }
+        record.bytes_out += await send_error(
+            send, status, message, type_, code, record.request_id, extra
         )
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-        record.bytes_out += len(body)
 
 
 class _AbortConnection(Exception):

@@ -46,6 +46,13 @@ _ROUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
+def _base_url(value: str) -> str:
+    """An upstream base URL: http(s) with a host, without a trailing slash."""
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -125,9 +132,7 @@ class RouteConfig(_Strict):
     @field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return _base_url(value)
 
 
 class Settings(BaseSettings):
@@ -187,9 +192,7 @@ class Settings(BaseSettings):
     @field_validator("upstream_url")
     @classmethod
     def _upstream_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/") if value else value
+        return _base_url(value) if value else value
 
     @model_validator(mode="after")
     def _unique_routes(self) -> Settings:
