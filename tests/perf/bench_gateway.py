@@ -29,7 +29,9 @@ What runs, all on 127.0.0.1:
   access log, from a temp dir), ``gateway`` (``python -m gateway serve`` as
   shipped: guard, metrics, access log to a file; ``--gateway-args`` adds
   flags and ``NAME=value`` environment), ``gateway-aiohttp`` /
-  ``gateway-httpx`` (the same with ``GATEWAY_UPSTREAM_TRANSPORT`` set). Each
+  ``gateway-httpx`` (the same with ``GATEWAY_UPSTREAM_TRANSPORT`` set),
+  ``minimal`` (``minimal_relay.py``: Starlette + aiohttp without guard,
+  metrics or log, the floor of a Python ASGI relay on this machine). Each
   proxy runs pinned to CPU 1, is started fresh for each scenario and warmed
   up with a few short streams before measuring.
 
@@ -933,19 +935,7 @@ class GatewayProxy(Proxy):
         d.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.update(self.env)
-        cmd = [
-            str(ROOT / ".venv" / "bin" / "python")
-            if (ROOT / ".venv" / "bin" / "python").exists()
-            else sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--upstream",
-            f"http://127.0.0.1:{self.upstream_port}/v1",
-            "--port",
-            str(self.port),
-            *self.args,
-        ]
+        cmd = self.command()
         self.access_log = d / "access.log"
         self.proc = subprocess.Popen(
             cmd,
@@ -957,6 +947,24 @@ class GatewayProxy(Proxy):
             preexec_fn=_pin(PROXY_CPU),
             start_new_session=True,
         )
+
+    @staticmethod
+    def python() -> str:
+        venv = ROOT / ".venv" / "bin" / "python"
+        return str(venv) if venv.exists() else sys.executable
+
+    def command(self) -> list[str]:
+        return [
+            self.python(),
+            "-m",
+            "gateway",
+            "serve",
+            "--upstream",
+            f"http://127.0.0.1:{self.upstream_port}/v1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     async def _ready(self) -> bool:
         try:
@@ -975,6 +983,43 @@ class GatewayProxy(Proxy):
     def logs(self) -> str:
         path = self.workdir / self.name / "stderr.log"
         return path.read_text()[-2000:] if path.exists() else ""
+
+
+class MinimalProxy(GatewayProxy):
+    """tests/perf/minimal_relay.py: Starlette + aiohttp with no guard (the floor)."""
+
+    def command(self) -> list[str]:
+        return [
+            self.python(),
+            str(Path(__file__).with_name("minimal_relay.py")),
+            "--upstream",
+            f"http://127.0.0.1:{self.upstream_port}",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+
+
+class SpliceProxy(GatewayProxy):
+    """tests/perf/splice_relay.py: a uvloop TCP splice, the floor of a Python relay."""
+
+    def command(self) -> list[str]:
+        return [
+            self.python(),
+            str(Path(__file__).with_name("splice_relay.py")),
+            "--upstream-port",
+            str(self.upstream_port),
+            "--port",
+            str(self.port),
+        ]
+
+    async def _ready(self) -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            return False
+        writer.close()
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1474,7 +1519,16 @@ def render_profile(summary: dict[str, Any]) -> str:
 # Main
 # ---------------------------------------------------------------------------------------------
 
-TARGETS = ("direct", "nginx", "gateway", "gateway-aiohttp", "gateway-httpx")
+TARGETS = (
+    "direct",
+    "nginx",
+    "splice",
+    "minimal",
+    "minimal-raw",
+    "gateway",
+    "gateway-aiohttp",
+    "gateway-httpx",
+)
 
 
 def _split_gateway_args(text: str) -> tuple[list[str], dict[str, str]]:
@@ -1496,6 +1550,12 @@ def make_proxy(
         return None
     if target == "nginx":
         return NginxProxy(upstream_port, workdir)
+    if target == "splice":
+        return SpliceProxy(upstream_port, workdir, [], {}, target)
+    if target.startswith("minimal"):
+        return MinimalProxy(
+            upstream_port, workdir, ["--raw"] if target.endswith("raw") else [], {}, target
+        )
     args, env = _split_gateway_args(opts.gateway_args)
     if target.startswith("gateway-"):
         env["GATEWAY_UPSTREAM_TRANSPORT"] = target.split("-", 1)[1]
