@@ -1022,6 +1022,25 @@ class SpliceProxy(GatewayProxy):
         return True
 
 
+class PushProxy(GatewayProxy):
+    """tests/perf/push_relay.py: the guard in raw Protocol callbacks, the best case."""
+
+    def command(self) -> list[str]:
+        return [
+            self.python(),
+            str(Path(__file__).with_name("push_relay.py")),
+            "--upstream-port",
+            str(self.upstream_port),
+            "--port",
+            str(self.port),
+        ]
+
+
+def guarded(target: str) -> bool:
+    """Whether the target appends the gateway's annotation (verified as the gateway's)."""
+    return target.startswith("gateway") or target == "push"
+
+
 # ---------------------------------------------------------------------------------------------
 # Scenarios
 # ---------------------------------------------------------------------------------------------
@@ -1172,6 +1191,8 @@ def summarize(sid: int, scale: Scale, tally: Tally, extra: dict[str, Any]) -> di
         "latency_p99_ms": _pct(tally.latencies, 99),
         "ttfb_p50_ms": _pct(tally.ttfb, 50),
         "ttfb_p99_ms": _pct(tally.ttfb, 99),
+        "ttfb_over_500ms": sum(1 for t in tally.ttfb if t > 500_000_000),
+        "ttfb_max_ms": max(tally.ttfb) / 1e6 if tally.ttfb else None,
         "proxy_cpu_s": extra.get("cpu_s"),
         "harness_cpu_pct": extra.get("harness_cpu_pct"),
         "foreign_cpu_pct": extra.get("foreign_cpu_pct"),
@@ -1523,6 +1544,7 @@ TARGETS = (
     "direct",
     "nginx",
     "splice",
+    "push",
     "minimal",
     "minimal-raw",
     "gateway",
@@ -1552,6 +1574,8 @@ def make_proxy(
         return NginxProxy(upstream_port, workdir)
     if target == "splice":
         return SpliceProxy(upstream_port, workdir, [], {}, target)
+    if target == "push":
+        return PushProxy(upstream_port, workdir, [], {}, target)
     if target.startswith("minimal"):
         return MinimalProxy(
             upstream_port, workdir, ["--raw"] if target.endswith("raw") else [], {}, target
@@ -1649,7 +1673,7 @@ async def main_async(opts: argparse.Namespace) -> int:
                     proxy.start()
                     await proxy.wait_ready()
                     port = proxy.port
-                await warm_up(port, target.startswith("gateway"))
+                await warm_up(port, guarded(target))
                 gc.collect()
                 gc.disable()
                 spies: list[subprocess.Popen[bytes]] = []
@@ -1679,7 +1703,7 @@ async def main_async(opts: argparse.Namespace) -> int:
                         )
                     )
                     await asyncio.sleep(1.0)  # py-spy attaches
-                tally = Tally(gateway=target.startswith("gateway"))
+                tally = Tally(gateway=guarded(target))
                 try:
                     extra = await run_scenario(sid, scale, port, tally, upstream, proxy)
                 finally:
@@ -1703,7 +1727,7 @@ async def main_async(opts: argparse.Namespace) -> int:
                 )
             block = [render_table(sid, title, results)]
             scenario: dict[str, Any] = {"title": title, "targets": results, "checks": {}}
-            for gw in [t for t in opts.targets if t.startswith("gateway")]:
+            for gw in [t for t in opts.targets if guarded(t)]:
                 ratios = render_ratios(sid, results, gw)
                 if ratios:
                     block.append(ratios)
