@@ -6,6 +6,8 @@ Run it as a script (it is not a pytest test)::
     .venv/bin/python tests/perf/bench_gateway.py --quick          # scaled down, ~1 minute
     .venv/bin/python tests/perf/bench_gateway.py --scenarios 1,4 \\
         --targets nginx,gateway-aiohttp,gateway-httpx             # compare upstream transports
+    .venv/bin/python tests/perf/bench_gateway.py \\
+        --targets direct,nginx,splice,push,minimal-raw,minimal,gateway  # with the floors
     .venv/bin/python tests/perf/bench_gateway.py --profile        # scenario 1 under py-spy
 
 What runs, all on 127.0.0.1:
@@ -30,8 +32,15 @@ What runs, all on 127.0.0.1:
   shipped: guard, metrics, access log to a file; ``--gateway-args`` adds
   flags and ``NAME=value`` environment), ``gateway-aiohttp`` /
   ``gateway-httpx`` (the same with ``GATEWAY_UPSTREAM_TRANSPORT`` set),
-  ``minimal`` (``minimal_relay.py``: Starlette + aiohttp without guard,
-  metrics or log, the floor of a Python ASGI relay on this machine). Each
+  and the floors, yardsticks for what the gateway's stack costs here with
+  nothing of the gateway in it: ``minimal`` (``minimal_relay.py``: Starlette
+  + aiohttp, no guard, metrics or log: issue 7's reference row),
+  ``minimal-raw`` (the same as a bare ASGI callable), ``push``
+  (``push_relay.py``: the real guard in raw Protocol callbacks, below ASGI and
+  httpx, no metrics, log or deadlines: the best case for a guarded Python
+  relay) and ``splice`` (``splice_relay.py``: a uvloop TCP splice that parses
+  nothing). ``push`` is verified like the gateway (it appends the same
+  annotation line). Each
   proxy runs pinned to CPU 1, is started fresh for each scenario and warmed
   up with a few short streams before measuring.
 
