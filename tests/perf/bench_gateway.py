@@ -85,7 +85,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl
 
 import psutil
@@ -994,55 +994,33 @@ class GatewayProxy(Proxy):
         return path.read_text()[-2000:] if path.exists() else ""
 
 
-class MinimalProxy(GatewayProxy):
-    """tests/perf/minimal_relay.py: Starlette + aiohttp with no guard (the floor)."""
+class FloorProxy(GatewayProxy):
+    """A yardstick relay script beside this one: ``minimal_relay.py`` (``minimal``,
+    ``minimal-raw``), ``splice_relay.py`` (``splice``) or ``push_relay.py`` (``push``)."""
+
+    SCRIPTS: ClassVar[dict[str, tuple[str, list[str]]]] = {
+        "minimal": ("minimal_relay.py", []),
+        "minimal-raw": ("minimal_relay.py", ["--raw"]),
+        "splice": ("splice_relay.py", []),
+        "push": ("push_relay.py", []),
+    }
 
     def command(self) -> list[str]:
+        script, extra = self.SCRIPTS[self.name]
         return [
             self.python(),
-            str(Path(__file__).with_name("minimal_relay.py")),
-            "--upstream",
-            f"http://127.0.0.1:{self.upstream_port}",
-            "--port",
-            str(self.port),
-            *self.args,
-        ]
-
-
-class SpliceProxy(GatewayProxy):
-    """tests/perf/splice_relay.py: a uvloop TCP splice, the floor of a Python relay."""
-
-    def command(self) -> list[str]:
-        return [
-            self.python(),
-            str(Path(__file__).with_name("splice_relay.py")),
+            str(Path(__file__).with_name(script)),
             "--upstream-port",
             str(self.upstream_port),
             "--port",
             str(self.port),
+            *extra,
         ]
 
     async def _ready(self) -> bool:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return False
-        writer.close()
-        return True
-
-
-class PushProxy(GatewayProxy):
-    """tests/perf/push_relay.py: the guard in raw Protocol callbacks, the best case."""
-
-    def command(self) -> list[str]:
-        return [
-            self.python(),
-            str(Path(__file__).with_name("push_relay.py")),
-            "--upstream-port",
-            str(self.upstream_port),
-            "--port",
-            str(self.port),
-        ]
+        if self.name == "splice":  # it speaks no HTTP of its own: ready once it accepts
+            return await Proxy._ready(self)
+        return await super()._ready()
 
 
 def guarded(target: str) -> bool:
@@ -1581,14 +1559,8 @@ def make_proxy(
         return None
     if target == "nginx":
         return NginxProxy(upstream_port, workdir)
-    if target == "splice":
-        return SpliceProxy(upstream_port, workdir, [], {}, target)
-    if target == "push":
-        return PushProxy(upstream_port, workdir, [], {}, target)
-    if target.startswith("minimal"):
-        return MinimalProxy(
-            upstream_port, workdir, ["--raw"] if target.endswith("raw") else [], {}, target
-        )
+    if target in FloorProxy.SCRIPTS:
+        return FloorProxy(upstream_port, workdir, [], {}, target)
     args, env = _split_gateway_args(opts.gateway_args)
     if target.startswith("gateway-"):
         env["GATEWAY_UPSTREAM_TRANSPORT"] = target.split("-", 1)[1]

@@ -5,7 +5,7 @@ row): no guard, no metrics, no access log, no deadlines; it relays the upstream'
 status, content type and body chunks as they come. It is a yardstick for the
 gateway's own costs on the same machine and in the same run, not a product.
 
-    python tests/perf/minimal_relay.py --upstream http://127.0.0.1:UP --port PORT
+    python tests/perf/minimal_relay.py --upstream-port UP --port PORT [--raw]
 """
 
 from __future__ import annotations
@@ -117,12 +117,12 @@ def build_raw(upstream: str):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--upstream-port", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--raw", action="store_true", help="a bare ASGI callable")
     opts = parser.parse_args()
     uvicorn.run(
-        (build_raw if opts.raw else build)(opts.upstream.rstrip("/")),
+        (build_raw if opts.raw else build)(f"http://127.0.0.1:{opts.upstream_port}"),
         host="127.0.0.1",
         port=opts.port,
         loop="uvloop",

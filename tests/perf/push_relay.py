@@ -24,13 +24,12 @@ relay, not something the gateway could match with those features.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 from typing import Any
 
 import httptools
-import uvloop
+from floor_server import ProtocolFactory, serve
 
 from gateway.guard import ChatContract, StreamGuard
 
@@ -42,16 +41,10 @@ _READY = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 _ids = itertools.count(1)
 
 
-class Upstream(asyncio.Protocol):
-    """One pooled upstream connection; relays one response at a time into ``client``."""
+class _HttpSide(asyncio.Protocol):
+    """A connection whose bytes go through an httptools parser calling back into it."""
 
-    def __init__(self, pool: list[Upstream]) -> None:
-        self.pool = pool
-        self.transport: Any = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.client: Client | None = None
-        self.guard: StreamGuard | None = None
-        self.finished = False
+    parser: Any
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -61,6 +54,18 @@ class Upstream(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self.transport.close()
+
+
+class Upstream(_HttpSide):
+    """One pooled upstream connection; relays one response at a time into ``client``."""
+
+    def __init__(self, pool: list[Upstream]) -> None:
+        self.pool = pool
+        self.transport: Any = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.client: Client | None = None
+        self.guard: StreamGuard | None = None
+        self.finished = False
 
     def start(self, client: Client, request: bytes) -> None:
         self.client = client
@@ -115,7 +120,7 @@ class Upstream(asyncio.Protocol):
         pass
 
 
-class Client(asyncio.Protocol):
+class Client(_HttpSide):
     """One client connection: parses requests, relays each through a pooled upstream."""
 
     def __init__(self, relay: PushRelay) -> None:
@@ -125,15 +130,6 @@ class Client(asyncio.Protocol):
         self.url = b""
         self.body: list[bytes] = []
         self.upstream: Upstream | None = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.transport.close()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -207,22 +203,10 @@ class PushRelay:
         upstream.start(client, request)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--upstream-port", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    opts = parser.parse_args()
-
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        relay = PushRelay(loop, opts.upstream_port)
-        server = await loop.create_server(
-            lambda: Client(relay), "127.0.0.1", opts.port, backlog=4096
-        )
-        await server.serve_forever()
-
-    uvloop.run(serve())
+def client_factory(loop: asyncio.AbstractEventLoop, upstream_port: int) -> ProtocolFactory:
+    relay = PushRelay(loop, upstream_port)
+    return lambda: Client(relay)
 
 
 if __name__ == "__main__":
-    main()
+    serve(client_factory)

@@ -11,10 +11,9 @@ this machine (one callback and one ``write`` per upstream read), not a product.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-import uvloop
+from floor_server import ProtocolFactory, serve
 
 
 class _Half(asyncio.Protocol):
@@ -48,37 +47,27 @@ class _Half(asyncio.Protocol):
             self.peer.transport.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--upstream-port", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    opts = parser.parse_args()
+def client_factory(loop: asyncio.AbstractEventLoop, upstream_port: int) -> ProtocolFactory:
+    connecting: set[asyncio.Task[None]] = set()
 
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        connecting: set[asyncio.Task[None]] = set()
+    def client_side() -> _Half:
+        client = _Half()
 
-        def client_side() -> _Half:
-            client = _Half()
+        async def connect() -> None:
+            _, upstream = await loop.create_connection(_Half, "127.0.0.1", upstream_port)
+            upstream.peer, client.peer = client, upstream
+            assert upstream.transport is not None
+            for data in client.pending:
+                upstream.transport.write(data)
+            client.pending.clear()
 
-            async def connect() -> None:
-                _, upstream = await loop.create_connection(_Half, "127.0.0.1", opts.upstream_port)
-                upstream.peer, client.peer = client, upstream
-                assert upstream.transport is not None
-                for data in client.pending:
-                    upstream.transport.write(data)
-                client.pending.clear()
+        task = loop.create_task(connect())
+        connecting.add(task)
+        task.add_done_callback(connecting.discard)
+        return client
 
-            task = loop.create_task(connect())
-            connecting.add(task)
-            task.add_done_callback(connecting.discard)
-            return client
-
-        server = await loop.create_server(client_side, "127.0.0.1", opts.port, backlog=4096)
-        await server.serve_forever()
-
-    uvloop.run(serve())
+    return client_side
 
 
 if __name__ == "__main__":
-    main()
+    serve(client_factory)
