@@ -2,7 +2,7 @@
 #   make run   - create .venv, install, start the gateway on 127.0.0.1:8080
 #   make test  - create .venv, install the test extras, run lint, types and the whole suite
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 

@@ -959,6 +959,8 @@ class GatewayProxy(Proxy):
 
     @staticmethod
     def python() -> str:
+        if PROXY_PYTHON:
+            return PROXY_PYTHON
         venv = ROOT / ".venv" / "bin" / "python"
         return str(venv) if venv.exists() else sys.executable
 
@@ -1527,6 +1529,9 @@ def render_profile(summary: dict[str, Any]) -> str:
 # Main
 # ---------------------------------------------------------------------------------------------
 
+#: The interpreter the gateway and the Python floors run on ("" = .venv's); see --python.
+PROXY_PYTHON = ""
+
 TARGETS = (
     "direct",
     "nginx",
@@ -1600,7 +1605,22 @@ def _machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "cpu_model": platform.processor() or _cpu_model(),
         "nginx": nginx_version,
+        "proxy_python": _proxy_python(),
     }
+
+
+def _proxy_python() -> str:
+    """The proxies' interpreter: its path, version, and what shapes its speed."""
+    python = GatewayProxy.python()
+    probe = (
+        "import sys, sysconfig; print(sys.version.split()[0], sys.base_prefix, "
+        "'libpython shared' if sysconfig.get_config_var('Py_ENABLE_SHARED') else 'static', "
+        "sysconfig.get_config_var('OPT'))"
+    )
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=10)
+        return f"{python}: {out.stdout.strip()}"
+    return python
 
 
 def _cpu_model() -> str:
@@ -1638,6 +1658,7 @@ async def main_async(opts: argparse.Namespace) -> int:
         "scale": scale.__dict__,
         "scenarios": {},
     }
+    print(f"proxies run on {report['machine']['proxy_python']}", flush=True)
     failed = False
     printed: list[str] = []
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -1768,7 +1789,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="first wait up to SECONDS for other processes to leave the CPUs alone",
     )
     parser.add_argument("--json", default=str(RESULTS / "latest.json"), help="JSON output path")
+    parser.add_argument(
+        "--python",
+        default="",
+        help="interpreter for the gateway and the Python floors (default: .venv's), e.g. "
+        "an optimized build's venv: make bench VENV=.venv-debian PYTHON=/usr/bin/python3.11",
+    )
     opts = parser.parse_args(argv)
+    global PROXY_PYTHON
+    PROXY_PYTHON = opts.python
     if opts.profile:
         if opts.scenarios == parser.get_default("scenarios"):
             opts.scenarios = "1"

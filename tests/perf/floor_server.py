@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from collections.abc import Callable
 
 import uvloop
@@ -27,6 +28,7 @@ def serve(make_factory: Callable[[asyncio.AbstractEventLoop, int], ProtocolFacto
         loop = asyncio.get_running_loop()
         factory = make_factory(loop, opts.upstream_port)
         server = await loop.create_server(factory, "127.0.0.1", opts.port, backlog=4096)
+        gc.freeze()  # as the gateway does after start-up
         await server.serve_forever()
 
     uvloop.run(run())

@@ -57,7 +57,13 @@ class _HttpSide(asyncio.Protocol):
 
 
 class Upstream(_HttpSide):
-    """One pooled upstream connection; relays one response at a time into ``client``."""
+    """One pooled upstream connection; relays one response at a time into ``client``.
+
+    Each upstream read is parsed whole first: the body bytes it carried go through
+    the guard in one ``feed`` and what the client gets from it (the response head,
+    the forwardable events, the annotation and the chunked terminator) goes out in
+    one ``write``, as nginx does with one read.
+    """
 
     def __init__(self, pool: list[Upstream]) -> None:
         self.pool = pool
@@ -66,6 +72,9 @@ class Upstream(_HttpSide):
         self.client: Client | None = None
         self.guard: StreamGuard | None = None
         self.finished = False
+        self.pieces: list[bytes] = []  # body bytes of the read being parsed
+        self.out: list[bytes] = []  # what the client gets for it
+        self.complete = False  # the response ended in the read being parsed
 
     def start(self, client: Client, request: bytes) -> None:
         self.client = client
@@ -73,42 +82,57 @@ class Upstream(_HttpSide):
         self.finished = False
         self.transport.write(request)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # the parser's callbacks only collect
+        guard, client = self.guard, self.client
+        if guard is not None and not self.finished:
+            if self.pieces:
+                body = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+                self._frame(guard.feed(body))
+                if guard.done:
+                    self._finish(guard)
+            if self.complete and not self.finished:
+                guard.eof()
+                self._frame(guard.final)
+                self._finish(guard)
+        self.pieces.clear()
+        if self.out:
+            if client is not None:
+                client.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
+                if self.finished:
+                    client.done()
+            self.out.clear()
+        if self.complete:
+            self.complete = False
+            self._release()
+
     def on_headers_complete(self) -> None:
-        if self.client is not None:
-            self.client.write(_HEAD % self.parser.get_status_code())
+        self.out.append(_HEAD % self.parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
-        guard, client = self.guard, self.client
-        if guard is None or client is None or self.finished:
-            return
-        out = guard.feed(body)
-        if out:
-            client.write(b"%x\r\n%b\r\n" % (len(out), out))
-        if guard.done:
-            self._finish()
+        self.pieces.append(body)
 
     def on_message_complete(self) -> None:
-        if self.guard is not None and not self.finished:
-            self.guard.eof()
-            if self.guard.final and self.client is not None:
-                final = self.guard.final
-                self.client.write(b"%x\r\n%b\r\n" % (len(final), final))
-            self._finish()
+        self.complete = True
+
+    def _frame(self, data: bytes) -> None:
+        if data:
+            self.out.append(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def _finish(self, guard: StreamGuard) -> None:
+        self.finished = True
+        trailer = guard.annotation(f"push-{next(_ids)}")
+        self.out.append(b"%x\r\n%b\r\n0\r\n\r\n" % (len(trailer), trailer))
+
+    def _release(self) -> None:
+        """The response ended: back to the pool (or closed), detached from its client."""
         client, self.client, self.guard = self.client, None, None
-        if client is not None:
+        if client is not None and client.upstream is self:
             client.upstream = None
         if self.parser.should_keep_alive() and not self.transport.is_closing():
             self.pool.append(self)
         else:
             self.transport.close()
-
-    def _finish(self) -> None:
-        self.finished = True
-        assert self.guard is not None
-        if self.client is not None:
-            trailer = self.guard.annotation(f"push-{next(_ids)}")
-            self.client.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(trailer), trailer))
-            self.client.done()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self in self.pool:
