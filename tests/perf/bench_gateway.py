@@ -1142,8 +1142,8 @@ async def run_scenario(
 def _busy_cpu_seconds() -> float:
     """System-wide busy CPU time (all cores), to notice other load on the machine."""
     t = psutil.cpu_times()
-    # irq/softirq time is left out: loopback TCP of our own traffic lands there, and the
-    # kernel charges it to no process
+    # irq/softirq time is left out: what this kernel (tick accounting) books there is the
+    # softirq work that interrupted no process, mostly our own loopback TCP
     return float(t.user + t.nice + t.system)
 
 
