@@ -1,4 +1,5 @@
-"""Shared helpers of the guard's unit tests: partitions, a reference decoder, chat fixtures.
+"""Shared helpers of the guard's unit tests: partitions, a reference decoder, chat fixtures,
+and the block tables of the Responses and Messages contract tests.
 
 The reference decoder is the HTML Standard's algorithm ("Parsing an event
 stream" / "Interpreting an event stream") transcribed literally on *text*:
@@ -14,10 +15,19 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.guard import Contract, Event, SSEDecoder, StreamGuard, Verdict
+from gateway.guard import (
+    Contract,
+    Event,
+    Outcome,
+    Reason,
+    SSEDecoder,
+    StreamGuard,
+    Usage,
+    Verdict,
+)
 
 # -- partitions -------------------------------------------------------------------
 
@@ -238,3 +248,103 @@ def guard_outcome(
         str(run.verdict.reason),
         run.guard.annotation("req-p"),
     )
+
+
+# -- block tables (the Responses and Messages contract tests) ---------------------------
+
+#: The reasons a table case expects to end ``complete``.
+_COMPLETE = {Reason.STOP, Reason.LENGTH, Reason.TOOL_CALLS, Reason.CONTENT_FILTER, Reason.OTHER}
+
+Drive = Callable[..., tuple[bytes, Verdict, StreamGuard]]
+
+
+def raw_block(event: str | None, data: str) -> bytes:
+    """One SSE block whose data line is ``data`` as given (valid JSON or not)."""
+    return sse(data, event=event)
+
+
+def inserted(base: list[bytes], at: int, extra: bytes) -> list[bytes]:
+    return [*base[:at], extra, *base[at:]]
+
+
+@dataclass
+class BlockCase:
+    """One row of a contract table: a stream as SSE blocks and what the guard must make of it."""
+
+    name: str
+    blocks: list[bytes]
+    forwarded: int  # how many leading blocks reach the client
+    reason: Reason
+    tail: bytes = b""  # bytes after the last block (an unfinished event)
+    usage: Usage | None = None
+    raw_finish: dict[int, str] = field(default_factory=dict)
+    content_events: int | None = None
+    tool_calls: int = 0
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.COMPLETE if self.reason in _COMPLETE else Outcome.INCOMPLETE
+
+    @property
+    def stream(self) -> bytes:
+        return b"".join(self.blocks) + self.tail
+
+    @property
+    def expected(self) -> bytes:
+        return b"".join(self.blocks[: self.forwarded])
+
+
+def case_ids(cases: list[BlockCase]) -> list[str]:
+    return [case.name for case in cases]
+
+
+def rejected_cases(cases: list[BlockCase]) -> list[BlockCase]:
+    """The cases whose stream stops at an event the contract rejects."""
+    return [
+        c for c in cases if c.reason is not Reason.UPSTREAM_ERROR and c.forwarded < len(c.blocks)
+    ]
+
+
+def upstream_error_cases(cases: list[BlockCase]) -> list[BlockCase]:
+    return [c for c in cases if c.reason is Reason.UPSTREAM_ERROR]
+
+
+def check_verdict_and_forwarded(case: BlockCase, drive: Drive) -> None:
+    out, verdict, guard = drive(case.stream)
+    assert verdict.outcome is case.outcome
+    assert verdict.reason is case.reason
+    assert out == case.expected
+    assert guard.forwarded_bytes == len(case.expected)
+    assert verdict.usage == case.usage
+    if case.raw_finish:
+        assert verdict.raw_finish_reasons == case.raw_finish
+    if case.content_events is not None:
+        assert guard.content_events == case.content_events
+    assert verdict.tool_calls == case.tool_calls
+    if verdict.complete:
+        assert verdict.detail == ""
+    else:
+        assert verdict.detail
+
+
+def check_stops_before_the_rejected_event(case: BlockCase, drive: Drive) -> None:
+    out, _, _ = drive(case.stream)
+    assert out == case.expected
+    # the relay stopped exactly before the rejected event
+    assert case.stream[len(out) :].startswith(case.blocks[case.forwarded])
+
+
+def check_every_partition(
+    stream: bytes, drive: Drive, also: Callable[[StreamGuard], object] = lambda guard: None
+) -> None:
+    """Every two-chunk split and byte-at-a-time give the one-chunk output, verdict and
+    annotation (and the same ``also(guard)``)."""
+    out, verdict, guard = drive(stream)
+    annotation = guard.annotation("req-1")
+    extra = also(guard)
+    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
+        got, got_verdict, got_guard = drive(stream, chunks)
+        assert got == out
+        assert got_verdict == verdict
+        assert also(got_guard) == extra
+        assert got_guard.annotation("req-1") == annotation

@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from gateway.guard import Outcome, Reason, SSEDecoder, StreamGuard, Usage, Verdict
 from gateway.guard.messages import MessagesContract
-from tests.unit.helpers import bytewise, two_chunk_splits
+from tests.unit.helpers import BlockCase as Case
+from tests.unit.helpers import (
+    bytewise,
+    case_ids,
+    check_every_partition,
+    check_stops_before_the_rejected_event,
+    check_verdict_and_forwarded,
+    inserted,
+    raw_block,
+    rejected_cases,
+    run_guard,
+    two_chunk_splits,
+    upstream_error_cases,
+)
 
 MSG_ID = "msg_01XFDUDYJgAACzvnptvVoYEL"
 TOOL_ID = "toolu_01T1x1fJ34qAmk2tNTrN7Up6"
@@ -24,11 +36,6 @@ SRV_ID = "srvtoolu_014hJH82Qum7Td6UV8gDXThB"
 MODEL = "claude-sonnet-4-5-20250929"
 
 # -- fixture builders ------------------------------------------------------------
-
-
-def raw_block(event: str | None, data: str) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {data}\n\n".encode()
 
 
 def ev(payload: dict[str, Any], event: str | None = None) -> bytes:
@@ -225,48 +232,17 @@ def drive(
     decoder: SSEDecoder | None = None,
     keep_text: bool = False,
 ) -> tuple[bytes, Verdict, StreamGuard]:
-    guard = StreamGuard(MessagesContract(keep_text=keep_text), decoder)
-    out: list[bytes] = []
-    for chunk in [stream] if chunks is None else chunks:
-        out.append(guard.feed(chunk))
-        if guard.done:
-            break
-    verdict = guard.verdict if guard.done else guard.eof()
-    assert verdict is not None
-    return b"".join(out), verdict, guard
+    run = run_guard(
+        MessagesContract(keep_text=keep_text),
+        [stream] if chunks is None else chunks,
+        decoder=decoder,
+    )
+    return run.output, run.verdict, run.guard
 
 
 def contract_of(guard: StreamGuard) -> MessagesContract:
     assert isinstance(guard.contract, MessagesContract)
     return guard.contract
-
-
-_COMPLETE = {Reason.STOP, Reason.LENGTH, Reason.TOOL_CALLS, Reason.CONTENT_FILTER, Reason.OTHER}
-
-
-@dataclass
-class Case:
-    name: str
-    blocks: list[bytes]
-    forwarded: int  # how many leading blocks reach the client
-    reason: Reason
-    tail: bytes = b""  # bytes after the last block (an unfinished event)
-    usage: Usage | None = None
-    raw_finish: dict[int, str] = field(default_factory=dict)
-    content_events: int | None = None
-    tool_calls: int = 0
-
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome.COMPLETE if self.reason in _COMPLETE else Outcome.INCOMPLETE
-
-    @property
-    def stream(self) -> bytes:
-        return b"".join(self.blocks) + self.tail
-
-    @property
-    def expected(self) -> bytes:
-        return b"".join(self.blocks[: self.forwarded])
 
 
 def whole(name: str, blocks: list[bytes], reason: Reason, **kw: Any) -> Case:
@@ -276,10 +252,6 @@ def whole(name: str, blocks: list[bytes], reason: Reason, **kw: Any) -> Case:
 def rejected(name: str, blocks: list[bytes], at: int, reason: Reason, **kw: Any) -> Case:
     """``blocks[at]`` is the event the contract rejects."""
     return Case(name, blocks, at, reason, **kw)
-
-
-def inserted(base: list[bytes], at: int, extra: bytes) -> list[bytes]:
-    return [*base[:at], extra, *base[at:]]
 
 
 BASIC = Usage(input_tokens=472, output_tokens=15, cached_input_tokens=0)
@@ -612,48 +584,24 @@ def _cases() -> list[Case]:
 CASES = _cases()
 
 
-def _ids(cases: list[Case]) -> list[str]:
-    return [case.name for case in cases]
-
-
 # -- table test ----------------------------------------------------------------------
 
 
 def test_case_names_are_unique() -> None:
-    assert len(set(_ids(CASES))) == len(CASES)
+    assert len(set(case_ids(CASES))) == len(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_verdict_and_forwarded_bytes(case: Case) -> None:
-    out, verdict, guard = drive(case.stream)
-    assert verdict.outcome is case.outcome
-    assert verdict.reason is case.reason
-    assert out == case.expected
-    assert guard.forwarded_bytes == len(case.expected)
-    assert verdict.usage == case.usage
-    if case.raw_finish:
-        assert verdict.raw_finish_reasons == case.raw_finish
-    if case.content_events is not None:
-        assert guard.content_events == case.content_events
-    assert verdict.tool_calls == case.tool_calls
-    assert (verdict.detail == "") is verdict.complete
+    check_verdict_and_forwarded(case, drive)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c.reason is not Reason.UPSTREAM_ERROR and c.forwarded < len(c.blocks)],
-    ids=lambda c: c.name,
-)
+@pytest.mark.parametrize("case", rejected_cases(CASES), ids=lambda c: c.name)
 def test_the_rejected_event_is_never_forwarded(case: Case) -> None:
-    out, _, _ = drive(case.stream)
-    assert out == case.expected
-    # the relay stopped exactly before the rejected event
-    assert case.stream[len(out) :].startswith(case.blocks[case.forwarded])
+    check_stops_before_the_rejected_event(case, drive)
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in CASES if c.reason is Reason.UPSTREAM_ERROR], ids=lambda c: c.name
-)
+@pytest.mark.parametrize("case", upstream_error_cases(CASES), ids=lambda c: c.name)
 def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
     out, _, _ = drive(case.stream)
     assert out.endswith(case.blocks[-1])
@@ -662,16 +610,9 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 # -- every partition -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_every_partition_gives_the_same_result(case: Case) -> None:
-    stream = case.stream
-    out, verdict, guard = drive(stream)
-    annotation = guard.annotation("req-1")
-    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
-        got, got_verdict, got_guard = drive(stream, chunks)
-        assert got == out
-        assert got_verdict == verdict
-        assert got_guard.annotation("req-1") == annotation
+    check_every_partition(case.stream, drive)
 
 
 # -- limits --------------------------------------------------------------------------

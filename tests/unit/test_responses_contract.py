@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -24,7 +23,20 @@ from gateway.guard import (
     Verdict,
 )
 from gateway.guard.responses import ResponsesContract
-from tests.unit.helpers import bytewise, two_chunk_splits
+from tests.unit.helpers import BlockCase as Case
+from tests.unit.helpers import (
+    bytewise,
+    case_ids,
+    check_every_partition,
+    check_stops_before_the_rejected_event,
+    check_verdict_and_forwarded,
+    inserted,
+    raw_block,
+    rejected_cases,
+    run_guard,
+    two_chunk_splits,
+    upstream_error_cases,
+)
 
 RESP_ID = "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
 MSG_ID = "msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b"
@@ -78,11 +90,6 @@ def response_obj(
         "user": None,
         "metadata": {},
     }
-
-
-def raw_block(event: str | None, data: str) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {data}\n\n".encode()
 
 
 def block(event: str | None, payload: dict[str, Any]) -> bytes:
@@ -331,56 +338,17 @@ def drive(
     decoder: SSEDecoder | None = None,
     keep_text: bool = False,
 ) -> tuple[bytes, Verdict, StreamGuard]:
-    guard = StreamGuard(ResponsesContract(keep_text=keep_text), decoder)
-    out: list[bytes] = []
-    for chunk in [stream] if chunks is None else chunks:
-        out.append(guard.feed(chunk))
-        if guard.done:
-            break
-    verdict = guard.verdict if guard.done else guard.eof()
-    assert verdict is not None
-    return b"".join(out), verdict, guard
+    run = run_guard(
+        ResponsesContract(keep_text=keep_text),
+        [stream] if chunks is None else chunks,
+        decoder=decoder,
+    )
+    return run.output, run.verdict, run.guard
 
 
 def contract_of(guard: StreamGuard) -> ResponsesContract:
     assert isinstance(guard.contract, ResponsesContract)
     return guard.contract
-
-
-@dataclass
-class Case:
-    name: str
-    blocks: list[bytes]
-    forwarded: int  # how many leading blocks reach the client
-    reason: Reason
-    tail: bytes = b""  # bytes after the last block (an unfinished event)
-    usage: Usage | None = None
-    raw_finish: dict[int, str] = field(default_factory=dict)
-    content_events: int | None = None
-    tool_calls: int = 0
-
-    @property
-    def outcome(self) -> Outcome:
-        complete = self.reason in {
-            Reason.STOP,
-            Reason.LENGTH,
-            Reason.TOOL_CALLS,
-            Reason.CONTENT_FILTER,
-            Reason.OTHER,
-        }
-        return Outcome.COMPLETE if complete else Outcome.INCOMPLETE
-
-    @property
-    def stream(self) -> bytes:
-        return b"".join(self.blocks) + self.tail
-
-    @property
-    def expected(self) -> bytes:
-        return b"".join(self.blocks[: self.forwarded])
-
-
-def with_event(base: list[bytes], at: int, extra: bytes) -> list[bytes]:
-    return [*base[:at], extra, *base[at:]]
 
 
 def _cases() -> list[Case]:
@@ -510,13 +478,13 @@ def _cases() -> list[Case]:
         ),
         Case(
             "not_an_object",
-            with_event(text, 5, raw_block("response.output_text.delta", "[1]")),
+            inserted(text, 5, raw_block("response.output_text.delta", "[1]")),
             5,
             Reason.INVALID_SHAPE,
         ),
         Case(
             "no_type",
-            with_event(
+            inserted(
                 text, 5, block("response.output_text.delta", {"delta": "x", "sequence_number": 5})
             ),
             5,
@@ -524,7 +492,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "name_mismatch",
-            with_event(
+            inserted(
                 text,
                 5,
                 block(
@@ -537,7 +505,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "sequence_repeated",
-            with_event(
+            inserted(
                 text,
                 5,
                 block(
@@ -555,7 +523,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "sequence_decreasing",
-            with_event(
+            inserted(
                 text,
                 5,
                 block(
@@ -573,7 +541,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "sequence_not_int",
-            with_event(
+            inserted(
                 text,
                 5,
                 block(
@@ -591,7 +559,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "delta_not_string",
-            with_event(
+            inserted(
                 text,
                 5,
                 block(
@@ -637,7 +605,7 @@ def _cases() -> list[Case]:
         ),
         Case(
             "item_not_object",
-            with_event(
+            inserted(
                 text,
                 2,
                 block(
@@ -764,47 +732,20 @@ def _tool_cases() -> list[Case]:
 CASES = _cases()
 
 
-def _ids(cases: list[Case]) -> list[str]:
-    return [case.name for case in cases]
-
-
 # -- table test ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_verdict_and_forwarded_bytes(case: Case) -> None:
-    out, verdict, guard = drive(case.stream)
-    assert verdict.outcome is case.outcome
-    assert verdict.reason is case.reason
-    assert out == case.expected
-    assert guard.forwarded_bytes == len(case.expected)
-    assert verdict.usage == case.usage
-    if case.raw_finish:
-        assert verdict.raw_finish_reasons == case.raw_finish
-    if case.content_events is not None:
-        assert guard.content_events == case.content_events
-    assert verdict.tool_calls == case.tool_calls
-    if verdict.complete:
-        assert verdict.detail == ""
-    else:
-        assert verdict.detail
+    check_verdict_and_forwarded(case, drive)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c.reason is not Reason.UPSTREAM_ERROR and c.forwarded < len(c.blocks)],
-    ids=lambda c: c.name,
-)
+@pytest.mark.parametrize("case", rejected_cases(CASES), ids=lambda c: c.name)
 def test_the_rejected_event_is_never_forwarded(case: Case) -> None:
-    out, _, _ = drive(case.stream)
-    assert out == case.expected
-    # the relay stopped exactly before the rejected event
-    assert case.stream[len(out) :].startswith(case.blocks[case.forwarded])
+    check_stops_before_the_rejected_event(case, drive)
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in CASES if c.reason is Reason.UPSTREAM_ERROR], ids=lambda c: c.name
-)
+@pytest.mark.parametrize("case", upstream_error_cases(CASES), ids=lambda c: c.name)
 def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
     out, _, _ = drive(case.stream)
     assert out.endswith(case.blocks[-1])
@@ -813,18 +754,11 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 # -- every partition -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_every_partition_gives_the_same_result(case: Case) -> None:
-    stream = case.stream
-    out, verdict, guard = drive(stream)
-    last = contract_of(guard).last_sequence_number
-    annotation = guard.annotation("req-1")
-    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
-        got, got_verdict, got_guard = drive(stream, chunks)
-        assert got == out
-        assert got_verdict == verdict
-        assert contract_of(got_guard).last_sequence_number == last
-        assert got_guard.annotation("req-1") == annotation
+    check_every_partition(
+        case.stream, drive, also=lambda guard: contract_of(guard).last_sequence_number
+    )
 
 
 # -- limits --------------------------------------------------------------------------
@@ -949,7 +883,7 @@ def test_upstream_error_annotation_adds_no_second_error(blocks: list[bytes]) -> 
 def test_last_sequence_number_is_the_highest_relayed() -> None:
     _, _, guard = drive(b"".join(text_stream()))
     assert contract_of(guard).last_sequence_number == len(text_stream()) - 1
-    _, _, guard = drive(b"".join(CASES[_ids(CASES).index("sequence_repeated")].blocks))
+    _, _, guard = drive(b"".join(CASES[case_ids(CASES).index("sequence_repeated")].blocks))
     assert contract_of(guard).last_sequence_number == 4
 
 
