@@ -279,25 +279,49 @@ def _openai_usage(plan: Plan) -> dict[str, Any]:
     }
 
 
-class ChatRenderer(Renderer):
-    interleaved = True
+class _OpenAIStreamRenderer(Renderer):
+    """What Chat Completions and legacy Completions streams share: the chunk envelope,
+    the usage-only chunk, ``[DONE]`` and the error event."""
 
-    def __init__(self, plan: Plan, framer: Framer) -> None:
-        super().__init__(plan, framer)
-        self.id = f"chatcmpl-sim{sim_id('chat', plan.seed)}"
+    interleaved = True
+    id: str
+    chunk_object: ClassVar[str]
+    #: fields between ``model`` and ``choices`` in every chunk
+    envelope_extra: ClassVar[dict[str, str]] = {}
 
     def _chunk(self, choices: Any, usage: Any = None) -> bytes:
         chunk: dict[str, Any] = {
             "id": self.id,
-            "object": "chat.completion.chunk",
+            "object": self.chunk_object,
             "created": CREATED,
             "model": self.plan.model,
-            "system_fingerprint": "fp_sim",
+            **self.envelope_extra,
             "choices": choices,
         }
         if self.plan.include_usage:
             chunk["usage"] = usage
         return self.framer.event(dumps(chunk))
+
+    def finish(self, *, stopped: bool) -> list[bytes]:
+        if not self.plan.include_usage:
+            return []
+        return [self._chunk([], _openai_usage(self.plan))]
+
+    def terminator(self) -> list[bytes]:
+        return [self.framer.event("[DONE]")]
+
+    def error_event(self) -> bytes:
+        error = {"message": _ERROR_MESSAGE, "type": "server_error", "param": None, "code": None}
+        return self.framer.event(dumps({"error": error}))
+
+
+class ChatRenderer(_OpenAIStreamRenderer):
+    chunk_object = "chat.completion.chunk"
+    envelope_extra: ClassVar[dict[str, str]] = {"system_fingerprint": "fp_sim"}
+
+    def __init__(self, plan: Plan, framer: Framer) -> None:
+        super().__init__(plan, framer)
+        self.id = f"chatcmpl-sim{sim_id('chat', plan.seed)}"
 
     @staticmethod
     def _choice(lane: Lane, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -325,18 +349,6 @@ class ChatRenderer(Renderer):
 
     def close_lane(self, lane: Lane) -> list[bytes]:
         return [self._chunk([self._choice(lane, {}, lane.finish)])]
-
-    def finish(self, *, stopped: bool) -> list[bytes]:
-        if not self.plan.include_usage:
-            return []
-        return [self._chunk([], _openai_usage(self.plan))]
-
-    def terminator(self) -> list[bytes]:
-        return [self.framer.event("[DONE]")]
-
-    def error_event(self) -> bytes:
-        error = {"message": _ERROR_MESSAGE, "type": "server_error", "param": None, "code": None}
-        return self.framer.event(dumps({"error": error}))
 
     def invalid_shape_event(self, lane: Lane) -> bytes:
         return self._chunk({"index": lane.index, "delta": {"content": "shape"}})
@@ -376,24 +388,12 @@ class ChatRenderer(Renderer):
         }
 
 
-class CompletionsRenderer(Renderer):
-    interleaved = True
+class CompletionsRenderer(_OpenAIStreamRenderer):
+    chunk_object = "text_completion"
 
     def __init__(self, plan: Plan, framer: Framer) -> None:
         super().__init__(plan, framer)
         self.id = f"cmpl-sim{sim_id('cmpl', plan.seed)}"
-
-    def _chunk(self, choices: Any, usage: Any = None) -> bytes:
-        chunk: dict[str, Any] = {
-            "id": self.id,
-            "object": "text_completion",
-            "created": CREATED,
-            "model": self.plan.model,
-            "choices": choices,
-        }
-        if self.plan.include_usage:
-            chunk["usage"] = usage
-        return self.framer.event(dumps(chunk))
 
     @staticmethod
     def _choice(lane: Lane, text: str, finish: str | None = None) -> dict[str, Any]:
@@ -407,18 +407,6 @@ class CompletionsRenderer(Renderer):
 
     def close_lane(self, lane: Lane) -> list[bytes]:
         return [self._chunk([self._choice(lane, "", lane.finish)])]
-
-    def finish(self, *, stopped: bool) -> list[bytes]:
-        if not self.plan.include_usage:
-            return []
-        return [self._chunk([], _openai_usage(self.plan))]
-
-    def terminator(self) -> list[bytes]:
-        return [self.framer.event("[DONE]")]
-
-    def error_event(self) -> bytes:
-        error = {"message": _ERROR_MESSAGE, "type": "server_error", "param": None, "code": None}
-        return self.framer.event(dumps({"error": error}))
 
     def invalid_shape_event(self, lane: Lane) -> bytes:
         return self._chunk({"text": "shape", "index": lane.index})
