@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
@@ -89,10 +89,9 @@ def _load(args: argparse.Namespace) -> Settings:
         _die(describe_errors(exc, args.config))
     except (FileNotFoundError, ValueError) as exc:
         _die(f"invalid configuration: {exc}")
-    raise AssertionError("unreachable")
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     print(f"gateway: {message}", file=sys.stderr)
     raise SystemExit(2)
 
