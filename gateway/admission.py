@@ -2,7 +2,10 @@
 
 In order: the gateway is not draining, the path stays under the route's
 prefix, the client key (when keys are configured) matches, the body fits the
-size limit; then, for streams, the global and per-route concurrency caps.
+size limit and the global budget of buffered request bytes (every body is
+held in memory until its request ends: the budget bounds them all together,
+so slow uploads cannot pin unbounded memory); then, for streams, the global
+and per-route concurrency caps.
 A refusal is an ``Refused`` with the status, the metric label and the
 message the client gets; nothing has been sent upstream at that point.
 """
@@ -53,6 +56,8 @@ class Admission:
         self.limits = limits
         self._key_hashes = [bytes.fromhex(h) for h in client_key_sha256]
         self.active_streams = 0
+        #: Request body bytes held now (being read, or read and not yet released).
+        self.buffered_bytes = 0
 
     async def admit(
         self, route: Route, scope: MutableMapping[str, Any], receive: Receive, draining: bool
@@ -85,25 +90,40 @@ class Admission:
         return url, await self._read_body(headers, receive)
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        """The whole body, counted in ``buffered_bytes`` until ``release(len(body))``."""
         limit = self.limits.max_request_bytes
         length = get_header(headers, b"content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise _too_large(limit)
+        if length is not None and length.isdigit():
+            if int(length) > limit:
+                raise _too_large(limit)
+            if self.buffered_bytes + int(length) > self.limits.max_buffered_request_bytes:
+                raise _over_budget()
         parts: list[bytes] = []
         size = 0
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            if chunk:
-                parts.append(chunk)
-            more = message.get("more_body", False)
+        try:
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                if size + len(chunk) > limit:
+                    raise _too_large(limit)
+                if chunk:
+                    self.buffered_bytes += len(chunk)
+                    size += len(chunk)
+                    if self.buffered_bytes > self.limits.max_buffered_request_bytes:
+                        raise _over_budget()
+                    parts.append(chunk)
+                more = message.get("more_body", False)
+        except BaseException:
+            self.release(size)
+            raise
         return b"".join(parts)
+
+    def release(self, size: int) -> None:
+        """A body of ``size`` bytes is no longer held."""
+        self.buffered_bytes -= size
 
     def _client_key_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
         key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
@@ -143,6 +163,16 @@ class Admission:
     def end_stream(self, route: Route) -> None:
         self.active_streams -= 1
         route.active -= 1
+
+
+def _over_budget() -> Refused:
+    return Refused(
+        503,
+        "memory_budget",
+        "The gateway is holding too many request bodies; retry shortly.",
+        "service_unavailable",
+        [(b"retry-after", b"1"), (b"connection", b"close")],
+    )
 
 
 def _too_large(limit: int) -> Refused:

@@ -29,7 +29,7 @@ from gateway import __version__
 from gateway.errors import error_body, error_headers, send_error
 from gateway.headers import get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
-from gateway.observe import AccessLog, Metrics, ModelLabels
+from gateway.observe import AccessLog, Metrics, ModelLabels, Observers
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
@@ -96,6 +96,11 @@ class _Gateway:
         self.metrics = Metrics()
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(settings.access_log)
+        # Each finished request goes to every observer; one's failure never reaches another.
+        self.observers = Observers(
+            [self.metrics, self.access_log], on_error=self.metrics.observer_failed
+        )
+        self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
         self.routes: list[ProxyRoute] = [
@@ -121,7 +126,7 @@ class _Gateway:
             settings=self.settings,
             upstream=upstream,
             metrics=self.metrics,
-            access_log=self.access_log,
+            observers=self.observers,
             model_labels=self.model_labels,
             lifecycle=self.lifecycle,
         )

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -36,10 +36,10 @@ from gateway.guard import (
     Verdict,
 )
 from gateway.guard.usage import usage_for
-from gateway.guard.verdict import Outcome, Usage
+from gateway.guard.verdict import Outcome
 from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
 from gateway.lifecycle import Lifecycle
-from gateway.observe import AccessLog, Metrics, ModelLabels, RequestRecord
+from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord
 from gateway.routing import Route
 from gateway.settings import Settings
 from gateway.upstream import (
@@ -71,7 +71,7 @@ _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
 }
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
-_TRAILER_SECONDS = 5.0  # how long the last send of a stream may wait for the client
+_DRAIN_SEND_SECONDS = 5.0  # while draining, how long a last send may wait for the client
 
 
 @dataclass(slots=True, eq=False)
@@ -97,12 +97,22 @@ class _Exchange:
             self.task.cancel()
 
 
-def _usage_from_json(protocol: Protocol, body: bytes) -> Usage | None:
+def _read_answer(protocol: Protocol, body: bytes, record: RequestRecord) -> None:
+    """Usage and model of a whole non-streamed 2xx JSON answer, into ``record``.
+
+    An answer that does not parse is recorded as ``invalid_json``: the client
+    got it unchanged, but it is not the clean 200 it looks like.
+    """
     try:
         obj = json.loads(body)
-    except ValueError:
-        return None
-    return usage_for(protocol, obj.get("usage")) if isinstance(obj, dict) else None
+    except (ValueError, RecursionError):
+        record.error = "invalid_json"
+        return
+    if isinstance(obj, dict):
+        record.usage = usage_for(protocol, obj.get("usage"))
+        model = obj.get("model")
+        if isinstance(model, str):
+            record.upstream_model = model
 
 
 class Relay:
@@ -114,14 +124,14 @@ class Relay:
         settings: Settings,
         upstream: Upstream,
         metrics: Metrics,
-        access_log: AccessLog,
+        observers: Observers,
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.metrics = metrics
-        self.access_log = access_log
+        self.observers = observers
         self.model_labels = model_labels
         self.lifecycle = lifecycle
         self.admission = Admission(settings.limits, settings.client_key_sha256)
@@ -138,10 +148,14 @@ class Relay:
             path=scope["path"],
             started=started,
         )
+        agent = get_header(scope["headers"], b"user-agent")
+        if agent is not None:
+            record.user_agent = agent.decode("latin-1")
         task = asyncio.current_task()
         assert task is not None
         exchange = _Exchange(task, route, scope, send, record)
         watcher: asyncio.Task[None] | None = None
+        held = 0  # request body bytes counted in the admission's buffered budget
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
             try:
@@ -160,6 +174,7 @@ class Relay:
                 _uncancel()
                 await self._stopped_before_response(exchange)
                 return
+            held = len(body)
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_disconnect(receive, exchange)
             )
@@ -170,14 +185,15 @@ class Relay:
             pass
         finally:
             exchange.response_done = True
+            self.admission.release(held)
             if watcher is not None:
                 watcher.cancel()
             self.lifecycle.unregister(exchange)
             if record.usage is None and record.verdict is not None:
                 record.usage = record.verdict.usage
             record.duration = time.monotonic() - started
-            self.metrics.observe(record)
-            self.access_log.write(record)
+            record.model_label = self.model_labels.label(record.model, record.upstream_model)
+            self.observers.observe(record)
 
     async def _watch_disconnect(self, receive: Receive, exchange: _Exchange) -> None:
         while True:
@@ -196,7 +212,6 @@ class Relay:
             model = request_json.get("model")
             record.model = model if isinstance(model, str) else None
             record.stream = request_json.get("stream") is True
-        record.model_label = self.model_labels.label(record.model)
         if (
             record.stream
             and request_json is not None
@@ -234,7 +249,8 @@ class Relay:
             return None
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # Anything the gateway cannot parse is "not JSON": forwarded unchanged.
             return None
         return obj if isinstance(obj, dict) else None
 
@@ -364,6 +380,8 @@ class Relay:
             else None
         )
         sniffed = 0
+        loop = asyncio.get_running_loop()
+        client_send = exchange.route.timeouts.client_send
         try:
             async with asyncio.timeout_at(exchange.total_deadline):
                 async for chunk in response.aiter_raw():
@@ -377,18 +395,26 @@ class Relay:
                             sniff.append(chunk)
                         else:
                             sniff = None
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    send_deadline = loop.time() + client_send
+                    async with asyncio.timeout_at(send_deadline):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     record.bytes_out += len(chunk)
         except (TimeoutError, httpx.TransportError, OSError) as exc:
+            if isinstance(exc, TimeoutError) and loop.time() >= send_deadline:
+                self._drop_stalled_client(exchange)
             # Headers are out: the only honest signal left is to break the connection.
             record.error = (
                 "upstream_timeout" if isinstance(exc, TimeoutError) else ("upstream_disconnect")
             )
             raise _AbortConnection from None
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            async with asyncio.timeout(self._last_send_timeout(exchange)):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            self._drop_stalled_client(exchange)
         exchange.response_done = True
         if sniff:
-            record.usage = _usage_from_json(exchange.protocol, b"".join(sniff))
+            _read_answer(exchange.protocol, b"".join(sniff), record)
 
     async def _relay_stream(self, exchange: _Exchange, response: httpx.Response) -> None:
         send, record = exchange.send, exchange.record
@@ -431,6 +457,7 @@ class Relay:
                 if not chunk:
                     guard.eof()
                     if guard.final:
+                        watchdog.last = loop.time()
                         watchdog.sending = True
                         await send(
                             {"type": "http.response.body", "body": guard.final, "more_body": True}
@@ -478,8 +505,11 @@ class Relay:
         verdict = guard.verdict
         assert verdict is not None
         record.verdict = verdict
+        record.upstream_model = guard.contract.model
         if exchange.stop_reason is Reason.CLIENT_DISCONNECT:
             return
+        if exchange.stop_reason is Reason.CLIENT_STALLED:
+            self._drop_stalled_client(exchange)
         trailer = guard.annotation(record.request_id) if self.settings.annotate else b""
         if record.time_to_first_byte is None and trailer:
             record.time_to_first_byte = time.monotonic() - started
@@ -487,14 +517,26 @@ class Relay:
         try:
             # A client that stopped reading must not hold the request (or the drain)
             # past this: drop its connection instead.
-            async with asyncio.timeout(_TRAILER_SECONDS):
+            async with asyncio.timeout(self._last_send_timeout(exchange)):
                 await send({"type": "http.response.body", "body": trailer, "more_body": False})
         except TimeoutError:
-            record.error = "client_stalled"
-            raise _AbortConnection from None
+            # What the verdict was reached on may still sit in the send buffer.
+            record.verdict = guard.abort(Reason.CLIENT_STALLED, force=True)
+            self._drop_stalled_client(exchange)
         record.bytes_out += len(trailer)
         if verdict.complete:
             await drain_for_reuse(read)
+
+    def _last_send_timeout(self, exchange: _Exchange) -> float:
+        """How long the last send of a response may wait for the client (less when draining)."""
+        seconds = exchange.route.timeouts.client_send
+        return min(seconds, _DRAIN_SEND_SECONDS) if self.lifecycle.draining else seconds
+
+    def _drop_stalled_client(self, exchange: _Exchange) -> NoReturn:
+        """The client stopped taking bytes: abort its connection (RST), never wait on it."""
+        exchange.record.error = "client_stalled"
+        abort_connection(exchange.scope)
+        raise _AbortConnection
 
     def _contract(self, route: Route, protocol: Protocol, withhold_usage: bool) -> Contract:
         require = route.config.require_finish_reason
@@ -588,6 +630,15 @@ class Relay:
         record.bytes_out += await send_error(
             send, status, message, type_, code, record.request_id, extra
         )
+
+
+def abort_connection(scope: Scope) -> bool:
+    """Abort the client's TCP connection (RST) through the edge's hook, if it has one."""
+    abort = (scope.get("extensions") or {}).get("gateway.abort")
+    if abort is None:
+        return False
+    abort()
+    return True
 
 
 class _AbortConnection(Exception):

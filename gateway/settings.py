@@ -70,6 +70,11 @@ class Timeouts(_Strict):
         120.0, gt=0, description="Longest silence between two upstream chunks (heartbeats count)."
     )
     total: float = Field(3600.0, gt=0, description="Whole request, start to last byte.")
+    client_send: float = Field(
+        60.0,
+        gt=0,
+        description="Longest wait for a client to take bytes (client_stalled, connection aborted).",
+    )
 
 
 class RouteTimeouts(_Strict):
@@ -85,6 +90,11 @@ class Limits(_Strict):
     """Byte and concurrency limits."""
 
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Request body limit (413).")
+    max_buffered_request_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Request body bytes held in memory at once, all requests together (503).",
+    )
     max_response_bytes: int = Field(
         1024 * 1024 * 1024, gt=0, description="Streamed response limit (limit_exceeded)."
     )

@@ -32,6 +32,7 @@ _MESSAGES: dict[Reason, str] = {
     Reason.IDLE_TIMEOUT: "the upstream went silent longer than the idle deadline",
     Reason.TOTAL_TIMEOUT: "the stream exceeded the total deadline",
     Reason.CLIENT_DISCONNECT: "the client disconnected",
+    Reason.CLIENT_STALLED: "the client stopped reading past the send timeout",
     Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
 }
 

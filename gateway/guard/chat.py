@@ -104,6 +104,8 @@ class ChatContract(Contract):
         obj = parse_json_object(data)
         if obj.get("error") is not None:
             return self._upstream_error()
+        if self.model is None:
+            self._note_model(obj.get("model"))
         choices = obj.get("choices")
         if choices is None:
             choices = []

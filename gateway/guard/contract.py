@@ -59,6 +59,9 @@ def parse_json_object(data: str) -> dict[str, Any]:
         obj = json.loads(data)
     except ValueError:
         raise _Rejected(Reason.INVALID_JSON, "event data is not valid JSON") from None
+    except RecursionError:
+        # Valid JSON nested deeper than the parser goes: a limit, not a crash.
+        raise _Rejected(Reason.LIMIT_EXCEEDED, "event data is nested too deeply") from None
     if not isinstance(obj, dict):
         raise _Rejected(Reason.INVALID_SHAPE, "event data is not a JSON object")
     return obj
@@ -95,6 +98,8 @@ class Contract(abc.ABC):
         self.content_chars = 0
         self.usage: Usage | None = None
         self.finish_reasons: dict[int, str] = {}
+        #: The model the upstream says answered (first one reported), for metric labels.
+        self.model: str | None = None
 
     # -- the interface the stream guard drives -----------------------------
 
@@ -141,6 +146,11 @@ class Contract(abc.ABC):
     @property
     def last_sequence_number(self) -> int | None:
         return None
+
+    def _note_model(self, value: object) -> None:
+        """Remember the first model name the upstream reports."""
+        if self.model is None and isinstance(value, str) and value:
+            self.model = value
 
     def _reject(self, reason: Reason, detail: str) -> _Rejected:
         return _Rejected(reason, detail)

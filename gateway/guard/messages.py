@@ -135,6 +135,7 @@ class MessagesContract(Contract):
         if not isinstance(message, dict):
             raise self._reject(Reason.INVALID_SHAPE, "message_start.message is not an object")
         self._take_usage(message.get("usage"))
+        self._note_model(message.get("model"))
         self._started = True
         return Action.FORWARD
 

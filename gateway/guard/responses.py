@@ -127,6 +127,10 @@ class ResponsesContract(Contract):
             return self._upstream_error("the upstream sent response.failed")
         if event.event != "message" and event.event != kind:
             raise self._reject(Reason.INVALID_SHAPE, "event name and data type differ")
+        if self.model is None:
+            response = obj.get("response")
+            if isinstance(response, dict):
+                self._note_model(response.get("model"))
         sequence = self._sequence_of(obj)
         action = self._dispatch(kind, obj)
         if sequence is not None:

@@ -49,6 +49,7 @@ class Reason(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     TOTAL_TIMEOUT = "total_timeout"
     CLIENT_DISCONNECT = "client_disconnect"
+    CLIENT_STALLED = "client_stalled"
     GATEWAY_SHUTDOWN = "gateway_shutdown"
 
 

@@ -2,6 +2,7 @@
 
 from gateway.observe.accesslog import AccessLog
 from gateway.observe.metrics import Metrics, ModelLabels
+from gateway.observe.observers import Observer, Observers
 from gateway.observe.record import RequestRecord
 
-__all__ = ["AccessLog", "Metrics", "ModelLabels", "RequestRecord"]
+__all__ = ["AccessLog", "Metrics", "ModelLabels", "Observer", "Observers", "RequestRecord"]

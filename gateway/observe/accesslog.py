@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from gateway.observe.record import RequestRecord
@@ -16,8 +17,20 @@ from gateway.observe.record import RequestRecord
 __all__ = ["AccessLog", "log_fields"]
 
 
+#: Longest client- or upstream-supplied string written to the log, in characters.
+MAX_STRING = 256
+CUT_MARK = "...(cut)"
+
+
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000.0, 3)
+
+
+def bounded(value: str | None, limit: int = MAX_STRING) -> str | None:
+    """A string from outside, cut to ``limit`` characters and marked when cut."""
+    if value is None or len(value) <= limit:
+        return value
+    return value[:limit] + CUT_MARK
 
 
 def log_fields(record: RequestRecord) -> dict[str, Any]:
@@ -27,13 +40,15 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "request_id": record.request_id,
         "route": record.route,
         "method": record.method,
-        "path": record.path,
+        "path": bounded(record.path),
         "status": record.status,
-        "model": record.model,
+        "model": bounded(record.model),
+        "upstream_model": bounded(record.upstream_model),
+        "user_agent": bounded(record.user_agent),
         "stream": record.stream,
         "outcome": str(verdict.outcome) if verdict else None,
         "reason": str(verdict.reason) if verdict else None,
-        "finish_reasons": {str(k): v for k, v in verdict.raw_finish_reasons.items()}
+        "finish_reasons": {str(k): bounded(v) for k, v in verdict.raw_finish_reasons.items()}
         if verdict
         else None,
         "ttfb_ms": _ms(record.time_to_first_byte),
@@ -53,7 +68,13 @@ class AccessLog:
 
     Lines are buffered and flushed within ``flush_interval`` seconds (and at
     shutdown), so a busy gateway does not pay a write system call per request.
+    Lines are ASCII (JSON escapes), so no string from outside, not even a lone
+    surrogate, can make a write fail; a write that fails anyway drops its lines
+    (the buffer never grows past ``max_buffered``) and is reported to
+    ``on_error``.
     """
+
+    name = "access_log"
 
     def __init__(
         self,
@@ -61,6 +82,7 @@ class AccessLog:
         stream: TextIO | None = None,
         flush_interval: float = 0.1,
         max_buffered: int = 256,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.enabled = enabled
         self._stream = stream
@@ -68,13 +90,15 @@ class AccessLog:
         self._max = max_buffered
         self._lines: list[str] = []
         self._scheduled = False
+        self.on_error = on_error
+
+    def observe(self, record: RequestRecord) -> None:
+        self.write(record)
 
     def write(self, record: RequestRecord) -> None:
         if not self.enabled:
             return
-        self._lines.append(
-            json.dumps(log_fields(record), separators=(",", ":"), ensure_ascii=False)
-        )
+        self._lines.append(json.dumps(log_fields(record), separators=(",", ":")))
         if len(self._lines) >= self._max:
             self.flush()
         elif not self._scheduled:
@@ -91,6 +115,12 @@ class AccessLog:
         if not self._lines:
             return
         out = self._stream if self._stream is not None else sys.stdout
-        out.write("\n".join(self._lines) + "\n")
+        text = "\n".join(self._lines) + "\n"
         self._lines.clear()
-        out.flush()
+        try:
+            out.write(text)
+            out.flush()
+        except Exception:
+            if self.on_error is None:
+                raise
+            self.on_error(self.name)

@@ -51,11 +51,28 @@ def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-class ModelLabels:
-    """Maps request model names onto a bounded set of label values.
+def _label_safe(value: str) -> bool:
+    """Short, and encodable as UTF-8 (a lone surrogate would break every later scrape)."""
+    if len(value) > 128:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
-    With an explicit allow-list only those names pass; without one, the first
-    ``limit`` distinct names seen pass. Everything else becomes ``other``.
+
+class ModelLabels:
+    """Maps model names onto a bounded set of label values.
+
+    A client's claim alone never becomes a label, or an attacker could squat
+    every slot with made-up names. With an explicit allow-list, the client's
+    model or the upstream's reported one passes when it is on the list; without
+    one, the model a 2xx upstream answer reported passes, for the first
+    ``limit`` distinct names. Everything else becomes ``other`` (``none`` when
+    no model was named at all).
     """
 
     def __init__(self, allowed: Iterable[str] = (), limit: int = 50) -> None:
@@ -64,15 +81,22 @@ class ModelLabels:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def label(self, model: str | None) -> str:
-        if not model:
+    def label(self, claimed: str | None, reported: str | None = None) -> str:
+        """The label for a request that asked for ``claimed`` and was answered by ``reported``."""
+        if not claimed and not reported:
             return NO_MODEL
         if self._fixed:
-            return model if model in self._fixed else OTHER_MODEL
+            for model in (claimed, reported):
+                if model and model in self._fixed:
+                    return model
+            return OTHER_MODEL
+        model = reported
+        if not model:
+            return OTHER_MODEL
         if model in self._seen:
             return model
         with self._lock:
-            if len(self._seen) < self._limit and len(model) <= 128:
+            if len(self._seen) < self._limit and _label_safe(model):
                 self._seen.add(model)
                 return model
         return OTHER_MODEL
@@ -80,6 +104,8 @@ class ModelLabels:
 
 class Metrics:
     """All gateway metrics on one registry."""
+
+    name = "metrics"
 
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
@@ -158,6 +184,18 @@ class Metrics:
             ["reason"],
             registry=reg,
         )
+        self.request_errors = Counter(
+            "gateway_request_errors_total",
+            "Requests whose exchange with the upstream or the client failed, by kind.",
+            ["route", "error"],
+            registry=reg,
+        )
+        self.observer_errors = Counter(
+            "gateway_observer_errors_total",
+            "Failures of an observer (metrics, access log) on a finished request.",
+            ["observer"],
+            registry=reg,
+        )
         self.build_info = Gauge(
             "gateway_build_info",
             "Build information; the value is always 1.",
@@ -175,6 +213,9 @@ class Metrics:
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
+
+    def observer_failed(self, observer: str) -> None:
+        self._child(self.observer_errors, observer).inc()
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: label values are bounded, lookups are hot."""
@@ -204,6 +245,8 @@ class Metrics:
             child(self.relayed_bytes, route, "upstream_to_client").inc(record.bytes_out)
         if record.bytes_in:
             child(self.relayed_bytes, route, "client_to_upstream").inc(record.bytes_in)
+        if record.error is not None:
+            child(self.request_errors, route, record.error).inc()
         verdict = record.verdict
         usage = record.usage
         if usage is not None:

@@ -23,8 +23,10 @@ class RequestRecord:
     path: str
     started: float
     status: int = 0
-    model: str | None = None
+    model: str | None = None  # as the client asked (logged; a label only via the allow-list)
+    upstream_model: str | None = None  # as a 2xx answer of the upstream reported it
     model_label: str = "none"
+    user_agent: str | None = None
     stream: bool = False
     verdict: Verdict | None = None
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
