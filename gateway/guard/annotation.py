@@ -45,6 +45,7 @@ _COMMON: dict[Reason, str] = {
 }
 
 _CHAT: dict[Reason, str] = {
+    Reason.MISSING_DONE: "the upstream ended the stream before data: [DONE]",
     Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
     Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
     Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",

@@ -102,6 +102,8 @@ def test_every_message_is_in_the_protocols_own_terms(protocol: Protocol, reason:
 @pytest.mark.parametrize(
     ("protocol", "reason", "term"),
     [
+        (Protocol.CHAT, Reason.MISSING_DONE, "data: [DONE]"),
+        (Protocol.COMPLETIONS, Reason.MISSING_DONE, "data: [DONE]"),
         (Protocol.CHAT, Reason.MISSING_FINISH, "choice had no finish reason"),
         (Protocol.COMPLETIONS, Reason.CONTENT_AFTER_FINISH, "after a choice had finished"),
         (Protocol.CHAT, Reason.INVALID_TOOL_ARGUMENTS, "tool call arguments"),
