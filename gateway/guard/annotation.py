@@ -10,7 +10,9 @@ Every error event carries the reason where that protocol's SDKs expose a
 machine-readable code: ``error.code`` for Chat, Completions and Responses,
 ``error.details.error_code`` for Anthropic Messages. Its message is worded in
 the protocol's own terms (choice, output item, content block) and names the
-reason and the request id, never hosts, keys or text.
+reason and the request id, never hosts, keys or text, and never a terminator
+literal (``[DONE]``, ``message_stop``, ``response.completed``): a client that
+looks for one by substring must not take the error for the end of a stream.
 """
 
 from __future__ import annotations
@@ -45,16 +47,13 @@ _COMMON: dict[Reason, str] = {
 }
 
 _CHAT: dict[Reason, str] = {
-    Reason.MISSING_DONE: "the upstream ended the stream before data: [DONE]",
     Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
     Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
     Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",
 }
 
 _RESPONSES: dict[Reason, str] = {
-    Reason.MISSING_DONE: (
-        "the upstream ended the stream before response.completed or response.incomplete"
-    ),
+    Reason.MISSING_DONE: "the upstream ended the stream before the response was done",
     Reason.MISSING_FINISH: "the upstream ended the response while an output item was unfinished",
     Reason.CONTENT_AFTER_FINISH: "the upstream sent content for an output item after it was done",
     Reason.INVALID_TOOL_ARGUMENTS: (
@@ -63,7 +62,7 @@ _RESPONSES: dict[Reason, str] = {
 }
 
 _MESSAGES: dict[Reason, str] = {
-    Reason.MISSING_DONE: "the upstream ended the stream before message_stop",
+    Reason.MISSING_DONE: "the upstream ended the stream before the message stopped",
     Reason.MISSING_FINISH: (
         "the upstream stopped the message without a stop reason or with a content block open"
     ),

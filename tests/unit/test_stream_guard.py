@@ -207,7 +207,7 @@ def test_incomplete_chat_annotation_exact_bytes() -> None:
     run = run_guard(ChatContract(), [HELLO])
     trailer = run.guard.annotation("req-123")
     message = (
-        "Stream incomplete: the upstream ended the stream before data: [DONE] "
+        "Stream incomplete: the upstream ended the stream before its terminator "
         "(missing_done). request_id=req-123"
     )
     error = {"error": {"message": message, "type": "stream_incomplete", "code": "missing_done"}}
