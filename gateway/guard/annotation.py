@@ -1,31 +1,41 @@
-"""The trailer appended to every guarded stream (DESIGN.md §3.3-3.4).
+"""The trailer appended to every guarded stream (docs/wire-contract.md, "Complete
+stream" and "Incomplete stream").
 
 Complete: one SSE comment line ended by a single LF. Incomplete: an error
 event in the protocol's own error shape (one ``data:`` line, a blank line),
 so the official SDKs raise, then the same comment line. When the upstream's
 own error event was forwarded (``upstream_error``), no second error is added.
-Messages name the reason and the request id, never hosts, keys or text.
+
+Every error event carries the reason where that protocol's SDKs expose a
+machine-readable code: ``error.code`` for Chat, Completions and Responses,
+``error.details.error_code`` for Anthropic Messages. Its message is worded in
+the protocol's own terms (choice, output item, content block) and names the
+reason and the request id, never hosts, keys or text, and never a terminator
+literal (``[DONE]``, ``message_stop``, ``response.completed``): a client that
+looks for one by substring must not take the error for the end of a stream.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from gateway.guard.contract import Protocol
 from gateway.guard.verdict import Reason, Verdict
 
-__all__ = ["comment_line", "incomplete_message", "render_annotation"]
+__all__ = ["comment_line", "error_event", "incomplete_message", "render_annotation"]
 
-_MESSAGES: dict[Reason, str] = {
+#: Messages that read the same in every protocol.
+_COMMON: dict[Reason, str] = {
     Reason.MISSING_DONE: "the upstream ended the stream before its terminator",
-    Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
+    Reason.MISSING_FINISH: "the upstream ended the stream before the answer had finished",
     Reason.UPSTREAM_ERROR: "the upstream reported an error",
     Reason.UPSTREAM_STATUS: "the upstream answered with an error status",
     Reason.UPSTREAM_UNAVAILABLE: "the upstream could not be reached",
     Reason.INVALID_JSON: "the upstream sent an event that is not valid JSON",
     Reason.INVALID_SHAPE: "the upstream sent an event of an invalid shape",
-    Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
-    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",
+    Reason.CONTENT_AFTER_FINISH: "the upstream sent content after the answer had finished",
+    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool arguments that are not valid JSON",
     Reason.LIMIT_EXCEEDED: "the stream exceeded a gateway limit",
     Reason.UPSTREAM_DISCONNECT: "the upstream connection broke in the middle of the stream",
     Reason.FIRST_BYTE_TIMEOUT: "the upstream sent nothing before the first-byte deadline",
@@ -36,9 +46,45 @@ _MESSAGES: dict[Reason, str] = {
     Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
 }
 
+_CHAT: dict[Reason, str] = {
+    Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
+    Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
+    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",
+}
 
-def incomplete_message(reason: Reason, request_id: str) -> str:
-    what = _MESSAGES.get(reason, "the stream did not finish")
+_RESPONSES: dict[Reason, str] = {
+    Reason.MISSING_DONE: "the upstream ended the stream before the response was done",
+    Reason.MISSING_FINISH: "the upstream ended the response while an output item was unfinished",
+    Reason.CONTENT_AFTER_FINISH: "the upstream sent content for an output item after it was done",
+    Reason.INVALID_TOOL_ARGUMENTS: (
+        "the upstream sent function call arguments that are not valid JSON"
+    ),
+}
+
+_MESSAGES: dict[Reason, str] = {
+    Reason.MISSING_DONE: "the upstream ended the stream before the message stopped",
+    Reason.MISSING_FINISH: (
+        "the upstream stopped the message without a stop reason or with a content block open"
+    ),
+    Reason.CONTENT_AFTER_FINISH: (
+        "the upstream sent content after its content block or the message had stopped"
+    ),
+    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool input that is not valid JSON",
+}
+
+#: Each protocol's wording: its own terms first, the common messages for the rest.
+_WORDING: dict[Protocol, Mapping[Reason, str]] = {
+    Protocol.CHAT: _COMMON | _CHAT,
+    Protocol.COMPLETIONS: _COMMON | _CHAT,
+    Protocol.RESPONSES: _COMMON | _RESPONSES,
+    Protocol.MESSAGES: _COMMON | _MESSAGES,
+    Protocol.SSE: _COMMON,
+}
+
+
+def incomplete_message(protocol: Protocol, reason: Reason, request_id: str) -> str:
+    """The human-readable message of the error event, in the protocol's own terms."""
+    what = _WORDING[protocol].get(reason, "the stream did not finish")
     return f"Stream incomplete: {what} ({reason}). request_id={request_id}"
 
 
@@ -62,7 +108,7 @@ def error_event(
     last_sequence_number: int | None = None,
 ) -> bytes:
     """The protocol-shaped error event for an incomplete stream."""
-    message = incomplete_message(reason, request_id)
+    message = incomplete_message(protocol, reason, request_id)
     if protocol is Protocol.RESPONSES:
         sequence = 0 if last_sequence_number is None else last_sequence_number + 1
         return _data_line(
@@ -78,7 +124,16 @@ def error_event(
         )
     if protocol is Protocol.MESSAGES:
         return _data_line(
-            {"type": "error", "error": {"type": "api_error", "message": message}},
+            {
+                "type": "error",
+                "error": {
+                    "type": "api_error",
+                    "message": message,
+                    # Where the anthropic SDKs read a stable cause code
+                    # (``APIStatusError.error_code`` / ``APIError.errorCode``).
+                    "details": {"error_code": str(reason)},
+                },
+            },
             event="error",
         )
     return _data_line(

@@ -1,7 +1,8 @@
 """The guard's exception hierarchy: budget violations raised by the decoder.
 
 Every error carries a stable ``reason`` string from the outcome vocabulary
-(DESIGN.md §4) so that the relay can turn it into a verdict without a table.
+(docs/wire-contract.md, "Outcomes and reasons") so that the relay can turn it
+into a verdict without a table.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ or deltas after a ``message_delta`` carried the ``stop_reason``
 (``content_after_finish``); a tool block's assembled ``partial_json`` is valid
 JSON at its ``content_block_stop`` (empty means ``{}``: no-argument tools);
 ``message_stop`` needs a ``stop_reason`` and no open block
-(``missing_finish``). Unknown event and delta types are forwarded and ignored.
+(``missing_finish``), with one exception: a stop reason of the ``length``
+family (``max_tokens``) may leave the last started block open, because a cut
+can end it mid-way (fine-grained tool streaming cut mid-parameter, as
+Anthropic documents); that block's input is then not judged either, the same
+rule as tool arguments cut by ``length`` in Chat. Unknown event and delta
+types are forwarded and ignored.
 
 Memory: counters, per block its type and state, the tool input JSON of tool
 blocks, and the text only with ``keep_text=True``.
@@ -74,6 +79,8 @@ class MessagesContract(Contract):
         #: stop reason: a max_tokens cut may end a tool input mid-way (contract met).
         self._bad_tool_block: int | None = None
         self._blocks: dict[int, _Block] = {}
+        #: The index of the block started last: the one a max_tokens cut may leave open.
+        self._last_block: int | None = None
         self._text: list[str] = []
 
     # -- results for callers that asked for them -----------------------------
@@ -155,13 +162,14 @@ class MessagesContract(Contract):
 
     def _on_message_stop(self) -> Action:
         unfinished = [index for index, block in sorted(self._blocks.items()) if block.open]
-        if unfinished:
+        reason = None if self._stop_reason is None else normalize_finish(self._stop_reason)
+        if unfinished and not (reason is Reason.LENGTH and unfinished == [self._last_block]):
             raise self._reject(
                 Reason.MISSING_FINISH, f"message_stop arrived while block {unfinished[0]} was open"
             )
-        if self._stop_reason is None:
+        if reason is None:
             raise self._reject(Reason.MISSING_FINISH, "message_stop arrived without a stop_reason")
-        return self._complete(normalize_finish(self._stop_reason))
+        return self._complete(reason)
 
     def _check_tool_inputs(self, stop_reason: str) -> None:
         """At the stop reason: broken tool input is the upstream's fault unless it was cut."""
@@ -203,6 +211,7 @@ class MessagesContract(Contract):
             raise self._reject(Reason.INVALID_SHAPE, "content_block is not a typed object")
         kind: str = raw["type"]
         block = self._blocks[index] = _Block(type=kind, tool=kind.endswith("tool_use"))
+        self._last_block = index
         for attr in ("id", "name"):
             value = raw.get(attr)
             if isinstance(value, str):

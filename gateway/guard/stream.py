@@ -1,10 +1,11 @@
 """StreamGuard: which upstream bytes may reach the client, and the stream's verdict.
 
 It joins the SSE decoder and one protocol contract and does the byte
-bookkeeping of the wire contract (DESIGN.md §3): ``feed(chunk)`` returns the
-bytes that are safe to forward now, which are always whole blocks and whole
-comment lines, never a fragment of an event, never an event the contract
-rejected or withheld. It holds at most one chunk plus one unfinished event.
+bookkeeping of the wire contract (docs/wire-contract.md, "Event-aligned
+relay" and "Withheld events"): ``feed(chunk)`` returns the bytes that are
+safe to forward now, which are always whole blocks and whole comment lines,
+never a fragment of an event, never an event the contract rejected or
+withheld. It holds at most one chunk plus one unfinished event.
 
 Sans-IO: the relay owns sockets and clocks and tells the guard when the
 upstream ended (``eof``) or when the stream must stop for a reason only the

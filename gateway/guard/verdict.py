@@ -1,4 +1,7 @@
-"""The verdict on one stream and the bounded outcome vocabulary (DESIGN.md §4).
+"""The verdict on one stream and the bounded outcome vocabulary.
+
+What each reason means to a client and an operator is written down in
+``docs/wire-contract.md`` ("Outcomes and reasons"); keep the two in step.
 
 Values here become Prometheus label values, so every set is closed: a finish
 reason that no table knows normalizes to ``other``.
@@ -49,6 +52,7 @@ class Reason(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     TOTAL_TIMEOUT = "total_timeout"
     CLIENT_DISCONNECT = "client_disconnect"
+    #: The client stopped reading past the send timeout (set by the relay).
     CLIENT_STALLED = "client_stalled"
     GATEWAY_SHUTDOWN = "gateway_shutdown"
 

@@ -1,6 +1,7 @@
 """The access log: one JSON object per request on stdout.
 
-Fields are the facts of the request (DESIGN.md §5); never prompt or
+Fields are the facts of the request (docs/wire-contract.md, "Where the
+verdict is recorded"); never prompt or
 completion text, never credentials or client keys.
 """
 

@@ -1,6 +1,7 @@
 """Prometheus metrics: names, labels, buckets, and turning a finished request into samples.
 
-Label values are bounded (DESIGN.md §5): route names come from the config,
+Label values are bounded (docs/wire-contract.md, "Where the verdict is
+recorded"): route names come from the config,
 outcomes and reasons from the guard's closed vocabulary, models through an
 allow-list (``ModelLabels``). Histogram buckets follow the OpenTelemetry
 GenAI semantic conventions. In multiprocess mode (several workers) the

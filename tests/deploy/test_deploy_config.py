@@ -90,6 +90,8 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_usage_unknown_total": {"route", "model"},
     "gateway_relayed_bytes_total": {"route", "direction"},
     "gateway_rejected_requests_total": {"reason"},
+    "gateway_request_errors_total": {"route", "error"},
+    "gateway_observer_errors_total": {"observer"},
     "gateway_build_info": {"version"},
 }
 # Seconds beyond the drain timeout that a stop must allow: the server gives
@@ -222,7 +224,11 @@ def test_promtool_test_rules() -> None:
 # Each mutant weakens or breaks one rule; the unit tests must notice.
 MUTANTS = {
     "ttft threshold > instead of >=": (") >= 10\n", ") > 10\n"),
-    "client disconnects counted as incomplete": (', reason!="client_disconnect"', ""),
+    "client disconnects counted as incomplete": ('reason!~"client_disconnect|', 'reason!~"'),
+    "stalled clients counted as incomplete": (
+        '"client_disconnect|client_stalled"',
+        '"client_disconnect"',
+    ),
     "incomplete threshold 2% instead of 1%": (") > 0.01\n", ") > 0.02\n"),
     "gateway down ignores the job": ('up{job="gateway"} == 0', "up == 0"),
     "upstream unavailable is not critical": (
@@ -301,8 +307,10 @@ def test_alert_outcomes_and_reasons_are_the_gateway_vocabulary() -> None:
         texts += [series["series"] for series in test["input_series"]]
     values: dict[str, set[str]] = {"outcome": set(), "reason": set()}
     for selector in re.findall(r"gateway_streams_total\{([^}]*)\}", "\n".join(texts)):
-        for label, value in re.findall(r'(\w+)\s*!?=~?\s*"([^"]*)"', selector):
-            values.setdefault(label, set()).add(value)
+        for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', selector):
+            # a regex matcher names its values as alternatives: a|b|c
+            names = value.split("|") if "~" in op else [value]
+            values.setdefault(label, set()).update(names)
     assert values["outcome"]
     assert values["outcome"] <= {str(o) for o in Outcome}
     assert values["reason"]

@@ -61,8 +61,12 @@ def test_responses_complete_stream(gateway: ServerThread, simulator: ServerThrea
     ],
 )
 def test_responses_truncated_streams_raise(gateway: ServerThread, fault: str, reason: str) -> None:
-    with pytest.raises(openai.APIError):
+    with pytest.raises(openai.APIError) as caught:
         _responses_text(_oa(gateway.url), fault)
+    # the SDK raised on our event itself (its body is the nested error object)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == reason
+    assert caught.value.code == reason
     body = httpx.post(
         gateway.url + "/v1/responses",
         json={"model": "sim-1", "input": "hi", "stream": True},
@@ -159,6 +163,16 @@ def test_messages_complete_stream(gateway: ServerThread, simulator: ServerThread
         assert stream.get_final_text() == expected
 
 
+def _assert_anthropic_reason(error: anthropic.APIError, reason: str) -> None:
+    """The raised error exposes the reason: in its body, and as ``error_code`` in the
+    SDK versions that read ``error.details.error_code`` (anthropic-python 2.x)."""
+    assert isinstance(error.body, dict)
+    assert error.body["error"]["details"]["error_code"] == reason
+    assert error.body["error"]["type"] == "api_error"
+    if hasattr(error, "error_code"):
+        assert error.error_code == reason
+
+
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [
@@ -170,10 +184,11 @@ def test_messages_complete_stream(gateway: ServerThread, simulator: ServerThread
     ],
 )
 def test_messages_truncated_streams_raise(gateway: ServerThread, fault: str, reason: str) -> None:
-    with pytest.raises(anthropic.APIError):
+    with pytest.raises(anthropic.APIError) as raw:
         _messages_text(_an(gateway.url), fault)
+    _assert_anthropic_reason(raw.value, reason)
     with (
-        pytest.raises(anthropic.APIError),
+        pytest.raises(anthropic.APIError) as helper,
         _an(gateway.url).messages.stream(
             model="claude-sim",
             max_tokens=1024,
@@ -182,6 +197,7 @@ def test_messages_truncated_streams_raise(gateway: ServerThread, fault: str, rea
         ) as stream,
     ):
         stream.get_final_text()
+    _assert_anthropic_reason(helper.value, reason)
     body = httpx.post(
         gateway.url + "/v1/messages",
         json={"model": "claude-sim", "max_tokens": 10, "messages": [], "stream": True},

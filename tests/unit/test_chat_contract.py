@@ -3,8 +3,9 @@
 Every case is a stream in OpenAI's wire format (``chat.completion.chunk``
 objects as ``data:`` lines, ``data: [DONE]``), the contract's options, and
 what must come out: the outcome, the reason, and exactly which bytes were
-forwarded to the client (DESIGN.md §3: whole blocks only; a rejected event is
-never forwarded; an upstream error event is).
+forwarded to the client (docs/wire-contract.md, "Event-aligned relay" and
+"Withheld events": whole blocks only; a rejected event is never forwarded; an
+upstream error event is).
 """
 
 from __future__ import annotations

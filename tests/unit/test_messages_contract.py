@@ -254,6 +254,27 @@ def rejected(name: str, blocks: list[bytes], at: int, reason: Reason, **kw: Any)
     return Case(name, blocks, at, reason, **kw)
 
 
+#: ``max_tokens`` ends the message while its last content block is still open: no
+#: ``content_block_stop`` ever comes for it.
+MAX_TOKENS_OPEN_TEXT = [
+    message_start(),
+    block_start(0, {"type": "text", "text": ""}),
+    text_delta(0, "Hello"),
+    text_delta(0, " wor"),
+    message_delta("max_tokens"),
+    MESSAGE_STOP,
+]
+#: Fine-grained tool streaming cut mid-parameter: the tool block's partial JSON is
+#: not valid JSON and the block is never stopped.
+MAX_TOKENS_OPEN_TOOL = [
+    message_start(),
+    *text_block(0, ["Let me check."]),
+    block_start(1, {"type": "tool_use", "id": TOOL_ID, "name": "get_weather", "input": {}}),
+    json_delta(1, '{"location": "San Fra'),
+    json_delta(1, 'ncisco, CA", "unit": "fah'),
+    message_delta("max_tokens", 30),
+    MESSAGE_STOP,
+]
 BASIC = Usage(input_tokens=472, output_tokens=15, cached_input_tokens=0)
 STARTED = Usage(input_tokens=472, output_tokens=2, cached_input_tokens=0)
 TEXT = text_stream()
@@ -569,6 +590,77 @@ def _cases() -> list[Case]:
             Reason.INVALID_TOOL_ARGUMENTS,
             usage=STARTED,
         ),
+        # -- a length stop may leave the last started block open ------------------------
+        whole(
+            "max_tokens_open_text_block",
+            MAX_TOKENS_OPEN_TEXT,
+            Reason.LENGTH,
+            usage=BASIC,
+            raw_finish={0: "max_tokens"},
+            content_events=2,
+        ),
+        whole(
+            "max_tokens_open_tool_block_cut_json",
+            MAX_TOKENS_OPEN_TOOL,
+            Reason.LENGTH,
+            usage=Usage(472, 30, 0),
+            raw_finish={0: "max_tokens"},
+            content_events=3,
+            tool_calls=1,
+        ),
+        whole(
+            "context_window_open_tool_block",
+            [
+                *MAX_TOKENS_OPEN_TOOL[:-2],
+                message_delta("model_context_window_exceeded", 30),
+                MESSAGE_STOP,
+            ],
+            Reason.LENGTH,
+            usage=Usage(472, 30, 0),
+            raw_finish={0: "model_context_window_exceeded"},
+            tool_calls=1,
+        ),
+        rejected(
+            "end_turn_open_tool_block",
+            [*MAX_TOKENS_OPEN_TOOL[:-2], message_delta("end_turn", 30), MESSAGE_STOP],
+            8,
+            Reason.MISSING_FINISH,
+            usage=Usage(472, 30, 0),
+            raw_finish={0: "end_turn"},
+            tool_calls=1,
+        ),
+        rejected(
+            "max_tokens_earlier_block_open",
+            [
+                message_start(),
+                block_start(0, {"type": "text", "text": ""}),
+                text_delta(0, "Hello"),
+                block_start(1, {"type": "tool_use", "id": TOOL_ID, "name": "f", "input": {}}),
+                json_delta(1, '{"a": 1'),
+                message_delta("max_tokens", 30),
+                MESSAGE_STOP,
+            ],
+            6,
+            Reason.MISSING_FINISH,
+            usage=Usage(472, 30, 0),
+            raw_finish={0: "max_tokens"},
+            tool_calls=1,
+        ),
+        rejected(
+            "open_block_without_message_delta",
+            [*MAX_TOKENS_OPEN_TEXT[:-2], MESSAGE_STOP],
+            4,
+            Reason.MISSING_FINISH,
+            usage=STARTED,
+        ),
+        rejected(
+            "max_tokens_open_block_without_message_stop",
+            MAX_TOKENS_OPEN_TEXT[:-1],
+            5,
+            Reason.MISSING_DONE,
+            usage=BASIC,
+            raw_finish={0: "max_tokens"},
+        ),
         rejected(
             "tool_arguments_two_values",
             [message_start(), *tool_block(0, ["{}", "{}"]), message_delta("tool_use")],
@@ -686,9 +778,21 @@ def test_incomplete_annotation(blocks: list[bytes], reason: Reason) -> None:
     assert data.startswith(b"data: ")
     body = json.loads(data[len(b"data: ") :])
     message = body["error"]["message"]
-    assert body == {"type": "error", "error": {"type": "api_error", "message": message}}
+    assert body == {
+        "type": "error",
+        "error": {
+            "type": "api_error",
+            "message": message,
+            # the machine-readable reason, where the anthropic SDKs read a cause code
+            "details": {"error_code": str(reason)},
+        },
+    }
     assert str(reason) in message
     assert "req-7" in message
+    # worded in Messages terms, never Chat's or Responses'
+    assert "choice" not in message
+    assert "finish reason" not in message
+    assert "output item" not in message
     assert comment == f": gateway outcome=incomplete reason={reason} request_id=req-7\n".encode()
 
 
@@ -741,3 +845,35 @@ def test_tool_input_cut_by_max_tokens_is_a_complete_length_stream() -> None:
     out, verdict, _ = drive(b"".join(blocks))
     assert (verdict.outcome, verdict.reason) == (Outcome.COMPLETE, Reason.LENGTH)
     assert out == b"".join(blocks)
+
+
+# -- a max_tokens stop may leave the last content block open ----------------------------
+
+
+@pytest.mark.parametrize(
+    "blocks", [MAX_TOKENS_OPEN_TEXT, MAX_TOKENS_OPEN_TOOL], ids=["text_block", "tool_block_cut"]
+)
+def test_max_tokens_with_the_last_block_open_is_complete_length_in_every_partition(
+    blocks: list[bytes],
+) -> None:
+    stream = b"".join(blocks)
+    out, verdict, guard = drive(stream)
+    assert (verdict.outcome, verdict.reason) == (Outcome.COMPLETE, Reason.LENGTH)
+    assert out == stream  # message_stop included: nothing withheld
+    assert guard.annotation("r") == b": gateway outcome=complete reason=length request_id=r\n"
+    check_every_partition(stream, drive)
+
+
+def test_the_cut_tool_input_is_kept_as_it_came() -> None:
+    _, _, guard = drive(b"".join(MAX_TOKENS_OPEN_TOOL))
+    assert contract_of(guard).tool_call_arguments() == [
+        (TOOL_ID, "get_weather", '{"location": "San Francisco, CA", "unit": "fah')
+    ]
+
+
+@pytest.mark.parametrize("stop_reason", ["end_turn", "tool_use", "stop_sequence", "refusal"])
+def test_only_a_length_stop_may_leave_a_block_open(stop_reason: str) -> None:
+    blocks = [*MAX_TOKENS_OPEN_TOOL[:-2], message_delta(stop_reason, 30), MESSAGE_STOP]
+    out, verdict, _ = drive(b"".join(blocks))
+    assert (verdict.outcome, verdict.reason) == (Outcome.INCOMPLETE, Reason.MISSING_FINISH)
+    assert out == b"".join(blocks[:-1])  # message_stop withheld

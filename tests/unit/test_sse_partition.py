@@ -1,4 +1,4 @@
-"""Same bytes, any partition, same result (DESIGN.md §6).
+"""Same bytes, any partition, same result (docs/wire-contract.md, "Same bytes, any partition").
 
 The network splits a stream anywhere: inside a UTF-8 character, between the
 CR and LF of a CRLF, inside the BOM, inside ``data:``. The decoder must

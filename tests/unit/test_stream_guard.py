@@ -1,6 +1,7 @@
 """StreamGuard: which bytes reach the client, when, and the trailer after them.
 
-DESIGN.md §3: the client receives exactly the upstream's bytes up to the end
+docs/wire-contract.md ("Event-aligned relay", "Complete stream", "Incomplete
+stream"): the client receives exactly the upstream's bytes up to the end
 of the last complete block, plus comment lines outside any block at once; a
 fragment never; a rejected event never; then one annotation: a comment line
 for a complete stream, or an error event in the protocol's shape and the
@@ -182,7 +183,7 @@ def test_decoder_budget_error_after_the_terminator_in_the_same_chunk_is_moot() -
     assert guard.verdict.reason is Reason.STOP
 
 
-# -- the annotation (DESIGN.md §3.3 and §3.4) ------------------------------------------------
+# -- the annotation (docs/wire-contract.md, "Complete stream" and "Incomplete stream") -----
 
 
 def test_annotation_before_the_verdict_is_an_error() -> None:

@@ -1,0 +1,40 @@
+"""docs/wire-contract.md stays true to the code: its example trailers are the bytes the
+guard renders, and it (and the README) name every reason of the vocabulary."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway.guard import Outcome, Protocol, Reason, Verdict, render_annotation
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "wire-contract.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("protocol", [Protocol.CHAT, Protocol.RESPONSES, Protocol.MESSAGES])
+def test_the_documented_incomplete_trailer_is_what_the_guard_renders(protocol: Protocol) -> None:
+    verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.MISSING_DONE)
+    rendered = render_annotation(protocol, verdict, "req-7f3a", last_sequence_number=41)
+    assert rendered.decode() in DOC
+
+
+def test_the_documented_complete_trailer_is_what_the_guard_renders() -> None:
+    verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
+    rendered = render_annotation(Protocol.CHAT, verdict, "7f3a2c9e")
+    assert rendered.decode() in DOC
+
+
+def _outcome_section(text: str) -> str:
+    match = re.search(r"^#+ Outcomes.*?(?=^## )", text, flags=re.M | re.S)
+    assert match is not None
+    return match.group(0)
+
+
+@pytest.mark.parametrize("reason", sorted(Reason))
+def test_every_reason_is_documented(reason: Reason) -> None:
+    assert f"`{reason}`" in _outcome_section(DOC), f"docs/wire-contract.md lacks {reason}"
+    assert f"`{reason}`" in _outcome_section(README), f"README's Outcomes lacks {reason}"
