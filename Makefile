@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine with only Python:
-#   make run   - create .venv, install, start the gateway on 127.0.0.1:8080
+#   make run   - create .venv, install, start the gateway on 127.0.0.1:8080 in front of
+#                the built-in simulator (ARGS="--upstream URL" for a real provider)
 #   make test  - create .venv, install the test extras, run lint, types and the whole suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -25,7 +26,7 @@ $(VENV)/.installed-perf: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
 
 run: $(VENV)/.installed-run
-	$(BIN)/gateway serve $(ARGS)
+	$(BIN)/gateway serve $(or $(ARGS),--simulator)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check gateway tests

@@ -3,7 +3,7 @@
 ``create_app(settings)`` builds a Starlette app. A request under a route's
 prefix goes straight to the relay (a plain ASGI call); no
 ``BaseHTTPMiddleware`` anywhere (it hides client disconnects). The lifespan
-creates the pooled upstream client (and, with no upstream configured, an
+creates the pooled upstream client (and, when ``simulator`` is set, an
 in-process simulator on a free loopback port), and closes them at shutdown.
 """
 
@@ -115,7 +115,7 @@ class _Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         simulator = None
-        if not self.routes:
+        if self.settings.simulator:
             simulator = await self._start_simulator()
         upstream = create_upstream(
             self.settings.upstream_transport,
@@ -153,15 +153,21 @@ class _Gateway:
                 multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     async def _start_simulator(self) -> Any:
-        """No upstream configured: front the built-in simulator on a free loopback port."""
+        """``simulator`` is set: front the built-in simulator on a free loopback port."""
         from gateway.simulator import start_in_background
 
         running = await start_in_background("127.0.0.1", 0)
         upstream = f"http://127.0.0.1:{running.port}/v1"
-        log.warning(
-            "no upstream configured: fronting the built-in simulator at %s "
-            "(set GATEWAY_UPSTREAM_URL or --upstream for a real provider)",
+        host, port = self.settings.host, self.settings.port
+        gateway = (
+            f"at http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+            if port
+            else "under /v1 on the port uvicorn reports below"
+        )
+        log.info(
+            "simulator: the built-in fake provider is at %s; the gateway serves it %s",
             upstream,
+            gateway,
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self.routes.append(ProxyRoute(config=config, timeouts=self.settings.timeouts))

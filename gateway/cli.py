@@ -8,11 +8,14 @@ its storage when it is first imported.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import logging
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
@@ -24,30 +27,108 @@ from gateway.settings import Settings, describe_errors, export_for_workers, load
 
 __all__ = ["main"]
 
+log = logging.getLogger("gateway")
+
+_SECONDS: dict[str, Any] = {"type": float, "metavar": "SECONDS", "help": "seconds"}
+
+#: The flags of ``serve`` and ``check-config``: (settings key, flag, argparse options).
+#: A dotted key sets one key of a section (pydantic-settings deep-merges sources).
+_SETTING_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("config", "--config", {"metavar": "FILE", "help": "TOML config file (also GATEWAY_CONFIG)"}),
+    (
+        "upstream_url",
+        "--upstream",
+        {"metavar": "URL", "help": "upstream base URL, served under /v1"},
+    ),
+    (
+        "simulator",
+        "--simulator",
+        {
+            "action": "store_true",
+            "default": None,
+            "help": "front the built-in fake provider instead of an upstream (to try it out)",
+        },
+    ),
+    ("host", "--host", {"metavar": "ADDRESS", "help": "listen address (default 127.0.0.1)"}),
+    ("port", "--port", {"type": int, "help": "listen port (default 8080)"}),
+    ("workers", "--workers", {"type": int, "metavar": "N", "help": "worker processes (default 1)"}),
+    ("timeouts.connect", "--connect-timeout", _SECONDS),
+    ("timeouts.first_byte", "--first-byte-timeout", _SECONDS),
+    ("timeouts.idle", "--idle-timeout", _SECONDS),
+    ("timeouts.total", "--total-timeout", _SECONDS),
+    (
+        "drain_timeout",
+        "--drain-timeout",
+        _SECONDS | {"help": "seconds in-flight streams get after SIGTERM"},
+    ),
+    (
+        "metrics_dir",
+        "--metrics-dir",
+        {"metavar": "DIR", "help": "prometheus multiprocess directory"},
+    ),
+)
+
+_DESCRIPTION = (
+    "An LLM streaming gateway: a reverse proxy that checks every streamed answer "
+    "ended properly, tells the client, and records it."
+)
+
+
+def _simulate_epilog() -> str:
+    """The faults and knobs of the simulator, from its own tables."""
+    from gateway.simulator._knobs import FAULTS, Knobs, knob_header
+
+    names = [f.name for f in dataclasses.fields(Knobs) if f.name != "fault"]
+    wrap = functools.partial(
+        textwrap.fill, width=78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False
+    )
+    return "\n".join(
+        [
+            f"faults (one per request: the header '{knob_header('fault')}: NAME', or the",
+            'body field "sim": {"fault": "NAME"}; "none", the default, is a complete stream):',
+            wrap(", ".join(FAULTS)),
+            "",
+            "other knobs, as headers:",
+            wrap(", ".join(knob_header(name) for name in names)),
+            'or as fields of the body\'s "sim" object:',
+            wrap(", ".join(names)),
+            "",
+            "GET /_sim/faults lists the faults; the README's simulator section describes each.",
+        ]
+    )
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="gateway", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="TOML config file (also GATEWAY_CONFIG)")
-        p.add_argument("--upstream", dest="upstream_url", help="upstream base URL for /v1")
-        p.add_argument("--host", help="listen address (default 127.0.0.1)")
-        p.add_argument("--port", type=int, help="listen port (default 8080)")
-        p.add_argument("--workers", type=int, help="worker processes (default 1)")
-        p.add_argument("--connect-timeout", type=float, help="seconds")
-        p.add_argument("--first-byte-timeout", type=float, help="seconds")
-        p.add_argument("--idle-timeout", type=float, help="seconds")
-        p.add_argument("--total-timeout", type=float, help="seconds")
-        p.add_argument("--drain-timeout", type=float, help="seconds in-flight streams get")
-        p.add_argument("--metrics-dir", help="prometheus multiprocess directory")
+        for key, flag, options in _SETTING_FLAGS:
+            p.add_argument(flag, dest=key, **options)
 
-    serve = sub.add_parser("serve", help="run the gateway")
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway in front of the configured upstream(s), "
+        "or in front of the built-in fake provider with --simulator.",
+    )
     common(serve)
-    check = sub.add_parser("check-config", help="print the effective configuration, redacted")
+    check = sub.add_parser(
+        "check-config",
+        help="print the effective configuration, redacted",
+        description="Load the configuration as serve would; print it with secrets "
+        "redacted (exit 0), or say what is wrong (exit 2).",
+    )
     common(check)
-    sim = sub.add_parser("simulate", help="run the built-in fake provider")
+    sim = sub.add_parser(
+        "simulate",
+        help="run the built-in fake provider",
+        description="Run the built-in fake OpenAI/Anthropic-compatible provider,\n"
+        "with scripted faults.",
+        epilog=_simulate_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=9000)
     sim.add_argument("--tps", type=float, default=0.0, help="deltas per second (0: no pacing)")
@@ -55,38 +136,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    timeouts = {
-        key: value
-        for key, value in (
-            ("connect", args.connect_timeout),
-            ("first_byte", args.first_byte_timeout),
-            ("idle", args.idle_timeout),
-            ("total", args.total_timeout),
-        )
-        if value is not None
-    }
-    overrides: dict[str, Any] = {
-        "config": args.config,
-        "upstream_url": args.upstream_url,
-        "host": args.host,
-        "port": args.port,
-        "workers": args.workers,
-        "drain_timeout": args.drain_timeout,
-        "metrics_dir": args.metrics_dir,
-    }
-    if timeouts:
-        # pydantic-settings deep-merges sources: a flag overrides one key only.
-        overrides["timeouts"] = timeouts
-    return overrides
+def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings given as flags, and which flag gave each (for error messages)."""
+    overrides: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    given = vars(args)
+    for key, flag, _ in _SETTING_FLAGS:
+        value = given.get(key)
+        if value is None:
+            continue
+        *sections, leaf = key.split(".")
+        target = overrides
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[leaf] = value
+        flags[key] = flag
+    return overrides, flags
 
 
 def _load(args: argparse.Namespace) -> Settings:
+    overrides, flags = _overrides(args)
     try:
-        overrides = _overrides(args)
         return load_settings(**overrides)
     except ValidationError as exc:
-        _die(describe_errors(exc, args.config))
+        _die(describe_errors(exc, overrides.get("config"), flags))
     except (FileNotFoundError, ValueError) as exc:
         _die(f"invalid configuration: {exc}")
 
@@ -133,16 +206,55 @@ def redacted(settings: Settings) -> dict[str, Any]:
     return data
 
 
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of a URL, user-info masked as in ``check-config``."""
+    parts = urlsplit(_redact_url(url) or "")
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
 def _prepare_metrics_dir(settings: Settings) -> None:
     if settings.workers == 1 and settings.metrics_dir is None:
         return
-    path = settings.metrics_dir or Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
-    path.mkdir(parents=True, exist_ok=True)
-    # Empty it of a previous instance's metric files, and of nothing else: a
-    # mistyped directory must not lose anybody's data.
-    for stale in path.glob("*.db"):
-        stale.unlink()
+    # Settings checked that the directory can be written; this can still fail
+    # (a race, a full disk): an error message then, never a traceback.
+    try:
+        path = settings.metrics_dir or Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        path.mkdir(parents=True, exist_ok=True)
+        # Empty it of a previous instance's metric files, and of nothing else: a
+        # mistyped directory must not lose anybody's data.
+        for stale in path.glob("*.db"):
+            stale.unlink()
+    except OSError as exc:
+        _die(f"metrics_dir {settings.metrics_dir or '(a new temporary directory)'}: {exc}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+
+
+def _log_start(settings: Settings) -> None:
+    """What an operator should see at start: each route, and risky settings."""
+    for route in settings.effective_routes():
+        log.info(
+            "route %s: %s -> %s (protocol %s)",
+            route.name,
+            route.prefix,
+            _origin(route.upstream),
+            route.protocol,
+        )
+    if not settings.annotate:
+        log.warning(
+            "annotate = false: a stream the upstream cut ends without an error event, so "
+            "clients take a partial answer for a whole one (the verdict is only in the "
+            "metrics and the access log)"
+        )
+    if (
+        settings.host not in ("127.0.0.1", "::1", "localhost")
+        and settings.credentials
+        and not settings.client_key_sha256
+    ):
+        log.warning(
+            "listening on %s with upstream credentials and no client keys: anyone who can "
+            "reach this port spends those credentials (set client_key_sha256)",
+            settings.host,
+        )
 
 
 def serve(settings: Settings) -> None:
@@ -154,16 +266,7 @@ def serve(settings: Settings) -> None:
     )
     # httpx logs every request at INFO: the access log already has one line per request
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if (
-        settings.host not in ("127.0.0.1", "::1", "localhost")
-        and settings.credentials
-        and not settings.client_key_sha256
-    ):
-        logging.getLogger("gateway").warning(
-            "listening on %s with upstream credentials and no client keys: anyone who can "
-            "reach this port spends those credentials (set client_key_sha256)",
-            settings.host,
-        )
+    _log_start(settings)
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

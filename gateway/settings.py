@@ -4,15 +4,30 @@ Sources, highest precedence first: explicit values (command-line flags),
 environment variables (``GATEWAY_`` prefix, ``__`` for nesting), a TOML file
 (``--config FILE`` or ``GATEWAY_CONFIG``), then the defaults below. Nothing
 else in the package reads the environment.
+
+A mistake is an error at start, never a silent fallback: a ``GATEWAY_*``
+variable that names no setting, a complex value that is not JSON, an upstream
+URL with an invalid host, a metrics directory that cannot be written, and a
+configuration with nothing to front (no route, no ``upstream_url``, and no
+``simulator = true``) are all refused with a message naming the key and its
+source.
 """
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
+import json
 import os
 import re
+import tempfile
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -35,6 +50,7 @@ __all__ = [
     "RouteConfig",
     "Settings",
     "Timeouts",
+    "check_environment",
     "describe_errors",
     "export_for_workers",
     "load_settings",
@@ -44,13 +60,50 @@ __all__ = [
 ProtocolName = Literal["auto", "chat", "completions", "responses", "messages", "sse"]
 _ROUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+#: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
+_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 def _base_url(value: str) -> str:
-    """An upstream base URL: http(s) with a host, without a trailing slash."""
-    if not re.match(r"^https?://[^/\s]+", value):
-        raise ValueError("must be an http:// or https:// URL")
+    """An upstream base URL: http(s) with a valid host, without a trailing slash."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError("must not contain spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:  # a bad IPv6 literal, a port out of range or not a number
+        raise ValueError(f"is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("must be an http:// or https:// URL, e.g. https://api.openai.com/v1")
+    if not parts.hostname:
+        raise ValueError("names no host, e.g. https://api.openai.com/v1")
+    problem = _host_problem(parts.hostname)
+    if problem:
+        raise ValueError(f"has an invalid host {parts.hostname!r}: {problem}")
+    if port == 0:
+        raise ValueError("port must be between 1 and 65535")
+    if parts.fragment:
+        raise ValueError("must not have a #fragment")
     return value.rstrip("/")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (as urlsplit returns it: lower-case, no brackets) is no host, or None."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return "not a valid host name (an empty or over-long label?)"
+    labels = ascii_host.removesuffix(".").split(".")
+    if len(ascii_host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return "a host name is letters, digits and '-', in labels separated by '.'"
+    if all(label.isdigit() for label in labels):
+        return "not a valid IPv4 address"
+    return None
 
 
 class _Strict(BaseModel):
@@ -159,6 +212,10 @@ class Settings(BaseSettings):
     upstream_url: str | None = Field(
         None, description="Shorthand for a single route: /v1 -> this base URL."
     )
+    simulator: bool = Field(
+        False,
+        description="Front the built-in simulator (a fake provider) instead of an upstream.",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
     port: int = Field(8080, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=64)
@@ -204,6 +261,13 @@ class Settings(BaseSettings):
     def _upstream_url(cls, value: str | None) -> str | None:
         return _base_url(value) if value else value
 
+    @field_validator("metrics_dir")
+    @classmethod
+    def _metrics_dir(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _check_writable_directory(value)
+        return value
+
     @model_validator(mode="after")
     def _unique_routes(self) -> Settings:
         if self.upstream_url and self.routes:
@@ -217,6 +281,24 @@ class Settings(BaseSettings):
             raise ValueError("route names must be unique")
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("route prefixes must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _something_to_front(self) -> Settings:
+        """The simulator only when asked, and never beside a real upstream."""
+        if self.simulator and (self.upstream_url or self.routes):
+            raise ValueError(
+                "simulator (--simulator, GATEWAY_SIMULATOR) and an upstream (upstream_url or "
+                "routes) are both set: the gateway fronts either the built-in fake provider "
+                "or real upstreams; configure one or the other"
+            )
+        if not (self.simulator or self.upstream_url or self.routes):
+            raise ValueError(
+                "no upstream configured: set upstream_url (--upstream URL, "
+                "GATEWAY_UPSTREAM_URL) or [[routes]] (in the --config file, or GATEWAY_ROUTES); "
+                "or, to try the gateway with the built-in fake provider, pass --simulator "
+                "(simulator = true, GATEWAY_SIMULATOR=true)"
+            )
         return self
 
     @classmethod
@@ -247,6 +329,29 @@ class Settings(BaseSettings):
         return self.timeouts.model_copy(update=overrides)
 
 
+def _check_writable_directory(path: Path) -> None:
+    """Raise ValueError unless ``path`` is, or can be created as, a writable directory.
+
+    Probes by creating (and removing) a temporary entry, because permission bits
+    do not tell (root may write anywhere, except where the kernel says no).
+    """
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "it" if existing == path else existing
+        raise ValueError(f"{path} is not a directory: {where} is a file")
+    try:
+        if existing == path:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as exc:
+        target = "write in" if existing == path else f"create directories in {existing} for"
+        raise ValueError(f"cannot {target} {path}: {exc.strerror or exc}") from None
+
+
 def _config_path(*sources: PydanticBaseSettingsSource) -> Path | None:
     for source in sources:
         value = source().get("config")
@@ -258,30 +363,149 @@ def _config_path(*sources: PydanticBaseSettingsSource) -> Path | None:
     return None
 
 
-def describe_errors(exc: ValidationError, config: str | None = None) -> str:
-    """A precise, multi-line message: which key, where it came from, why."""
+_ENV_PREFIX = "GATEWAY_"
+_ENV_DELIMITER = "__"
+#: Variables the package sets for itself (the parent process, for its workers).
+_INTERNAL_VARIABLES = frozenset({"GATEWAY_WORKER_SETTINGS"})
+#: Fields that are no setting of their own: filled from other variables at load.
+_NOT_FROM_ENVIRONMENT = frozenset({"credentials"})
+
+
+def _environment_names() -> dict[str, Any]:
+    """Every ``GATEWAY_*`` name the settings read, mapped to its field's annotation.
+
+    Derived from the model (nested models through ``__``), so a new field is
+    known the moment it exists.
+    """
+    names: dict[str, Any] = {}
+
+    def walk(prefix: str, fields: Mapping[str, Any]) -> None:
+        for key, field in fields.items():
+            name = prefix + key.upper()
+            names[name] = field.annotation
+            model = _model_in(field.annotation)
+            if model is not None:
+                walk(name + _ENV_DELIMITER, model.model_fields)
+
+    walk(
+        _ENV_PREFIX,
+        {k: f for k, f in Settings.model_fields.items() if k not in _NOT_FROM_ENVIRONMENT},
+    )
+    return names
+
+
+def _union_members(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    for member in _union_members(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return member
+    return None
+
+
+def _json_kind(annotation: Any) -> str | None:
+    """What JSON a variable for this annotation must hold (None: a plain string)."""
+    for member in _union_members(annotation):
+        origin = typing.get_origin(member) or member
+        if origin in (list, tuple, set, frozenset):
+            return "a JSON array"
+        if origin is dict or _model_in(member) is not None:
+            return "a JSON object"
+    return None
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse ``GATEWAY_*`` variables that name no setting, and complex values that are
+    not JSON, each by its name (pydantic-settings ignores the first and names only the
+    field for the second).
+    """
+    known = _environment_names()
+    suffixes = {name.removeprefix(_ENV_PREFIX): name for name in known}
+    problems: list[str] = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(_ENV_PREFIX) or upper in _INTERNAL_VARIABLES:
+            continue
+        if upper not in known:
+            close = difflib.get_close_matches(upper.removeprefix(_ENV_PREFIX), suffixes, 1, 0.6)
+            if upper.startswith(("GATEWAY_SERVICE_", "GATEWAY_PORT_")):
+                hint = (
+                    "Kubernetes sets it for a Service named gateway: "
+                    "set enableServiceLinks: false in the pod spec"
+                )
+            elif close:
+                hint = f"did you mean {suffixes[close[0]]}?"
+            else:
+                hint = "no setting has a similar name; see config/gateway.example.toml"
+            problems.append(f"environment variable {name} is not a setting ({hint})")
+            continue
+        kind = _json_kind(known[upper])
+        if kind is None:
+            continue
+        try:
+            json.loads(environ[name])
+        except json.JSONDecodeError as exc:
+            problems.append(f"environment variable {name} must be {kind}, but is not JSON: {exc}")
+    if problems:
+        raise ValueError("\n  ".join(problems))
+
+
+def _environment_origin(loc: list[str]) -> str | None:
+    """The variable a value at ``loc`` came from: the longest ``GATEWAY_A__B`` set."""
+    present = {name.upper(): name for name in os.environ}
+    for end in range(len(loc), 0, -1):
+        name = _ENV_PREFIX + _ENV_DELIMITER.join(p.upper() for p in loc[:end])
+        if name in present:
+            return present[name]
+    return None
+
+
+def describe_errors(
+    exc: ValidationError, config: str | None = None, flags: Mapping[str, str] | None = None
+) -> str:
+    """A precise, multi-line message: which key, where it came from, why.
+
+    ``flags`` maps dotted keys given on the command line to the flag that set them.
+    """
     config = config or os.environ.get("GATEWAY_CONFIG")
+    flags = flags or {}
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc) or "(root)"
-        env_name = "GATEWAY_" + "__".join(p.upper() for p in loc)
-        if env_name in os.environ:
+        key = ".".join(loc)
+        flag = next((flags[k] for k in _prefixes(loc) if k in flags), None)
+        env_name = _environment_origin(loc)
+        if flag:
+            origin = f" (command-line flag {flag})"
+        elif env_name:
             origin = f" (environment variable {env_name})"
-        elif config:
+        elif config and loc:
             origin = f" (config file {config}, or its default)"
         else:
             origin = ""
-        lines.append(f"  {key}{origin}: {err['msg']}")
+        error = err.get("ctx", {}).get("error")
+        message = str(error) if err["type"] == "value_error" and error else err["msg"]
+        lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
+
+
+def _prefixes(loc: list[str]) -> list[str]:
+    """``a.b.c``, ``a.b``, ``a``: the dotted keys that contain ``loc``, longest first."""
+    return [".".join(loc[:end]) for end in range(len(loc), 0, -1)]
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Build the settings from flags (``overrides``), environment and TOML file.
 
-    Route credentials named by ``credential_env`` are resolved here, so that
-    this module stays the only reader of the environment.
+    The environment is checked first (:func:`check_environment`). Route
+    credentials named by ``credential_env`` are resolved here, so that this
+    module stays the only reader of the environment.
     """
+    check_environment(os.environ)
     clean = {k: v for k, v in overrides.items() if v is not None}
     config = clean.get("config")
     if config is not None and not Path(config).is_file():

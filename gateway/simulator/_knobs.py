@@ -18,6 +18,7 @@ __all__ = [
     "FAULTS",
     "KnobError",
     "Knobs",
+    "knob_header",
     "read_knobs",
 ]
 
@@ -77,8 +78,13 @@ class Knobs:
     status: int = 500
 
 
+def knob_header(name: str) -> str:
+    """The request header of a :class:`Knobs` field: ``chunk_bytes`` -> ``x-sim-chunk-bytes``."""
+    return "x-sim-" + name.replace("_", "-")
+
+
 def _pick(headers: Mapping[str, str], sim: Mapping[str, Any], name: str) -> object:
-    header = "x-sim-" + name.replace("_", "-")
+    header = knob_header(name)
     if header in headers:
         return headers[header]
     return sim.get(name)

@@ -1,9 +1,16 @@
-"""Running the simulator: blocking (``serve``) or as a task in a running loop."""
+"""Running the simulator: blocking (``serve``) or as a task in a running loop.
+
+In a running loop it shares uvicorn's loggers with its owner's server, so its
+own start-up and shutdown lines ("Uvicorn running on ...") are dropped there:
+the owner would print them twice, once with the simulator's port.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import socket
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -18,6 +25,24 @@ __all__ = ["RunningSimulator", "serve", "start_in_background"]
 
 #: Stalled streams may last an hour; shutting down waits this long, then cancels them.
 _GRACEFUL_SHUTDOWN_SECONDS = 1
+
+#: Set in the context of a background simulator's task (and so of every task it starts).
+_IN_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "gateway_simulator_in_background", default=False
+)
+
+
+class _QuietInBackground(logging.Filter):
+    """Drops uvicorn's informational lines logged by a background simulator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not _IN_BACKGROUND.get()
+
+
+def _quiet_uvicorn_in_background() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietInBackground) for f in logger.filters):
+        logger.addFilter(_QuietInBackground())
 
 
 def serve(
@@ -111,8 +136,9 @@ async def start_in_background(
     """Start the simulator as a task of the running loop; return once it listens.
 
     ``port=0`` picks a free port; the bound one is ``.port``. The server
-    neither installs signal handlers nor touches logging configuration (the
-    owner's stay in force); stop it with ``await running.stop()``.
+    neither installs signal handlers nor configures logging (the owner's stay in
+    force), logs no access lines, and its start-up and shutdown lines are
+    dropped (warnings and errors are not); stop it with ``await running.stop()``.
     """
     app = create_simulator_app(default_tps=default_tps, default_tokens=default_tokens)
     config = uvicorn.Config(
@@ -122,10 +148,14 @@ async def start_in_background(
         http="auto",
         log_config=None,
         log_level=None,
+        access_log=False,
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
     )
     server = _SimulatorServer(config, app, own_signals=False)
-    task = asyncio.create_task(_serve(server), name="gateway-simulator")
+    _quiet_uvicorn_in_background()
+    context = contextvars.copy_context()
+    context.run(_IN_BACKGROUND.set, True)
+    task = asyncio.create_task(_serve(server), name="gateway-simulator", context=context)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + startup_timeout
     while not server.started:

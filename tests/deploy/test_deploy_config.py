@@ -509,7 +509,7 @@ def test_docker_build_context_builds_the_wheel(tmp_path: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     wheels = tmp_path / "wheels"
-    ok(
+    output = ok(
         run(
             sys.executable,
             "-m",
@@ -523,11 +523,15 @@ def test_docker_build_context_builds_the_wheel(tmp_path: Path) -> None:
             cwd=tmp_path,
         )
     )
+    # The license as an SPDX string: setuptools warns on the old table form.
+    assert "project.license" not in output, output
     (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = archive.read(entry_points).decode()
+        (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+        assert "License-Expression: Apache-2.0" in archive.read(metadata).decode()
     assert "gateway/__init__.py" in names
     assert "gateway/py.typed" in names
     assert not any(n.startswith("tests/") for n in names)
@@ -714,11 +718,14 @@ def settings_from_configmap(
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GATEWAY_CONFIG", str(config_file))
     monkeypatch.setenv("UPSTREAM_API_KEY", "sk-test")
+    # The settings check that the metrics directory can be created; in the pod it is
+    # an emptyDir (checked below), here it must not depend on who may write to /run.
+    monkeypatch.setenv("GATEWAY_METRICS_DIR", str(tmp_path / "gateway-metrics"))
     return load_settings(), env
 
 
 def test_configmap_loads_with_the_gateway_settings(
-    settings_from_configmap: tuple[Any, dict[str, str]],
+    settings_from_configmap: tuple[Any, dict[str, str]], tmp_path: Path
 ) -> None:
     settings, env = settings_from_configmap
     routes = settings.effective_routes()
@@ -733,7 +740,8 @@ def test_configmap_loads_with_the_gateway_settings(
         if route.credential_env:
             assert route.credential_env in secret_env, "credential not set from the Secret"
             assert route.name in settings.credentials
-    assert str(settings.metrics_dir) == env["GATEWAY_METRICS_DIR"]
+    assert env["GATEWAY_METRICS_DIR"]
+    assert settings.metrics_dir == tmp_path / "gateway-metrics"  # read from the environment
 
 
 def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> None:
@@ -743,6 +751,7 @@ def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> Non
     config_file = tmp_path / Path(env["GATEWAY_CONFIG"]).name
     config_file.write_text(objects["ConfigMap/gateway-config"]["data"]["gateway.toml"])
     env["GATEWAY_CONFIG"] = str(config_file)
+    env["GATEWAY_METRICS_DIR"] = str(tmp_path / "gateway-metrics")  # /run: the pod's emptyDir
     env["UPSTREAM_API_KEY"] = "sk-test-not-a-key"
     env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
     result = subprocess.run(
