@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from pydantic import SecretStr
 
-from gateway.guard.contract import Protocol
+from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.settings import RouteConfig, Timeouts
 
-__all__ = ["PathRejected", "Route", "detect_protocol", "match_route", "upstream_target"]
+__all__ = ["PathRejected", "Route", "match_route", "upstream_target"]
 
 
 class PathRejected(ValueError):
@@ -42,24 +42,22 @@ class Route:
     def upstream(self) -> str:
         return self.config.upstream
 
-    def protocol_for(self, rest: str) -> Protocol:
+    def spec_for(self, rest: str) -> ProtocolSpec:
+        """The protocol of a request path below the prefix: the route's, or by the path."""
         if self.config.protocol != "auto":
-            return Protocol(self.config.protocol)
-        return detect_protocol(rest)
+            return spec_for(self.config.protocol)
+        return detect(rest)
 
-
-def detect_protocol(rest: str) -> Protocol:
-    """The protocol family of a request path, by its last segment(s)."""
-    path = rest.split("?", 1)[0].rstrip("/")
-    if path.endswith("/chat/completions"):
-        return Protocol.CHAT
-    if path.endswith("/completions"):
-        return Protocol.COMPLETIONS
-    if path.endswith("/responses"):
-        return Protocol.RESPONSES
-    if path.endswith("/messages"):
-        return Protocol.MESSAGES
-    return Protocol.SSE
+    @property
+    def credential_style(self) -> CredentialStyle:
+        """How this route's upstream wants its credential."""
+        style = self.config.credential_style
+        if style != "auto":
+            return CredentialStyle(style)
+        if self.config.protocol != "auto":
+            return spec_for(self.config.protocol).credential
+        # A route for any path: guess from the upstream's host (Anthropic's API).
+        return CredentialStyle.X_API_KEY if "anthropic" in self.upstream else CredentialStyle.BEARER
 
 
 def match_route(routes: list[Route], path: str) -> Route | None:

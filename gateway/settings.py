@@ -45,6 +45,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gateway.guard import Protocol
+from gateway.protocols import CredentialStyle
+
 __all__ = [
     "Limits",
     "RouteConfig",
@@ -57,7 +60,10 @@ __all__ = [
     "settings_for_worker",
 ]
 
-ProtocolName = Literal["auto", "chat", "completions", "responses", "messages", "sse"]
+#: A route's protocol: one of the registry's, or ``auto`` (by the request path).
+ProtocolName = Literal["auto"] | Protocol
+#: A route's credential style: one the registry knows, or ``auto`` (by the protocol).
+CredentialStyleName = Literal["auto"] | CredentialStyle
 _ROUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 #: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
@@ -167,7 +173,7 @@ class RouteConfig(_Strict):
     credential_env: str | None = Field(
         None, description="Name of an environment variable holding the upstream credential."
     )
-    credential_style: Literal["auto", "bearer", "x-api-key"] = "auto"
+    credential_style: CredentialStyleName = "auto"
     protocol: ProtocolName = Field(
         "auto", description="Contract; auto: by the path's last segment."
     )

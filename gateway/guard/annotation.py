@@ -17,10 +17,7 @@ looks for one by substring must not take the error for the end of a stream.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-
-from gateway.guard.contract import Protocol
+from gateway.guard.contract import Protocol, contract_for
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["comment_line", "error_event", "incomplete_message", "render_annotation"]
@@ -46,45 +43,12 @@ _COMMON: dict[Reason, str] = {
     Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
 }
 
-_CHAT: dict[Reason, str] = {
-    Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
-    Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
-    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool call arguments that are not valid JSON",
-}
-
-_RESPONSES: dict[Reason, str] = {
-    Reason.MISSING_DONE: "the upstream ended the stream before the response was done",
-    Reason.MISSING_FINISH: "the upstream ended the response while an output item was unfinished",
-    Reason.CONTENT_AFTER_FINISH: "the upstream sent content for an output item after it was done",
-    Reason.INVALID_TOOL_ARGUMENTS: (
-        "the upstream sent function call arguments that are not valid JSON"
-    ),
-}
-
-_MESSAGES: dict[Reason, str] = {
-    Reason.MISSING_DONE: "the upstream ended the stream before the message stopped",
-    Reason.MISSING_FINISH: (
-        "the upstream stopped the message without a stop reason or with a content block open"
-    ),
-    Reason.CONTENT_AFTER_FINISH: (
-        "the upstream sent content after its content block or the message had stopped"
-    ),
-    Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool input that is not valid JSON",
-}
-
-#: Each protocol's wording: its own terms first, the common messages for the rest.
-_WORDING: dict[Protocol, Mapping[Reason, str]] = {
-    Protocol.CHAT: _COMMON | _CHAT,
-    Protocol.COMPLETIONS: _COMMON | _CHAT,
-    Protocol.RESPONSES: _COMMON | _RESPONSES,
-    Protocol.MESSAGES: _COMMON | _MESSAGES,
-    Protocol.SSE: _COMMON,
-}
-
 
 def incomplete_message(protocol: Protocol, reason: Reason, request_id: str) -> str:
     """The human-readable message of the error event, in the protocol's own terms."""
-    what = _WORDING[protocol].get(reason, "the stream did not finish")
+    what = contract_for(protocol).wording.get(reason) or _COMMON.get(
+        reason, "the stream did not finish"
+    )
     return f"Stream incomplete: {what} ({reason}). request_id={request_id}"
 
 
@@ -92,12 +56,6 @@ def comment_line(verdict: Verdict, request_id: str) -> bytes:
     return (
         f": gateway outcome={verdict.outcome} reason={verdict.reason} request_id={request_id}\n"
     ).encode()
-
-
-def _data_line(payload: dict[str, object], event: str | None = None) -> bytes:
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {body}\n\n".encode()
 
 
 def error_event(
@@ -108,36 +66,10 @@ def error_event(
     last_sequence_number: int | None = None,
 ) -> bytes:
     """The protocol-shaped error event for an incomplete stream."""
-    message = incomplete_message(protocol, reason, request_id)
-    if protocol is Protocol.RESPONSES:
-        sequence = 0 if last_sequence_number is None else last_sequence_number + 1
-        return _data_line(
-            {
-                "type": "error",
-                "code": str(reason),
-                "message": message,
-                "param": None,
-                "sequence_number": sequence,
-                "error": {"type": "stream_incomplete", "code": str(reason), "message": message},
-            },
-            event="error",
-        )
-    if protocol is Protocol.MESSAGES:
-        return _data_line(
-            {
-                "type": "error",
-                "error": {
-                    "type": "api_error",
-                    "message": message,
-                    # Where the anthropic SDKs read a stable cause code
-                    # (``APIStatusError.error_code`` / ``APIError.errorCode``).
-                    "details": {"error_code": str(reason)},
-                },
-            },
-            event="error",
-        )
-    return _data_line(
-        {"error": {"message": message, "type": "stream_incomplete", "code": str(reason)}}
+    return contract_for(protocol).error_event(
+        reason,
+        incomplete_message(protocol, reason, request_id),
+        last_sequence_number=last_sequence_number,
     )
 
 
@@ -149,7 +81,11 @@ def render_annotation(
     last_sequence_number: int | None = None,
 ) -> bytes:
     if verdict.complete or verdict.error_forwarded:
-        return comment_line(verdict, request_id)
+        # An SDK that rejects comment lines gets none on a complete stream.
+        forwarded_error = not verdict.complete
+        if forwarded_error or contract_for(protocol).comment_on_complete:
+            return comment_line(verdict, request_id)
+        return b""
     return error_event(
         protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number
     ) + comment_line(verdict, request_id)

@@ -21,7 +21,7 @@ from gateway.guard.contract import (
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import chat_usage
-from gateway.guard.verdict import ERROR_FINISHES, Reason, normalize_finish
+from gateway.guard.verdict import ERROR_FINISHES, Reason
 
 __all__ = ["ChatContract", "CompletionsContract"]
 
@@ -58,6 +58,13 @@ class ChatContract(Contract):
     """
 
     protocol = Protocol.CHAT
+    wording = {
+        Reason.MISSING_FINISH: "the upstream ended the stream while a choice had no finish reason",
+        Reason.CONTENT_AFTER_FINISH: "the upstream sent content after a choice had finished",
+        Reason.INVALID_TOOL_ARGUMENTS: (
+            "the upstream sent tool call arguments that are not valid JSON"
+        ),
+    }
 
     def __init__(
         self,
@@ -146,7 +153,7 @@ class ChatContract(Contract):
         if not self.finish_reasons:
             return self._complete(Reason.OTHER)
         lowest = min(self.finish_reasons)
-        return self._complete(normalize_finish(self.finish_reasons[lowest]))
+        return self._complete(self.normalize(self.finish_reasons[lowest]))
 
     def _content_of(self, choice: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
         """Text pieces and raw tool-call deltas of one choice (chat: from ``delta``)."""
@@ -200,7 +207,7 @@ class ChatContract(Contract):
             if state.finish is None:
                 # A length cut may end a tool call mid-arguments: that is the provider's
                 # contract met (reason "length"), not broken arguments.
-                if normalize_finish(finish) is not Reason.LENGTH:
+                if self.normalize(finish) is not Reason.LENGTH:
                     self._check_tool_arguments(index, state)
                 state.finish = finish
                 self.finish_reasons[index] = finish

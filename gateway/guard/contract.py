@@ -11,16 +11,19 @@ from __future__ import annotations
 import abc
 import enum
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from gateway.guard.sse import Event
-from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
+from gateway.guard.verdict import FINISH_REASONS, Outcome, Reason, Usage, Verdict
 
 __all__ = [
     "Action",
     "Contract",
     "FramingOnly",
     "Protocol",
+    "contract_for",
+    "data_line",
     "int_or_none",
     "parse_json_object",
     "valid_tool_arguments",
@@ -85,10 +88,60 @@ def int_or_none(value: object) -> int | None:
     return None
 
 
+def data_line(payload: dict[str, object], event: str | None = None) -> bytes:
+    """One SSE event: an optional ``event:`` line and one compact ``data:`` line."""
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {body}\n\n".encode()
+
+
+_BY_PROTOCOL: dict[Protocol, type[Contract]] = {}
+
+
+def contract_for(protocol: Protocol) -> type[Contract]:
+    """The contract class of a protocol (each registers itself by defining ``protocol``)."""
+    return _BY_PROTOCOL[protocol]
+
+
 class Contract(abc.ABC):
-    """Base of the per-protocol contracts: counters, verdict construction, abort."""
+    """Base of the per-protocol contracts: counters, verdict construction, abort.
+
+    A contract class is the guard's whole knowledge of its protocol: how a
+    stream ends (``_on_event``), its finish-reason table, its wording of the
+    incomplete reasons, the shape of the error event that makes its SDKs
+    raise, and whether a complete stream may carry the comment line.
+    """
 
     protocol: ClassVar[Protocol]
+    #: Provider finish/stop reason -> the bounded vocabulary (unknown ones are ``other``).
+    finish_table: ClassVar[Mapping[str, Reason]] = FINISH_REASONS
+    #: This protocol's own terms for incomplete reasons, over the common wording.
+    wording: ClassVar[Mapping[Reason, str]] = {}
+    #: Whether a complete stream ends with the comment line (some SDKs reject comments).
+    comment_on_complete: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "protocol" in cls.__dict__:
+            _BY_PROTOCOL[cls.protocol] = cls
+
+    @classmethod
+    def error_event(
+        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+    ) -> bytes:
+        """The error event for an incomplete stream, in this protocol's shape.
+
+        The default is the Chat Completions shape, with no ``event:`` line
+        (openai-python 1.0-1.13 ignores named events) and the reason in ``error.code``.
+        """
+        return data_line(
+            {"error": {"message": message, "type": "stream_incomplete", "code": str(reason)}}
+        )
+
+    @classmethod
+    def normalize(cls, raw: str) -> Reason:
+        """A provider's finish/stop reason in the bounded vocabulary."""
+        return cls.finish_table.get(raw, Reason.OTHER)
 
     def __init__(self) -> None:
         self.verdict: Verdict | None = None
@@ -170,7 +223,7 @@ class Contract(abc.ABC):
         self.verdict = Verdict(
             outcome=outcome,
             reason=reason,
-            finish_reasons={i: normalize_finish(r) for i, r in sorted(self.finish_reasons.items())},
+            finish_reasons={i: self.normalize(r) for i, r in sorted(self.finish_reasons.items())},
             raw_finish_reasons=dict(sorted(self.finish_reasons.items())),
             usage=self.usage,
             events=self.events,

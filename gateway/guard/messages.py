@@ -36,12 +36,13 @@ from gateway.guard.contract import (
     Action,
     Contract,
     Protocol,
+    data_line,
     parse_json_object,
     valid_tool_arguments,
 )
 from gateway.guard.sse import Event
 from gateway.guard.usage import messages_usage
-from gateway.guard.verdict import Reason, normalize_finish
+from gateway.guard.verdict import Reason
 
 __all__ = ["MessagesContract"]
 
@@ -69,6 +70,34 @@ class MessagesContract(Contract):
     """Anthropic Messages stream contract (``POST /v1/messages`` with ``stream: true``)."""
 
     protocol = Protocol.MESSAGES
+    wording = {
+        Reason.MISSING_DONE: "the upstream ended the stream before the message stopped",
+        Reason.MISSING_FINISH: (
+            "the upstream stopped the message without a stop reason or with a content block open"
+        ),
+        Reason.CONTENT_AFTER_FINISH: (
+            "the upstream sent content after its content block or the message had stopped"
+        ),
+        Reason.INVALID_TOOL_ARGUMENTS: "the upstream sent tool input that is not valid JSON",
+    }
+
+    @classmethod
+    def error_event(
+        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+    ) -> bytes:
+        """Anthropic's ``event: error`` shape, the reason where the anthropic SDKs read a
+        stable cause code (``APIStatusError.error_code`` / ``APIError.errorCode``)."""
+        return data_line(
+            {
+                "type": "error",
+                "error": {
+                    "type": "api_error",
+                    "message": message,
+                    "details": {"error_code": str(reason)},
+                },
+            },
+            event="error",
+        )
 
     def __init__(self, *, keep_text: bool = False) -> None:
         super().__init__()
@@ -162,7 +191,7 @@ class MessagesContract(Contract):
 
     def _on_message_stop(self) -> Action:
         unfinished = [index for index, block in sorted(self._blocks.items()) if block.open]
-        reason = None if self._stop_reason is None else normalize_finish(self._stop_reason)
+        reason = None if self._stop_reason is None else self.normalize(self._stop_reason)
         if unfinished and not (reason is Reason.LENGTH and unfinished == [self._last_block]):
             raise self._reject(
                 Reason.MISSING_FINISH, f"message_stop arrived while block {unfinished[0]} was open"
@@ -173,7 +202,7 @@ class MessagesContract(Contract):
 
     def _check_tool_inputs(self, stop_reason: str) -> None:
         """At the stop reason: broken tool input is the upstream's fault unless it was cut."""
-        if self._bad_tool_block is not None and normalize_finish(stop_reason) is not Reason.LENGTH:
+        if self._bad_tool_block is not None and self.normalize(stop_reason) is not Reason.LENGTH:
             raise self._reject(
                 Reason.INVALID_TOOL_ARGUMENTS,
                 f"content block {self._bad_tool_block} tool input is not valid JSON",

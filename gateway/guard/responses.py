@@ -32,6 +32,7 @@ from gateway.guard.contract import (
     Action,
     Contract,
     Protocol,
+    data_line,
     parse_json_object,
     valid_tool_arguments,
 )
@@ -78,6 +79,37 @@ class ResponsesContract(Contract):
     """OpenAI Responses API stream contract (``POST /responses`` with ``stream: true``)."""
 
     protocol = Protocol.RESPONSES
+    wording = {
+        Reason.MISSING_DONE: "the upstream ended the stream before the response was done",
+        Reason.MISSING_FINISH: (
+            "the upstream ended the response while an output item was unfinished"
+        ),
+        Reason.CONTENT_AFTER_FINISH: (
+            "the upstream sent content for an output item after it was done"
+        ),
+        Reason.INVALID_TOOL_ARGUMENTS: (
+            "the upstream sent function call arguments that are not valid JSON"
+        ),
+    }
+
+    @classmethod
+    def error_event(
+        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+    ) -> bytes:
+        """``event: error`` with the documented flat fields, plus a nested ``error``
+        object (openai-python raises only on a top-level ``error`` key)."""
+        sequence = 0 if last_sequence_number is None else last_sequence_number + 1
+        return data_line(
+            {
+                "type": "error",
+                "code": str(reason),
+                "message": message,
+                "param": None,
+                "sequence_number": sequence,
+                "error": {"type": "stream_incomplete", "code": str(reason), "message": message},
+            },
+            event="error",
+        )
 
     def __init__(self, *, keep_text: bool = False) -> None:
         super().__init__()

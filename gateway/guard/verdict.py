@@ -10,11 +10,13 @@ reason that no table knows normalizes to ``other``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
     "COMPLETE_REASONS",
     "ERROR_FINISHES",
+    "FINISH_REASONS",
     "INCOMPLETE_REASONS",
     "Outcome",
     "Reason",
@@ -62,7 +64,8 @@ COMPLETE_REASONS = frozenset(
 )
 INCOMPLETE_REASONS = frozenset(set(Reason) - COMPLETE_REASONS)
 
-_FINISH: dict[str, Reason] = {
+#: The finish/stop reasons of the OpenAI and Anthropic families (and their imitators).
+FINISH_REASONS: Mapping[str, Reason] = {
     "stop": Reason.STOP,
     "end_turn": Reason.STOP,
     "stop_sequence": Reason.STOP,
@@ -86,7 +89,7 @@ ERROR_FINISHES = frozenset({"abort", "error", "insufficient_system_resource"})
 
 def normalize_finish(raw: str) -> Reason:
     """Map a provider's finish/stop reason onto the bounded vocabulary."""
-    return _FINISH.get(raw, Reason.OTHER)
+    return FINISH_REASONS.get(raw, Reason.OTHER)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,44 @@
+"""The protocol registry: one ``ProtocolSpec`` per protocol family, and lookups over them.
+
+Nothing else in the gateway knows a protocol's details: the relay, routing,
+settings and the access log ask the registry. Adding a protocol is one
+module (its contract in ``gateway/guard/``, its spec here) and one line in
+``REGISTRY``. Order matters for path detection: the first spec whose
+``matches`` accepts a path wins, and ``SSE`` (framing only) comes last.
+"""
+
+from __future__ import annotations
+
+from gateway.guard import Protocol
+from gateway.protocols._spec import ContractOptions, CredentialStyle, ProtocolSpec
+from gateway.protocols.anthropic import MESSAGES
+from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
+from gateway.protocols.sse import SSE
+
+__all__ = [
+    "REGISTRY",
+    "ContractOptions",
+    "CredentialStyle",
+    "ProtocolSpec",
+    "detect",
+    "spec_for",
+]
+
+#: Every protocol, in path-detection order (``SSE`` last: it matches anything).
+REGISTRY: tuple[ProtocolSpec, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES, SSE)
+
+_BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
+
+
+def spec_for(protocol: Protocol | str) -> ProtocolSpec:
+    """The spec of a protocol by name."""
+    return _BY_NAME[Protocol(protocol)]
+
+
+def detect(path: str) -> ProtocolSpec:
+    """The protocol a request path (below the route prefix) speaks, by its last segment(s)."""
+    path = path.split("?", 1)[0]
+    for spec in REGISTRY:
+        if spec.matches(path):
+            return spec
+    return SSE
