@@ -47,7 +47,7 @@ from gateway.upstream import (
     chunk_reader,
     close_quietly,
     drain_for_reuse,
-    is_timeout,
+    send_failure,
 )
 
 __all__ = ["Relay"]
@@ -72,6 +72,11 @@ _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
 _TRAILER_SECONDS = 5.0  # how long the last send of a stream may wait for the client
+_SEND_FAILURES = {
+    "connect_timeout": (504, Reason.UPSTREAM_UNAVAILABLE),
+    "connect_error": (502, Reason.UPSTREAM_UNAVAILABLE),
+    "upstream_bad_response": (502, Reason.UPSTREAM_DISCONNECT),
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -295,10 +300,11 @@ class Relay:
                 await self._fail_before_response(send, record, 504, reason)
                 return
             except (httpx.TransportError, OSError) as exc:
-                timed_out = is_timeout(exc)
-                record.error = "connect_timeout" if timed_out else "connect_error"
-                status = 504 if timed_out else 502
-                await self._fail_before_response(send, record, status, Reason.UPSTREAM_UNAVAILABLE)
+                record.error = failure = send_failure(exc)
+                # Connected but no valid answer: the HTTP exchange broke, like a body cut
+                # mid-way (upstream_disconnect); upstream_unavailable is "could not connect".
+                status, reason = _SEND_FAILURES[failure]
+                await self._fail_before_response(send, record, status, reason)
                 return
             await self._relay_response(exchange, response)
         except asyncio.CancelledError:
@@ -562,6 +568,7 @@ class Relay:
             record.verdict = _bare_verdict(reason)
         messages = {
             Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
+            Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
             Reason.FIRST_BYTE_TIMEOUT: "The upstream did not answer in time (first byte).",
             Reason.TOTAL_TIMEOUT: "The upstream did not answer before the total deadline.",
         }

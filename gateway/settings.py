@@ -47,10 +47,11 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _base_url(value: str) -> str:
-    """An upstream base URL: http(s) with a host, without a trailing slash."""
-    if not re.match(r"^https?://[^/\s]+", value):
-        raise ValueError("must be an http:// or https:// URL")
-    return value.rstrip("/")
+    """An upstream base URL: http(s) with a host, no trailing slash, maybe a query."""
+    if not re.match(r"^https?://[^/\s?#]+", value) or "#" in value:
+        raise ValueError("must be an http:// or https:// URL without a #fragment")
+    path, mark, query = value.partition("?")
+    return path.rstrip("/") + mark + query
 
 
 class _Strict(BaseModel):
