@@ -121,6 +121,8 @@ def redacted(settings: Settings) -> dict[str, Any]:
     for route in data.get("routes", []):
         if route.get("credential_env"):
             route["credential"] = "<redacted>"
+        if route.get("client_key_sha256"):
+            route["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in route["client_key_sha256"]]
     data["effective_routes"] = [
         {
             "name": r.name,
@@ -154,16 +156,6 @@ def serve(settings: Settings) -> None:
     )
     # httpx logs every request at INFO: the access log already has one line per request
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if (
-        settings.host not in ("127.0.0.1", "::1", "localhost")
-        and settings.credentials
-        and not settings.client_key_sha256
-    ):
-        logging.getLogger("gateway").warning(
-            "listening on %s with upstream credentials and no client keys: anyone who can "
-            "reach this port spends those credentials (set client_key_sha256)",
-            settings.host,
-        )
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -171,6 +163,9 @@ def serve(settings: Settings) -> None:
         "http": "httptools",
         "access_log": settings.uvicorn_access_log,
         "server_header": False,
+        # The gateway decides whose X-Forwarded-* to believe (trusted_proxies, headers.py);
+        # uvicorn's own rewriting would let a client on 127.0.0.1 replace its address.
+        "proxy_headers": False,
         "log_level": settings.log_level,
         # The drain (lifecycle.py) runs before uvicorn's own shutdown starts, and
         # streams stopped by it flush their trailer within 5 s: uvicorn needs little.

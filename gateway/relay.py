@@ -37,7 +37,14 @@ from gateway.guard import (
 )
 from gateway.guard.usage import usage_for
 from gateway.guard.verdict import Outcome, Usage
-from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
+from gateway.headers import (
+    FORWARDING_HEADERS,
+    Forwarding,
+    RawHeaders,
+    get_header,
+    pick_request_id,
+    strip_hop_by_hop,
+)
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, RequestRecord
 from gateway.routing import Route
@@ -58,9 +65,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
-_REQUEST_DROP = frozenset(
-    {b"host", b"content-length", b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto"}
-)
+_REQUEST_DROP = frozenset({b"host", b"content-length", b"x-request-id"}) | FORWARDING_HEADERS
 _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
 # SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
@@ -129,7 +134,10 @@ class Relay:
         self.access_log = access_log
         self.model_labels = model_labels
         self.lifecycle = lifecycle
-        self.admission = Admission(settings.limits, settings.client_key_sha256)
+        self.admission = Admission(
+            settings.limits, settings.client_key_sha256, settings.effective_routes()
+        )
+        self.forwarding = Forwarding(settings.trusted_proxies)
 
     # -- entry point --------------------------------------------------------------
 
@@ -142,6 +150,7 @@ class Relay:
             method=scope["method"],
             path=scope["path"],
             started=started,
+            client=self.forwarding.client(scope["headers"], _peer(scope)),
         )
         task = asyncio.current_task()
         assert task is not None
@@ -265,13 +274,9 @@ class Relay:
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
-        client = scope.get("client")
-        client_ip = client[0] if client else None
-        prior = get_header(scope["headers"], b"x-forwarded-for")
-        if client_ip:
-            forwarded = (prior + b", " if prior else b"") + client_ip.encode()
-            headers.append((b"x-forwarded-for", forwarded))
-        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        headers += self.forwarding.headers(
+            scope["headers"], _peer(scope), scope.get("scheme", "http")
+        )
         headers.append((b"x-request-id", record.request_id.encode()))
         return headers
 
@@ -599,6 +604,11 @@ class Relay:
 
 class _AbortConnection(Exception):
     """Raised to make the server drop the connection (headers already sent)."""
+
+
+def _peer(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
 
 
 def _uncancel() -> None:

@@ -28,6 +28,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "route": record.route,
         "method": record.method,
         "path": record.path,
+        "client": record.client,
         "status": record.status,
         "model": record.model,
         "stream": record.stream,

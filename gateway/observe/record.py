@@ -22,6 +22,7 @@ class RequestRecord:
     method: str
     path: str
     started: float
+    client: str | None = None  # the peer address, or the client behind a trusted proxy
     status: int = 0
     model: str | None = None
     model_label: str = "none"
