@@ -1,11 +1,17 @@
 """Admission: everything checked before a request may reach an upstream.
 
 In order: the gateway is not draining, the path stays under the route's
-prefix, the client key (when keys are configured) matches, the body fits the
-size limit and the global budget of buffered request bytes (every body is
-held in memory until its request ends: the budget bounds them all together,
-so slow uploads cannot pin unbounded memory); then, for streams, the global
-and per-route concurrency caps.
+prefix, the client key (when the route takes keys) is one it accepts, the
+body fits the size limit and the global budget of buffered request bytes
+(every body is held in memory until its request ends: the budget bounds them
+all together, so slow uploads cannot pin unbounded memory); then, for
+streams, the global and per-route concurrency caps.
+
+Client keys: a route accepts the digests of its own ``client_key_sha256``
+when it has that list, else the global one (the shorthand for "every route
+takes these"); an empty list takes no key. A missing or unknown key is 401
+(``unauthorized``); a key the gateway knows but this route does not accept
+is 403 (``forbidden``). Digests are compared in constant time, all of them.
 A refusal is an ``Refused`` with the status, the metric label and the
 message the client gets; nothing has been sent upstream at that point.
 """
@@ -14,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from gateway.headers import RawHeaders, get_header
 from gateway.routing import PathRejected, Route, upstream_target
-from gateway.settings import Limits
+from gateway.settings import Limits, RouteConfig
 
 __all__ = ["Admission", "ClientGone", "Refused"]
 
@@ -52,9 +58,15 @@ class ClientGone(Exception):
 class Admission:
     """The gate in front of the upstreams, with the live stream counts it caps."""
 
-    def __init__(self, limits: Limits, client_key_sha256: list[str]) -> None:
+    def __init__(
+        self, limits: Limits, client_key_sha256: list[str], routes: Iterable[RouteConfig] = ()
+    ) -> None:
         self.limits = limits
-        self._key_hashes = [bytes.fromhex(h) for h in client_key_sha256]
+        self._global_keys = _digests(client_key_sha256)
+        self._route_keys = {
+            r.name: _digests(r.client_key_sha256) for r in routes if r.client_key_sha256 is not None
+        }
+        self._known_keys = tuple(set(self._global_keys).union(*self._route_keys.values()))
         self.active_streams = 0
         #: Request body bytes held now (being read, or read and not yet released).
         self.buffered_bytes = 0
@@ -83,10 +95,9 @@ class Admission:
                 400, "bad_path", "The request path is not allowed.", "invalid_request_error"
             ) from None
         headers = scope["headers"]
-        if self._key_hashes and not self._client_key_ok(headers):
-            raise Refused(
-                401, "unauthorized", "Missing or invalid API key.", "authentication_error"
-            )
+        accepted = self._route_keys.get(route.name, self._global_keys)
+        if accepted:
+            self._check_key(accepted, headers)
         return url, await self._read_body(headers, receive)
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
@@ -125,18 +136,23 @@ class Admission:
         """A body of ``size`` bytes is no longer held."""
         self.buffered_bytes -= size
 
-    def _client_key_ok(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def _check_key(self, accepted: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> None:
         key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
         auth = get_header(headers, b"authorization")
         if key is None and auth is not None and auth[:7].lower() == b"bearer ":
             key = auth[7:].strip()
-        if not key:
-            return False
-        digest = hashlib.sha256(key).digest()
-        ok = False
-        for expected in self._key_hashes:  # constant time, and no early exit
-            ok |= hmac.compare_digest(digest, expected)
-        return ok
+        if key:
+            digest = hashlib.sha256(key).digest()
+            if _listed(digest, accepted):
+                return
+            if _listed(digest, self._known_keys):
+                raise Refused(
+                    403,
+                    "forbidden",
+                    "This API key is not allowed on this route.",
+                    "permission_error",
+                )
+        raise Refused(401, "unauthorized", "Missing or invalid API key.", "authentication_error")
 
     def start_stream(self, route: Route) -> None:
         """Count a stream in, or Refused (503 + Retry-After) when a cap is reached."""
@@ -173,6 +189,17 @@ def _over_budget() -> Refused:
         "service_unavailable",
         [(b"retry-after", b"1"), (b"connection", b"close")],
     )
+
+
+def _digests(hex_digests: list[str]) -> tuple[bytes, ...]:
+    return tuple(bytes.fromhex(h) for h in hex_digests)
+
+
+def _listed(digest: bytes, digests: tuple[bytes, ...]) -> bool:
+    found = False
+    for expected in digests:  # constant time, and no early exit
+        found |= hmac.compare_digest(digest, expected)
+    return found
 
 
 def _too_large(limit: int) -> Refused:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -189,9 +190,14 @@ class _Gateway:
 
 
 def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
-    """On SIGTERM drain first, then let the server's own handler shut it down.
+    """On SIGTERM drain first, then shut the server down; the process exits 0.
 
-    A second SIGTERM (or SIGINT, left to the server) stops at once.
+    uvicorn's own handler records the signal and raises it again once the
+    server has stopped (``Server.capture_signals``), so that the process
+    dies by SIGTERM (exit status 143). After a drain the signal has been
+    handled: the server is told to exit through ``should_exit`` instead,
+    the way a uvicorn ``Server`` is stopped from code. A second SIGTERM
+    (or SIGINT, left to the server) stops at once, through uvicorn's handler.
     """
     try:
         previous = signal.getsignal(signal.SIGTERM)
@@ -199,17 +205,24 @@ def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
     except (ValueError, RuntimeError):
         return None
     state = {"signalled": False}
+    server = getattr(previous, "__self__", None)
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        def finish() -> None:
+        def stop_now() -> None:
             if callable(previous):
                 previous(signum, frame)
 
+        def drained() -> None:
+            if isinstance(server, uvicorn.Server):
+                server.should_exit = True
+            else:
+                stop_now()
+
         if state["signalled"]:
-            finish()
+            stop_now()
             return
         state["signalled"] = True
-        loop.call_soon_threadsafe(begin_drain, finish)
+        loop.call_soon_threadsafe(begin_drain, drained)
 
     try:
         signal.signal(signal.SIGTERM, handler)

@@ -194,6 +194,8 @@ def redacted(settings: Settings) -> dict[str, Any]:
     for route in data.get("routes", []):
         if route.get("credential_env"):
             route["credential"] = "<redacted>"
+        if route.get("client_key_sha256"):
+            route["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in route["client_key_sha256"]]
     data["effective_routes"] = [
         {
             "name": r.name,
@@ -274,6 +276,9 @@ def serve(settings: Settings) -> None:
         "http": "httptools",
         "access_log": settings.uvicorn_access_log,
         "server_header": False,
+        # The gateway decides whose X-Forwarded-* to believe (trusted_proxies, headers.py);
+        # uvicorn's own rewriting would let a client on 127.0.0.1 replace its address.
+        "proxy_headers": False,
         "log_level": settings.log_level,
         # The drain (lifecycle.py) runs before uvicorn's own shutdown starts, and
         # streams stopped by it flush their trailer within 5 s: uvicorn needs little.

@@ -1,16 +1,28 @@
 """Header rules of the proxy: hop-by-hop filtering, request ids, forwarding headers.
 
 Headers are ASGI-style lists of (lower-case name, value) byte pairs.
+
+Forwarding headers (``Forwarding``): no client is believed by default. The
+gateway appends the address of its TCP peer to the ``X-Forwarded-For`` the
+client sent (so the last entry is always one the gateway saw) and sets
+``X-Forwarded-Proto`` from the real scheme; ``Forwarded`` and ``X-Real-IP``
+from a client are dropped. Only a peer inside ``trusted_proxies`` has its
+``X-Forwarded-Proto``, ``Forwarded`` and ``X-Real-IP`` passed on, and for
+the access log its ``X-Forwarded-For`` is read from the right, past every
+trusted address, to the first untrusted one: the client.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import uuid
 from collections.abc import Iterable
 
 __all__ = [
+    "FORWARDING_HEADERS",
     "HOP_BY_HOP",
+    "Forwarding",
     "RawHeaders",
     "get_header",
     "pick_request_id",
@@ -63,3 +75,82 @@ def pick_request_id(client_value: bytes | None) -> str:
     if client_value is not None and _REQUEST_ID.match(client_value):
         return client_value.decode("ascii")
     return uuid.uuid4().hex
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: Request headers that claim who the client is; the gateway writes its own.
+FORWARDING_HEADERS = frozenset(
+    {b"x-forwarded-for", b"x-forwarded-proto", b"forwarded", b"x-real-ip"}
+)
+_MAX_CLIENT_CHARS = 64  # an unparseable X-Forwarded-For entry is logged cut to this
+
+
+class Forwarding:
+    """The forwarding headers for the upstream, and the client address for the log."""
+
+    def __init__(self, trusted_proxies: Iterable[str]) -> None:
+        self._trusted: tuple[IPNetwork, ...] = tuple(
+            ipaddress.ip_network(cidr) for cidr in trusted_proxies
+        )
+
+    def trusts(self, address: str | IPAddress | None) -> bool:
+        if not self._trusted or address is None:
+            return False
+        if isinstance(address, str):
+            parsed = _parse_address(address)
+            if parsed is None:
+                return False
+            address = parsed
+        return any(address in network for network in self._trusted)
+
+    def headers(
+        self, headers: Iterable[tuple[bytes, bytes]], peer: str | None, scheme: str
+    ) -> RawHeaders:
+        """The forwarding headers to send upstream (the client's own are not to be sent)."""
+        trusted = self.trusts(peer)
+        prior = [v for k, v in headers if k == b"x-forwarded-for"]
+        if peer:
+            prior.append(peer.encode())
+        out: RawHeaders = [(b"x-forwarded-for", b", ".join(prior))] if prior else []
+        proto = get_header(headers, b"x-forwarded-proto") if trusted else None
+        out.append((b"x-forwarded-proto", proto or scheme.encode()))
+        if trusted:
+            out.extend((k, v) for k, v in headers if k in (b"forwarded", b"x-real-ip"))
+        return out
+
+    def client(self, headers: Iterable[tuple[bytes, bytes]], peer: str | None) -> str | None:
+        """The client's address: the peer, or behind trusted proxies the first untrusted
+        address of X-Forwarded-For read from the right."""
+        if not self.trusts(peer):
+            return peer
+        client = peer
+        entries = [
+            entry.strip()
+            for k, v in headers
+            if k == b"x-forwarded-for"
+            for entry in v.decode("latin-1").split(",")
+        ]
+        for entry in reversed(entries):
+            if not entry:
+                continue
+            address = _parse_address(entry)
+            if address is None:
+                return entry[:_MAX_CLIENT_CHARS]
+            client = str(address)
+            if not self.trusts(address):
+                break
+        return client
+
+
+def _parse_address(value: str) -> IPAddress | None:
+    """An IP address from an X-Forwarded-For entry: bare, ``[v6]:port`` or ``v4:port``."""
+    if value.startswith("["):
+        value = value[1 : value.find("]")] if "]" in value else value
+    elif value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None

@@ -37,7 +37,14 @@ from gateway.guard import (
 )
 from gateway.guard.usage import usage_for
 from gateway.guard.verdict import Outcome
-from gateway.headers import RawHeaders, get_header, pick_request_id, strip_hop_by_hop
+from gateway.headers import (
+    FORWARDING_HEADERS,
+    Forwarding,
+    RawHeaders,
+    get_header,
+    pick_request_id,
+    strip_hop_by_hop,
+)
 from gateway.lifecycle import Lifecycle
 from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord
 from gateway.routing import Route
@@ -47,7 +54,7 @@ from gateway.upstream import (
     chunk_reader,
     close_quietly,
     drain_for_reuse,
-    is_timeout,
+    send_failure,
 )
 
 __all__ = ["Relay"]
@@ -58,9 +65,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
-_REQUEST_DROP = frozenset(
-    {b"host", b"content-length", b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto"}
-)
+_REQUEST_DROP = frozenset({b"host", b"content-length", b"x-request-id"}) | FORWARDING_HEADERS
 _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
 # SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
@@ -72,6 +77,11 @@ _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
 _UPSTREAM_ID_HEADERS = (b"x-request-id", b"request-id", b"openai-request-id")
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
 _DRAIN_SEND_SECONDS = 5.0  # while draining, how long a last send may wait for the client
+_SEND_FAILURES = {
+    "connect_timeout": (504, Reason.UPSTREAM_UNAVAILABLE),
+    "connect_error": (502, Reason.UPSTREAM_UNAVAILABLE),
+    "upstream_bad_response": (502, Reason.UPSTREAM_DISCONNECT),
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -134,7 +144,10 @@ class Relay:
         self.observers = observers
         self.model_labels = model_labels
         self.lifecycle = lifecycle
-        self.admission = Admission(settings.limits, settings.client_key_sha256)
+        self.admission = Admission(
+            settings.limits, settings.client_key_sha256, settings.effective_routes()
+        )
+        self.forwarding = Forwarding(settings.trusted_proxies)
 
     # -- entry point --------------------------------------------------------------
 
@@ -147,6 +160,7 @@ class Relay:
             method=scope["method"],
             path=scope["path"],
             started=started,
+            client=self.forwarding.client(scope["headers"], _peer(scope)),
         )
         agent = get_header(scope["headers"], b"user-agent")
         if agent is not None:
@@ -276,13 +290,9 @@ class Relay:
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
-        client = scope.get("client")
-        client_ip = client[0] if client else None
-        prior = get_header(scope["headers"], b"x-forwarded-for")
-        if client_ip:
-            forwarded = (prior + b", " if prior else b"") + client_ip.encode()
-            headers.append((b"x-forwarded-for", forwarded))
-        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        headers += self.forwarding.headers(
+            scope["headers"], _peer(scope), scope.get("scheme", "http")
+        )
         headers.append((b"x-request-id", record.request_id.encode()))
         return headers
 
@@ -311,10 +321,11 @@ class Relay:
                 await self._fail_before_response(send, record, 504, reason)
                 return
             except (httpx.TransportError, OSError) as exc:
-                timed_out = is_timeout(exc)
-                record.error = "connect_timeout" if timed_out else "connect_error"
-                status = 504 if timed_out else 502
-                await self._fail_before_response(send, record, status, Reason.UPSTREAM_UNAVAILABLE)
+                record.error = failure = send_failure(exc)
+                # Connected but no valid answer: the HTTP exchange broke, like a body cut
+                # mid-way (upstream_disconnect); upstream_unavailable is "could not connect".
+                status, reason = _SEND_FAILURES[failure]
+                await self._fail_before_response(send, record, status, reason)
                 return
             await self._relay_response(exchange, response)
         except asyncio.CancelledError:
@@ -604,6 +615,7 @@ class Relay:
             record.verdict = _bare_verdict(reason)
         messages = {
             Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
+            Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
             Reason.FIRST_BYTE_TIMEOUT: "The upstream did not answer in time (first byte).",
             Reason.TOTAL_TIMEOUT: "The upstream did not answer before the total deadline.",
         }
@@ -643,6 +655,11 @@ def abort_connection(scope: Scope) -> bool:
 
 class _AbortConnection(Exception):
     """Raised to make the server drop the connection (headers already sent)."""
+
+
+def _peer(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
 
 
 def _uncancel() -> None:

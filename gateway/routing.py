@@ -1,20 +1,36 @@
 """Routes: which client path prefix goes to which upstream, and under which contract.
 
 The upstream is fixed by the route, never taken from the request, and a
-path that would leave the route's prefix (``..``, encoded or not) is
-rejected before anything is forwarded: the gateway is never an open proxy.
+path that would leave the route's prefix (``..``, encoded or not, or with
+matrix parameters: ``..;x``) is rejected before anything is forwarded: the
+gateway is never an open proxy. The checks read the decoded path; what goes
+upstream is the path and query as the client sent them, byte for byte.
+
+An upstream base URL may carry a query (Azure's ``?api-version=...``): the
+request path joins the base path, and the queries are merged, the base's
+first. A client parameter with the name of a base parameter is dropped:
+the operator's ``api-version`` (or any other) cannot be overridden by a
+client, whatever order the upstream reads duplicates in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import unquote_plus, urlsplit
 
+import httpx
 from pydantic import SecretStr
 
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.settings import RouteConfig, Timeouts
 
-__all__ = ["PathRejected", "Route", "match_route", "upstream_target"]
+__all__ = [
+    "PathRejected",
+    "Route",
+    "match_route",
+    "merge_query",
+    "upstream_target",
+]
 
 
 class PathRejected(ValueError):
@@ -30,9 +46,19 @@ class Route:
     credential: SecretStr | None = None
     active: int = 0
     prefix_bytes: bytes = field(init=False)
+    origin: str = field(init=False)  # scheme://host[:port] of the upstream
+    base_path: str = field(init=False)  # the upstream URL's path, no trailing slash
+    base_query: str = field(init=False)  # the upstream URL's query ("" when none)
+    base_names: frozenset[str] = field(init=False)  # its parameter names, decoded
 
     def __post_init__(self) -> None:
         self.prefix_bytes = self.config.prefix.encode()
+        # httpx.URL percent-encodes what the operator wrote (non-ASCII, spaces) once.
+        parts = urlsplit(str(httpx.URL(self.config.upstream)))
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.base_path = parts.path.rstrip("/")
+        self.base_query = parts.query
+        self.base_names = frozenset(_names(parts.query))
 
     @property
     def name(self) -> str:
@@ -73,6 +99,28 @@ def match_route(routes: list[Route], path: str) -> Route | None:
 
 
 _FORBIDDEN_DECODED = ("%2e", "%2f", "%5c", "\\", "\x00")
+_DOT_SEGMENTS = (".", "..")
+
+
+def _names(query: str) -> list[str]:
+    """The decoded, lower-cased parameter names of a query (``&`` and ``;`` both
+    separate): some servers split on ``;`` too, or match names case-insensitively."""
+    return [
+        unquote_plus(pair.split("=", 1)[0]).lower()
+        for part in query.split("&")
+        for pair in part.split(";")
+        if pair
+    ]
+
+
+def merge_query(route: Route, query: str) -> str:
+    """The base URL's query, then the client's parameters that do not name a base one."""
+    if not route.base_query:
+        return query
+    if not query:
+        return route.base_query
+    kept = [part for part in query.split("&") if part and route.base_names.isdisjoint(_names(part))]
+    return "&".join([route.base_query, *kept])
 
 
 def upstream_target(route: Route, path: str, raw_path: bytes, query: bytes) -> str:
@@ -82,7 +130,8 @@ def upstream_target(route: Route, path: str, raw_path: bytes, query: bytes) -> s
     the client sent (forwarded as they were, so encodings survive).
     """
     segments = path.split("/")
-    if any(seg in (".", "..") for seg in segments):
+    # "..;x" is ".." to servers that strip matrix parameters (Tomcat, Jetty, Spring).
+    if any(seg.split(";", 1)[0] in _DOT_SEGMENTS for seg in segments):
         raise PathRejected("path contains a dot segment")
     lowered = path.lower()
     if any(token in lowered for token in _FORBIDDEN_DECODED):
@@ -93,7 +142,8 @@ def upstream_target(route: Route, path: str, raw_path: bytes, query: bytes) -> s
     if not (raw_path == route.prefix_bytes or raw_path.startswith(route.prefix_bytes + b"/")):
         raise PathRejected("path does not start with the route prefix as sent")
     rest = raw_path[len(route.prefix_bytes) :].decode("latin-1")
-    url = route.upstream + rest
-    if query:
-        url += "?" + query.decode("latin-1")
+    url = route.origin + (route.base_path + rest or "/")
+    merged = merge_query(route, query.decode("latin-1"))
+    if merged:
+        url += "?" + merged
     return url

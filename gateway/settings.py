@@ -71,7 +71,7 @@ _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 def _base_url(value: str) -> str:
-    """An upstream base URL: http(s) with a valid host, without a trailing slash."""
+    """An upstream base URL: http(s) with a valid host, no trailing slash, maybe a query."""
     if any(c.isspace() or not c.isprintable() for c in value):
         raise ValueError("must not contain spaces or control characters")
     try:
@@ -90,7 +90,8 @@ def _base_url(value: str) -> str:
         raise ValueError("port must be between 1 and 65535")
     if parts.fragment:
         raise ValueError("must not have a #fragment")
-    return value.rstrip("/")
+    path, mark, query = value.partition("?")
+    return path.rstrip("/") + mark + query
 
 
 def _host_problem(host: str) -> str | None:
@@ -181,6 +182,16 @@ class RouteConfig(_Strict):
     inject_include_usage: bool = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
+    client_key_sha256: list[str] | None = Field(
+        None,
+        description="SHA-256 hex digests of the client keys this route accepts; "
+        "set, it replaces the global list for this route ([] takes no key).",
+    )
+
+    @field_validator("client_key_sha256")
+    @classmethod
+    def _hashes(cls, value: list[str] | None) -> list[str] | None:
+        return value if value is None else _sha256_list(value)
 
     @field_validator("name")
     @classmethod
@@ -245,7 +256,16 @@ class Settings(BaseSettings):
     )
     max_model_labels: int = Field(50, ge=1, le=1000)
     client_key_sha256: list[str] = Field(
-        default_factory=list, description="SHA-256 hex digests of accepted client keys."
+        default_factory=list,
+        description="SHA-256 hex digests of accepted client keys (routes may set their own).",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Allow listening beyond loopback with a route credential and no client keys.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="CIDRs of proxies whose X-Forwarded-* headers are believed; empty: none.",
     )
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
@@ -257,10 +277,18 @@ class Settings(BaseSettings):
     @field_validator("client_key_sha256")
     @classmethod
     def _hashes(cls, value: list[str]) -> list[str]:
-        for digest in value:
-            if not _SHA256_HEX.match(digest):
-                raise ValueError("each entry must be 64 lower-case hex digits (a SHA-256)")
-        return value
+        return _sha256_list(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        networks = []
+        for cidr in value:
+            try:
+                networks.append(str(ipaddress.ip_network(cidr.strip())))
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not an address or CIDR: {exc}") from None
+        return networks
 
     @field_validator("upstream_url")
     @classmethod
@@ -287,6 +315,20 @@ class Settings(BaseSettings):
             raise ValueError("route names must be unique")
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("route prefixes must be unique")
+        open_routes = [
+            r.name
+            for r in self.effective_routes()
+            if r.credential_env
+            and not (self.client_key_sha256 if r.client_key_sha256 is None else r.client_key_sha256)
+        ]
+        if open_routes and not self.allow_unauthenticated and not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host} is beyond loopback and route(s) {', '.join(open_routes)} "
+                "spend an upstream credential with no client key: anyone who can reach the "
+                "port would spend it. Set client_key_sha256 (globally or on the route), or "
+                "allow_unauthenticated = true (GATEWAY_ALLOW_UNAUTHENTICATED=true) if that "
+                "is intended"
+            )
         return self
 
     @model_validator(mode="after")
@@ -356,6 +398,22 @@ def _check_writable_directory(path: Path) -> None:
     except OSError as exc:
         target = "write in" if existing == path else f"create directories in {existing} for"
         raise ValueError(f"cannot {target} {path}: {exc.strerror or exc}") from None
+
+
+def _sha256_list(value: list[str]) -> list[str]:
+    for digest in value:
+        if not _SHA256_HEX.match(digest):
+            raise ValueError("each entry must be 64 lower-case hex digits (a SHA-256)")
+    return value
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 def _config_path(*sources: PydanticBaseSettingsSource) -> Path | None:

@@ -13,9 +13,19 @@ documented way for transports to expose more): it returns the next body
 chunk (``b""`` at the end) without httpx's async-generator layers, which cost
 more than the guard on the per-event hot path.
 
-Error mapping: a refused or failed connection is ``httpx.ConnectError``, a
-connect timeout ``httpx.ConnectTimeout``, a body cut mid-way
-``httpx.RemoteProtocolError`` (the relay reports ``upstream_disconnect``).
+The request target (path and query) travels in the request's ``target``
+extension (httpcore's own name for it), as the bytes the client sent:
+neither httpx's URL nor yarl may re-encode it (``%2F`` must stay ``%2F``).
+``request.url`` carries only the upstream's origin.
+
+Error mapping: one table (``_ERRORS``), read by ``_translate`` in both
+places aiohttp can fail (sending, reading the body), like httpx's
+``map_httpcore_exceptions``. A refused or failed connection is
+``httpx.ConnectError``, a connect timeout ``httpx.ConnectTimeout``; once
+connected, an answer that breaks HTTP (a malformed or oversized head, a
+body cut or mis-framed mid-way, a close before any answer) is
+``httpx.RemoteProtocolError``. ``send_failure`` turns what ``send`` raised
+into the access log's ``error``.
 """
 
 from __future__ import annotations
@@ -23,11 +33,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import httpx
+import yarl
+from aiohttp.http_exceptions import HttpProcessingError
 
 __all__ = [
     "READ_CHUNK",
@@ -37,7 +50,7 @@ __all__ = [
     "close_quietly",
     "create_upstream",
     "drain_for_reuse",
-    "is_timeout",
+    "send_failure",
 ]
 
 #: Response extension: ``async () -> bytes``, the next raw body chunk, b"" at the end.
@@ -45,30 +58,109 @@ READ_CHUNK = "gateway.read_chunk"
 
 ReadChunk = Callable[[], Awaitable[bytes]]
 
+# aiohttp's exceptions -> httpx's, most specific first; the first match wins.
+# Only connect timeouts are set on aiohttp (the relay keeps the other clocks).
+_ERRORS: tuple[tuple[type[BaseException], type[httpx.TransportError], str], ...] = (
+    (aiohttp.SocketTimeoutError, httpx.ReadTimeout, "reading from the upstream timed out"),
+    (TimeoutError, httpx.ConnectTimeout, "connecting to the upstream timed out"),
+    (aiohttp.ClientConnectorError, httpx.ConnectError, "could not connect to the upstream"),
+    # The head parser failed: malformed, or over aiohttp's size limits.
+    (aiohttp.ClientResponseError, httpx.RemoteProtocolError, "the upstream's head is invalid"),
+    (aiohttp.ClientPayloadError, httpx.RemoteProtocolError, "the upstream's body is broken"),
+    # aiohttp's pure-Python parser puts its own errors on the body as they are.
+    (HttpProcessingError, httpx.RemoteProtocolError, "the upstream's answer is not valid HTTP"),
+    (aiohttp.ServerDisconnectedError, httpx.RemoteProtocolError, "the upstream closed early"),
+    (aiohttp.ClientError, httpx.ReadError, "the upstream connection failed"),
+    (OSError, httpx.ReadError, "the upstream connection failed"),
+)
+
+
+def _translate(exc: Exception) -> Exception:
+    """The httpx exception for an aiohttp one (``exc`` itself when the table has none)."""
+    for foreign, ours, message in _ERRORS:
+        if isinstance(exc, foreign):
+            return ours(message)
+    return exc
+
 
 class _AiohttpBody(httpx.AsyncByteStream):
     """The response body of one aiohttp response, as httpx sees it."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, watch: _ClosedWatch) -> None:
         self._response = response
         self._content = response.content
+        self._watch = watch
+        connection = response.connection
+        self._protocol = connection.protocol if connection is not None else None
+        if self._protocol is not None:
+            watch.reading(self._protocol, self._content)
 
     async def read_chunk(self) -> bytes:
+        # try/except rather than a context manager: this runs once per chunk.
         try:
             return await self._content.readany()
-        except aiohttp.ClientPayloadError as exc:
-            raise httpx.RemoteProtocolError("upstream body ended abruptly") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise httpx.ReadError("upstream connection failed while reading") from exc
+        except Exception as exc:
+            raise _translate(exc) from exc
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while chunk := await self.read_chunk():
             yield chunk
 
     async def aclose(self) -> None:
+        if self._protocol is not None:
+            self._watch.done(self._protocol)
+            self._protocol = None
         # Returns the connection to the pool when the body was read to its end,
         # closes it otherwise (aiohttp decides by the parser's state).
         self._response.release()
+
+
+class _ClosedWatch:
+    """Fails a body whose connection closed under it, instead of leaving it waiting.
+
+    aiohttp's C parser (``_http_parser.pyx``, ``HttpParser.feed_data``), on
+    an error inside a body (an invalid chunk size, say), drops its own
+    reference to the body's ``StreamReader`` and raises. The protocol's
+    ``data_received`` then closes the transport and records the error on
+    the protocol only; ``connection_lost`` asks the parser for EOF, which
+    has no body left to fail, so nothing ever sets an exception on the
+    reader or feeds it EOF: ``readany()`` waits until the relay's idle
+    timeout. (The pure-Python parser sets the error on the reader itself.)
+
+    So each connection's ``closed`` future (one callback per connection,
+    not per request) fails the body being read on it, unless that body has
+    ended. Cost: a dict store and pop per response.
+    """
+
+    def __init__(self) -> None:
+        self._reading: dict[object, aiohttp.StreamReader] = {}
+        self._hooked: weakref.WeakSet[object] = weakref.WeakSet()
+
+    def reading(self, protocol: Any, content: aiohttp.StreamReader) -> None:
+        if protocol not in self._hooked:
+            closed: asyncio.Future[None] | None = protocol.closed
+            if closed is None:  # already lost
+                _fail_unfinished(content)
+                return
+            self._hooked.add(protocol)
+            closed.add_done_callback(functools.partial(self._closed, weakref.ref(protocol)))
+        self._reading[protocol] = content
+
+    def done(self, protocol: object) -> None:
+        self._reading.pop(protocol, None)
+
+    def _closed(self, protocol: weakref.ref[object], future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved: an unclean close is not "never retrieved"
+        key = protocol()
+        content = self._reading.pop(key, None) if key is not None else None
+        if content is not None:
+            _fail_unfinished(content)
+
+
+def _fail_unfinished(content: aiohttp.StreamReader) -> None:
+    if not content.is_eof() and content.exception() is None:
+        content.set_exception(aiohttp.ClientPayloadError("the upstream connection closed"))
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -78,6 +170,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
+        self._watch = _ClosedWatch()
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -101,10 +194,13 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         session = self._session_now()
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
         content = request.content
+        target: bytes = request.extensions.get("target") or request.url.raw_path
+        # encoded=True: yarl takes the target as it is (it would decode %2F, %3F...).
+        url = yarl.URL(_origin(request.url) + target.decode("ascii"), encoded=True)
         try:
             response = await session.request(
                 request.method,
-                str(request.url),
+                url,
                 headers=headers,
                 data=content or None,
                 allow_redirects=False,
@@ -113,13 +209,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                     total=None, connect=timeout.get("pool", connect), sock_connect=connect
                 ),
             )
-        except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
-            raise httpx.ConnectTimeout("connecting to the upstream timed out") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError("could not connect to the upstream") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise httpx.RemoteProtocolError("the upstream failed before answering") from exc
-        body = _AiohttpBody(response)
+        except Exception as exc:
+            raise _translate(exc) from exc
+        body = _AiohttpBody(response, self._watch)
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
@@ -134,11 +226,23 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             self._session = None
 
 
-@functools.lru_cache(maxsize=1024)
-def _parse_url(url: str) -> httpx.URL:
-    """Parsed once per distinct URL: httpx checks the encoding of every character of the
-    path and query in Python, ~25 us a request; a gateway sends a handful of URLs."""
-    return httpx.URL(url)
+@functools.lru_cache(maxsize=256)
+def _parse_origin(origin: str) -> httpx.URL:
+    """Parsed once per upstream: a gateway talks to a handful of origins."""
+    return httpx.URL(origin)
+
+
+def _origin(url: httpx.URL) -> str:
+    return f"{url.scheme}://{url.netloc.decode('ascii')}"
+
+
+def _split_target(url: str) -> tuple[str, bytes]:
+    """``scheme://host[:port]`` and the request target (``/path?query``) of a URL."""
+    start = url.index("://") + 3
+    slash = url.find("/", start)
+    if slash < 0:
+        return url, b"/"
+    return url[:slash], url[slash:].encode("latin-1")
 
 
 class Upstream:
@@ -152,8 +256,10 @@ class Upstream:
     def request(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes
     ) -> httpx.Request:
-        request = httpx.Request(method, _parse_url(url), headers=headers, content=content)
-        request.extensions = {"timeout": self._timeout}
+        """A request for ``url`` (origin and target as the routing built it, target unparsed)."""
+        origin, target = _split_target(url)
+        request = httpx.Request(method, _parse_origin(origin), headers=headers, content=content)
+        request.extensions = {"timeout": self._timeout, "target": target}
         return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:
@@ -209,14 +315,21 @@ async def drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
         return
 
 
-def is_timeout(exc: BaseException) -> bool:
-    """Whether a transport error was a timeout (a connect timeout, as opposed to a refusal)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if type(cause).__module__.startswith("aiohttp"):
-            return isinstance(cause, TimeoutError)
-        cause = cause.__cause__
-    return isinstance(exc, httpx.TimeoutException | TimeoutError)
+SendFailure = Literal["connect_timeout", "connect_error", "upstream_bad_response"]
+
+
+def send_failure(exc: BaseException) -> SendFailure:
+    """What went wrong when ``Upstream.send`` raised, as the access log's ``error``.
+
+    ``connect_*``: no connection (refused, DNS, TLS, timeout, pool wait).
+    ``upstream_bad_response``: connected, but no valid answer came back (a
+    malformed or oversized head, a close or reset before the head).
+    """
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return "connect_timeout"
+    if isinstance(exc, httpx.ConnectError) or not isinstance(exc, httpx.TransportError):
+        return "connect_error"
+    return "upstream_bad_response"
 
 
 async def close_quietly(response: httpx.Response) -> None:

@@ -34,6 +34,8 @@ class ServerThread:
             "access_log": False,
             "lifespan": "on",
             "timeout_graceful_shutdown": 2,
+            # As `gateway serve` runs it: the gateway reads X-Forwarded-* itself.
+            "proxy_headers": False,
         }
         options.update(config)
         self.server = uvicorn.Server(uvicorn.Config(app, **options))

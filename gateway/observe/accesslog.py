@@ -42,6 +42,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "route": record.route,
         "method": record.method,
         "path": bounded(record.path),
+        "client": record.client,
         "status": record.status,
         "model": bounded(record.model),
         "upstream_model": bounded(record.upstream_model),

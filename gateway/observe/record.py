@@ -22,6 +22,7 @@ class RequestRecord:
     method: str
     path: str
     started: float
+    client: str | None = None  # the peer address, or the client behind a trusted proxy
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it

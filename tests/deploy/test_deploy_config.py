@@ -38,6 +38,7 @@ the environment it fails them instead, so CI cannot pass by skipping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -565,6 +566,34 @@ def test_compose_schema_check_rejects_a_broken_file(tmp_path: Path) -> None:
     assert result.returncode != 0, result.stdout
 
 
+def test_compose_gateway_environment_loads_with_the_settings_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compose gateway's environment and flags, through the real settings
+    model: it listens beyond loopback, and clients need the documented demo key."""
+    from gateway.cli import _overrides, _parser
+    from gateway.settings import load_settings
+
+    gateway = load_yaml(REPO / "compose.yaml")["services"]["gateway"]
+    for key in list(os.environ):
+        if key.startswith("GATEWAY_"):
+            monkeypatch.delenv(key)
+    for key, value in gateway["environment"].items():
+        monkeypatch.setenv(key, str(value))
+    args = _parser().parse_args(gateway["command"][1:])
+    settings = load_settings(**_overrides(args))
+    assert settings.host == "0.0.0.0"
+    demo_key = re.search(r'demo key "([^"]+)"', _compose_comments())
+    assert demo_key, "compose.yaml does not name its demo client key"
+    key = demo_key.group(1)
+    assert settings.client_key_sha256 == [hashlib.sha256(key.encode()).hexdigest()]
+
+
+def _compose_comments() -> str:
+    text = (REPO / "compose.yaml").read_text(encoding="utf-8")
+    return " ".join(line.split("#", 1)[1].strip() for line in text.splitlines() if "#" in line)
+
+
 def test_compose_services_are_wired_together() -> None:
     compose = load_yaml(REPO / "compose.yaml")
     services = compose["services"]
@@ -698,6 +727,23 @@ def test_kustomization_lists_every_manifest() -> None:
     assert [i["name"] for i in kustomization["images"]] == [image_name]
 
 
+CLIENT_KEY = "sk-client-test-not-a-key"
+
+
+def secret_env(deployment: dict[str, Any]) -> dict[str, str]:
+    """Test values for the container's environment variables taken from Secrets."""
+    values = {}
+    for entry in gateway_container(deployment)["env"]:
+        if "secretKeyRef" not in entry.get("valueFrom", {}):
+            continue
+        if entry["name"] == "GATEWAY_CLIENT_KEY_SHA256":
+            digest = hashlib.sha256(CLIENT_KEY.encode()).hexdigest()
+            values[entry["name"]] = json.dumps([digest])
+        else:
+            values[entry["name"]] = "sk-test-not-a-key"
+    return values
+
+
 @pytest.fixture
 def settings_from_configmap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -717,7 +763,8 @@ def settings_from_configmap(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GATEWAY_CONFIG", str(config_file))
-    monkeypatch.setenv("UPSTREAM_API_KEY", "sk-test")
+    for key, value in secret_env(objects["Deployment/gateway"]).items():
+        monkeypatch.setenv(key, value)
     # The settings check that the metrics directory can be created; in the pod it is
     # an emptyDir (checked below), here it must not depend on who may write to /run.
     monkeypatch.setenv("GATEWAY_METRICS_DIR", str(tmp_path / "gateway-metrics"))
@@ -742,6 +789,55 @@ def test_configmap_loads_with_the_gateway_settings(
             assert route.name in settings.credentials
     assert env["GATEWAY_METRICS_DIR"]
     assert settings.metrics_dir == tmp_path / "gateway-metrics"  # read from the environment
+    # The pod listens beyond loopback and spends a credential: client keys are
+    # required (the settings model refuses the configuration without them).
+    assert settings.host == "0.0.0.0"
+    assert settings.client_key_sha256 == [hashlib.sha256(CLIENT_KEY.encode()).hexdigest()]
+    assert settings.allow_unauthenticated is False
+
+
+def test_the_pod_does_not_start_without_client_keys(
+    settings_from_configmap: tuple[Any, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings import load_settings
+
+    monkeypatch.delenv("GATEWAY_CLIENT_KEY_SHA256")
+    with pytest.raises(ValidationError, match="allow_unauthenticated"):
+        load_settings()
+
+
+def test_memory_limit_covers_streams_and_the_buffered_body_budget(
+    settings_from_configmap: tuple[Any, dict[str, str]],
+) -> None:
+    """The arithmetic in the Deployment's comment, checked against the settings
+    the pod loads: per worker, the process at rest, its streams, and the
+    buffered-body budget twice (a JSON body is parsed while its bytes are held)."""
+    settings, _ = settings_from_configmap
+    limits = settings.limits
+    budget = limits.max_buffered_request_bytes
+    assert limits.max_request_bytes <= budget, "one largest body must fit the budget"
+    assert limits.max_concurrent_streams is not None, "unbounded streams: no memory bound"
+    per_worker = REST_BYTES + limits.max_concurrent_streams * STREAM_BYTES + 2 * budget
+    container = gateway_container(manifests()["Deployment/gateway"])
+    memory_limit = quantity_bytes(container["resources"]["limits"]["memory"])
+    assert memory_limit >= settings.workers * per_worker, (memory_limit, per_worker)
+    # and not wildly more: the comment's arithmetic is the one in force
+    assert memory_limit <= 1.5 * settings.workers * per_worker
+
+
+MIB = 1024 * 1024
+REST_BYTES = 64 * MIB  # one worker at rest (measured 56 MiB)
+STREAM_BYTES = 48 * 1024  # one stream in flight (measured about 45 KiB)
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity ("512Mi", "1.5Gi", "1G") in bytes."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 10**3, "M": 10**6, "G": 10**9}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|K|M|G)?", quantity)
+    assert match, f"unsupported quantity {quantity!r}"
+    return int(float(match.group(1)) * units.get(match.group(2) or "", 1))
 
 
 def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> None:
@@ -752,7 +848,7 @@ def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> Non
     config_file.write_text(objects["ConfigMap/gateway-config"]["data"]["gateway.toml"])
     env["GATEWAY_CONFIG"] = str(config_file)
     env["GATEWAY_METRICS_DIR"] = str(tmp_path / "gateway-metrics")  # /run: the pod's emptyDir
-    env["UPSTREAM_API_KEY"] = "sk-test-not-a-key"
+    env.update(secret_env(objects["Deployment/gateway"]))
     env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
     result = subprocess.run(
         [sys.executable, "-m", "gateway", "check-config"],

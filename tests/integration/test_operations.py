@@ -399,6 +399,6 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
     # stopped before any response byte: a clean JSON 503, not a server error
     assert statuses["waiting"] == 503
     assert json.loads(results["waiting"])["error"]["code"] == "gateway_shutdown"
-    # uvicorn re-raises the signal once it has shut down: a clean exit by SIGTERM
-    assert gw.proc.returncode in (0, -signal.SIGTERM)
+    # the signal was handled by the drain: a clean exit, not a death by SIGTERM
+    assert gw.proc.returncode == 0
     assert 1.8 < elapsed < 10
