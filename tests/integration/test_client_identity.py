@@ -97,10 +97,12 @@ def test_a_trusted_proxy_is_believed(trusted: list[str], client: str) -> None:
 
 def test_trusted_proxies_must_be_addresses_or_cidrs(tmp_path: Path) -> None:
     for bad in ('["10.0.0.0/33"]', '["proxy.internal"]', '["10.0.0.1/8"]'):
-        result = _cli("check-config", env={"GATEWAY_TRUSTED_PROXIES": bad})
+        result = _cli("check-config", "--simulator", env={"GATEWAY_TRUSTED_PROXIES": bad})
         assert result.returncode == 2, bad
         assert "trusted_proxies" in result.stderr
-    good = _cli("check-config", env={"GATEWAY_TRUSTED_PROXIES": '["10.0.0.0/8", "::1"]'})
+    good = _cli(
+        "check-config", "--simulator", env={"GATEWAY_TRUSTED_PROXIES": '["10.0.0.0/8", "::1"]'}
+    )
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["trusted_proxies"] == ["10.0.0.0/8", "::1/128"]
 

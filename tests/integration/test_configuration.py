@@ -260,7 +260,7 @@ def test_the_example_config_loads_as_shipped_without_any_credential() -> None:
 
 def _example_with_commented_keys() -> dict[str, Any]:
     """The example as TOML, with every commented-out ``# key = value`` line live."""
-    assignment = re.compile(r"^#\s?(?=[a-z_]+\s*=\s*\S)")
+    assignment = re.compile(r"^#\s?(?=[a-z][a-z0-9_]*\s*=\s*\S)")
     return tomllib.loads(
         "\n".join(assignment.sub("", line) for line in EXAMPLE.read_text().splitlines())
     )

@@ -280,7 +280,9 @@ def test_a_bad_chunk_size_mid_stream_is_upstream_disconnect_at_once(transport: s
 
 
 def test_sigterm_exits_0_after_the_drain() -> None:
-    with gateway_process(["--drain-timeout", "5"], env={"GATEWAY_ACCESS_LOG": "false"}) as gw:
+    with gateway_process(
+        ["--simulator", "--drain-timeout", "5"], env={"GATEWAY_ACCESS_LOG": "false"}
+    ) as gw:
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.proc.wait(timeout=30) == 0
 
