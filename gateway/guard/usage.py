@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.guard.contract import Protocol, int_or_none
+from gateway.guard.contract import int_or_none
 from gateway.guard.verdict import Usage
 
-__all__ = ["chat_usage", "messages_usage", "responses_usage", "usage_for"]
+__all__ = ["chat_usage", "messages_usage", "responses_usage"]
 
 
 def _detail(raw: dict[str, Any], section: str | None, key: str) -> int | None:
@@ -68,12 +68,3 @@ def messages_usage(raw: object) -> Usage | None:
         cached=(None, "cache_read_input_tokens"),
         reasoning=("output_tokens_details", "thinking_tokens"),
     )
-
-
-def usage_for(protocol: Protocol, raw: object) -> Usage | None:
-    """The usage of a non-streamed answer of ``protocol`` (its body's ``usage``)."""
-    if protocol is Protocol.RESPONSES:
-        return responses_usage(raw)
-    if protocol is Protocol.MESSAGES:
-        return messages_usage(raw)
-    return chat_usage(raw)

@@ -1,0 +1,293 @@
+"""Relaying an upstream's answer to the client: plain bodies unchanged, event streams guarded.
+
+A plain answer (anything but a 2xx ``text/event-stream``) is relayed as it
+is: status, headers, body; a 2xx JSON body is read on the side for usage and
+model. A stream goes through a ``StreamGuard``: upstream chunks are pulled
+only as fast as the client takes them (backpressure: ``await send`` returns
+once uvicorn's transport accepted the bytes), only event-aligned bytes are
+forwarded, the deadlines run on one ``Watchdog``, and the annotation ends it.
+
+A client that stops taking bytes for ``timeouts.client_send`` is dropped:
+its connection is aborted (a reset, nothing left queued) and the stream is
+``client_stalled``. Once the response head is out, breaking the connection
+is the only honest signal left for a failure the body cannot carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import NoReturn
+
+import httpx
+
+from gateway.deadlines import Watchdog
+from gateway.exchange import AbortConnection, Exchange
+from gateway.guard import Reason, StreamGuard
+from gateway.headers import RawHeaders, strip_hop_by_hop
+from gateway.observe import RequestRecord
+from gateway.upstream import chunk_reader, drain_for_reuse
+
+__all__ = ["abort_connection", "relay_plain", "relay_stream", "response_headers"]
+
+_RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
+# SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
+_STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
+    b"content-length",
+    b"content-encoding",
+    b"cache-control",
+    b"x-accel-buffering",
+}
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+_JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
+_DRAIN_SEND_SECONDS = 5.0  # while draining, how long a last send may wait for the client
+
+
+def response_headers(
+    response: httpx.Response, record: RequestRecord, drop: frozenset[bytes] = _RESPONSE_DROP
+) -> RawHeaders:
+    headers = strip_hop_by_hop(response.headers.raw, drop)
+    headers.append((b"x-request-id", record.request_id.encode()))
+    if record.upstream_request_id:
+        headers.append((b"x-upstream-request-id", record.upstream_request_id.encode()))
+    return headers
+
+
+def abort_connection(exchange: Exchange) -> bool:
+    """Abort the client's TCP connection (RST) through the edge's hook, if it has one."""
+    abort = (exchange.scope.get("extensions") or {}).get("gateway.abort")
+    if abort is None:
+        return False
+    abort()
+    return True
+
+
+def drop_stalled_client(exchange: Exchange) -> NoReturn:
+    """The client stopped taking bytes: abort its connection, never wait on it."""
+    exchange.record.error = "client_stalled"
+    abort_connection(exchange)
+    raise AbortConnection
+
+
+async def _send_last(exchange: Exchange, body: bytes, draining: bool) -> None:
+    """The response's last send, bounded by the client-send timeout (5 s while draining)."""
+    seconds = exchange.route.timeouts.client_send
+    if draining:
+        seconds = min(seconds, _DRAIN_SEND_SECONDS)
+    async with asyncio.timeout(seconds):
+        await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# -- plain answers ------------------------------------------------------------------
+
+
+def _read_answer(exchange: Exchange, body: bytes) -> None:
+    """Usage and model of a whole non-streamed 2xx JSON answer, into the record.
+
+    An answer that does not parse is recorded as ``invalid_json``: the client
+    got it unchanged, but it is not the clean 200 it looks like.
+    """
+    record = exchange.record
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        record.error = "invalid_json"
+        return
+    if isinstance(obj, dict):
+        record.usage = exchange.spec.answer_usage(obj)
+        record.upstream_model = exchange.spec.answer_model(obj)
+
+
+async def relay_plain(exchange: Exchange, response: httpx.Response, draining: bool) -> None:
+    """Relay a non-SSE answer unchanged (status, headers, body)."""
+    send, record = exchange.send, exchange.record
+    record.status = response.status_code
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": response_headers(response, record),
+        }
+    )
+    sniff: list[bytes] | None = (
+        []
+        if 200 <= response.status_code < 300
+        and "json" in response.headers.get("content-type", "")
+        and not response.headers.get("content-encoding")
+        else None
+    )
+    sniffed = 0
+    loop = asyncio.get_running_loop()
+    client_send = exchange.route.timeouts.client_send
+    send_deadline = float("inf")
+    try:
+        async with asyncio.timeout_at(exchange.total_deadline):
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                if record.time_to_first_byte is None:
+                    record.time_to_first_byte = time.monotonic() - record.started
+                if sniff is not None:
+                    sniffed += len(chunk)
+                    if sniffed <= _JSON_SNIFF_LIMIT:
+                        sniff.append(chunk)
+                    else:
+                        sniff = None
+                send_deadline = loop.time() + client_send
+                async with asyncio.timeout_at(send_deadline):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                record.bytes_out += len(chunk)
+    except (TimeoutError, httpx.TransportError, OSError) as exc:
+        if isinstance(exc, TimeoutError) and loop.time() >= send_deadline:
+            drop_stalled_client(exchange)
+        # Headers are out: the only honest signal left is to break the connection.
+        record.error = (
+            "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_disconnect"
+        )
+        raise AbortConnection from None
+    try:
+        await _send_last(exchange, b"", draining)
+    except TimeoutError:
+        drop_stalled_client(exchange)
+    exchange.response_done = True
+    if sniff:
+        _read_answer(exchange, b"".join(sniff))
+
+
+# -- event streams --------------------------------------------------------------------
+
+
+class _Timing:
+    """Time to first byte and first token, and the gaps between output-carrying reads."""
+
+    __slots__ = ("_last", "_record", "_seen")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self._record = record
+        self._last: float | None = None
+        self._seen = 0
+
+    def content(self, content_events: int) -> None:
+        """Called after each read: a read that carried output is a token time."""
+        if content_events == self._seen:
+            return
+        self._seen = content_events
+        now = time.monotonic()
+        record = self._record
+        if self._last is None:
+            record.time_to_first_token = now - record.started
+        else:
+            record.chunk_gaps.append(now - self._last)
+        self._last = now
+
+    def first_byte(self) -> None:
+        record = self._record
+        if record.time_to_first_byte is None:
+            record.time_to_first_byte = time.monotonic() - record.started
+
+
+class _Sender:
+    """Sends body bytes to the client, keeping the watchdog and the byte count right."""
+
+    __slots__ = ("_loop", "_record", "_send", "watchdog")
+
+    def __init__(
+        self, exchange: Exchange, watchdog: Watchdog, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._send = exchange.send
+        self._record = exchange.record
+        self._loop = loop
+        self.watchdog = watchdog
+
+    async def body(self, data: bytes) -> None:
+        watchdog = self.watchdog
+        # The wait for the client is the client's, not upstream silence: while it
+        # lasts the watchdog runs the client-send clock instead of the idle one.
+        watchdog.sending = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        watchdog.sending = False
+        self._record.bytes_out += len(data)
+        watchdog.last = self._loop.time()
+
+
+async def relay_stream(
+    exchange: Exchange,
+    response: httpx.Response,
+    guard: StreamGuard,
+    *,
+    annotate: bool,
+    draining: bool,
+) -> None:
+    """Relay a 2xx event stream through ``guard``, then append the annotation."""
+    send, record = exchange.send, exchange.record
+    record.status = response.status_code
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": response_headers(response, record, _STREAM_RESPONSE_DROP) + _STREAM_HEADERS,
+        }
+    )
+    loop = asyncio.get_running_loop()
+    read = chunk_reader(response)
+    timing = _Timing(record)
+    # One timer for the first-byte, idle, client-send and total deadlines, re-armed
+    # only when it fires: cheaper than rescheduling a timeout on every chunk.
+    watchdog = Watchdog(loop, exchange.stop, exchange.route.timeouts, exchange.total_deadline)
+    sender = _Sender(exchange, watchdog, loop)
+    try:
+        while True:
+            chunk = await read()
+            if not chunk:
+                guard.eof()
+                if guard.final:
+                    watchdog.last = loop.time()
+                    await sender.body(guard.final)
+                break
+            if watchdog.got_chunk:
+                watchdog.last = loop.time()
+            else:
+                watchdog.first_chunk()
+            out = guard.feed(chunk)
+            timing.content(guard.content_events)
+            if out:
+                timing.first_byte()
+                await sender.body(out)
+            if guard.done:
+                break
+    except httpx.DecodingError:
+        guard.abort(Reason.INVALID_SHAPE, "the upstream's content encoding is broken")
+    except httpx.TransportError:
+        guard.abort(Reason.UPSTREAM_DISCONNECT)
+    except asyncio.CancelledError:
+        if not exchange.claim_stop():
+            raise
+        assert exchange.stop_reason is not None
+        # Bytes whose send was interrupted may never have reached the client: a
+        # verdict reached on them (even "complete") does not stand.
+        guard.abort(exchange.stop_reason, force=watchdog.sending)
+    finally:
+        watchdog.cancel()
+    verdict = guard.verdict
+    assert verdict is not None
+    record.verdict = verdict
+    record.upstream_model = guard.contract.model
+    if exchange.stop_reason is Reason.CLIENT_DISCONNECT:
+        return
+    if exchange.stop_reason is Reason.CLIENT_STALLED:
+        drop_stalled_client(exchange)
+    trailer = guard.annotation(record.request_id) if annotate else b""
+    if trailer:
+        timing.first_byte()
+    exchange.response_done = True
+    try:
+        # A client that stopped reading must not hold the request (or the drain).
+        await _send_last(exchange, trailer, draining)
+    except TimeoutError:
+        # What the verdict was reached on may still sit in the send buffer.
+        record.verdict = guard.abort(Reason.CLIENT_STALLED, force=True)
+        drop_stalled_client(exchange)
+    record.bytes_out += len(trailer)
+    if verdict.complete:
+        await drain_for_reuse(read)

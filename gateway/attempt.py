@@ -1,0 +1,60 @@
+"""One attempt against one upstream: send the request, get a response head or a failure.
+
+The request is sent through the pooled ``Upstream``; what comes back is
+either the upstream's response (any status: relaying it is the caller's
+job) or an ``AttemptFailure`` that says what went wrong before any response
+head arrived, with the status and verdict reason the client is owed. The
+policy around attempts (how many, against which upstream) is the relay's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.guard import Reason
+from gateway.upstream import Upstream, send_failure
+
+__all__ = ["AttemptFailure", "attempt"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailure:
+    """No response head: why, the status the client gets, and the stream's reason."""
+
+    #: The access log's classification (``connect_error``, ``connect_timeout``,
+    #: ``upstream_bad_response``), or None for a deadline (the reason says which).
+    error: str | None
+    status: int
+    reason: Reason
+
+
+#: Transport failures before the head. Connected but no valid answer is the HTTP
+#: exchange breaking, like a body cut mid-way (``upstream_disconnect``);
+#: ``upstream_unavailable`` is "could not connect".
+_SEND_FAILURES = {
+    "connect_timeout": AttemptFailure("connect_timeout", 504, Reason.UPSTREAM_UNAVAILABLE),
+    "connect_error": AttemptFailure("connect_error", 502, Reason.UPSTREAM_UNAVAILABLE),
+    "upstream_bad_response": AttemptFailure(
+        "upstream_bad_response", 502, Reason.UPSTREAM_DISCONNECT
+    ),
+}
+_FIRST_BYTE = AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT)
+_TOTAL = AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT)
+
+
+async def attempt(
+    upstream: Upstream, request: httpx.Request, first_byte: float, total_deadline: float
+) -> httpx.Response | AttemptFailure:
+    """Send ``request``; the response head within ``first_byte`` seconds (and before
+    ``total_deadline``, loop time), or the failure. Cancellation passes through."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(min(loop.time() + first_byte, total_deadline)):
+            return await upstream.send(request)
+    except TimeoutError:
+        return _TOTAL if loop.time() >= total_deadline else _FIRST_BYTE
+    except (httpx.TransportError, OSError) as exc:
+        return _SEND_FAILURES[send_failure(exc)]

@@ -1,0 +1,65 @@
+"""Exchange: one proxied request in flight, and what the relay's layers share about it.
+
+The disconnect watcher, the deadlines and the drain act on an exchange by
+``stop(reason)``, which cancels the request's task once; the layer that
+catches the cancellation asks ``claim_stop()`` whether it was that stop
+(then it finishes the request with the reason) or a foreign cancellation
+(then it re-raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Scope, Send
+
+from gateway.guard import Outcome, Reason, Verdict
+from gateway.observe import RequestRecord
+from gateway.protocols import ProtocolSpec
+from gateway.protocols.sse import SSE
+from gateway.routing import Route
+
+__all__ = ["AbortConnection", "Exchange", "bare_verdict"]
+
+
+class AbortConnection(Exception):
+    """Raised to make the server drop the connection (response headers already sent)."""
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """One request in flight."""
+
+    task: asyncio.Task[Any]
+    route: Route
+    scope: Scope
+    send: Send
+    record: RequestRecord
+    spec: ProtocolSpec = SSE
+    withhold_usage: bool = False
+    total_deadline: float = 0.0
+    counted: bool = False  # counted in the active streams (admission, gauge)
+    stop_reason: Reason | None = None
+    response_done: bool = False
+
+    def stop(self, reason: Reason) -> None:
+        """Stop the request for ``reason`` (first caller wins; nothing once it is done)."""
+        if self.stop_reason is None and not self.response_done:
+            self.stop_reason = reason
+            self.task.cancel()
+
+    def claim_stop(self) -> bool:
+        """Call in ``except CancelledError``: True when the cancellation was this
+        exchange's own ``stop`` (the task is un-cancelled, the caller finishes the
+        request with ``stop_reason``); False when it was not ours (re-raise it)."""
+        if self.stop_reason is None:
+            return False
+        self.task.uncancel()
+        return True
+
+
+def bare_verdict(reason: Reason, detail: str = "") -> Verdict:
+    """The verdict of a stream that ended before the guard saw any of it."""
+    return Verdict(outcome=Outcome.INCOMPLETE, reason=reason, detail=detail)
