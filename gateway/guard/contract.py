@@ -34,6 +34,7 @@ class Protocol(enum.StrEnum):
     COMPLETIONS = "completions"
     RESPONSES = "responses"
     MESSAGES = "messages"
+    GEMINI = "gemini"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 
@@ -147,6 +148,13 @@ class Contract(abc.ABC):
     def last_sequence_number(self) -> int | None:
         return None
 
+    def _normalize_finish(self, index: int, raw: str) -> Reason:
+        """The bounded reason for choice ``index``'s raw finish (the shared table here).
+
+        A protocol whose finish strings or rules differ (Gemini) overrides this.
+        """
+        return normalize_finish(raw)
+
     def _note_model(self, value: object) -> None:
         """Remember the first model name the upstream reports."""
         if self.model is None and isinstance(value, str) and value:
@@ -170,7 +178,9 @@ class Contract(abc.ABC):
         self.verdict = Verdict(
             outcome=outcome,
             reason=reason,
-            finish_reasons={i: normalize_finish(r) for i, r in sorted(self.finish_reasons.items())},
+            finish_reasons={
+                i: self._normalize_finish(i, r) for i, r in sorted(self.finish_reasons.items())
+            },
             raw_finish_reasons=dict(sorted(self.finish_reasons.items())),
             usage=self.usage,
             events=self.events,
