@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 from google import genai
-from google.genai import errors
+from google.genai import errors, types
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -83,8 +83,8 @@ def server() -> Iterator[ServerThread]:
 
 
 def _client(server: ServerThread) -> genai.Client:
-    options = {"base_url": server.url, "api_version": "v1beta"}
-    return genai.Client(api_key="fake-key", http_options=options)  # type: ignore[arg-type]
+    options = types.HttpOptions(base_url=server.url, api_version="v1beta")
+    return genai.Client(api_key="fake-key", http_options=options)
 
 
 @pytest.fixture(scope="module")
