@@ -147,7 +147,12 @@ def gemini_usage(raw: object) -> Usage | None:
 
 
 def gemini_answer_usage(body: object) -> Usage | None:
-    """The usage of a whole ``generateContent`` answer (its ``usageMetadata``)."""
+    """The usage of a whole answer: a ``generateContent`` response's ``usageMetadata``,
+    or the last one reported in the JSON array ``streamGenerateContent`` sends without
+    ``alt=sse`` (every report is a snapshot)."""
+    if isinstance(body, list):
+        reports = [item for item in body if isinstance(item, dict) and "usageMetadata" in item]
+        body = reports[-1] if reports else None
     return gemini_usage(body.get("usageMetadata")) if isinstance(body, dict) else None
 
 

@@ -582,6 +582,14 @@ def test_usage_readers() -> None:
     assert gemini_answer_usage({"candidates": [], "usageMetadata": raw_usage}) == Usage(10, 4, 8, 3)
     assert gemini_answer_usage({"usage": {"prompt_tokens": 1}}) is None
     assert gemini_answer_usage([]) is None
+    # streamGenerateContent without alt=sse: one JSON array, the last report counts
+    array = [
+        {"candidates": [], "usageMetadata": {"promptTokenCount": 10}},
+        {"candidates": [], "usageMetadata": raw_usage},
+        {"candidates": []},
+        "junk",
+    ]
+    assert gemini_answer_usage(array) == Usage(10, 4, 8, 3)
 
 
 def test_the_model_is_the_first_model_version() -> None:
