@@ -137,7 +137,11 @@ class Admission:
         self.buffered_bytes -= size
 
     def _check_key(self, accepted: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> None:
-        key = get_header(headers, b"x-api-key") or get_header(headers, b"api-key")
+        key = (
+            get_header(headers, b"x-api-key")
+            or get_header(headers, b"api-key")
+            or get_header(headers, b"x-goog-api-key")
+        )
         auth = get_header(headers, b"authorization")
         if key is None and auth is not None and auth[:7].lower() == b"bearer ":
             key = auth[7:].strip()

@@ -82,8 +82,12 @@ class Route:
             return CredentialStyle(style)
         if self.config.protocol != "auto":
             return spec_for(self.config.protocol).credential
-        # A route for any path: guess from the upstream's host (Anthropic's API).
-        return CredentialStyle.X_API_KEY if "anthropic" in self.upstream else CredentialStyle.BEARER
+        # A route for any path: guess from the upstream's host (Anthropic's, Google's API).
+        if "anthropic" in self.upstream:
+            return CredentialStyle.X_API_KEY
+        if "googleapis" in self.upstream:
+            return CredentialStyle.X_GOOG_API_KEY
+        return CredentialStyle.BEARER
 
 
 def match_route(routes: list[Route], path: str) -> Route | None:

@@ -10,6 +10,7 @@ from gateway.guard.annotation import render_annotation
 from gateway.guard.chat import ChatContract, CompletionsContract
 from gateway.guard.contract import Action, Contract, FramingOnly, Protocol
 from gateway.guard.errors import BudgetExceeded, EventTooLarge, GuardError, LineTooLong
+from gateway.guard.gemini import GeminiContract, gemini_error_event
 from gateway.guard.messages import MessagesContract
 from gateway.guard.responses import ResponsesContract
 from gateway.guard.sse import Event, SSEDecoder
@@ -25,6 +26,7 @@ __all__ = [
     "Event",
     "EventTooLarge",
     "FramingOnly",
+    "GeminiContract",
     "GuardError",
     "LineTooLong",
     "MessagesContract",
@@ -36,6 +38,7 @@ __all__ = [
     "StreamGuard",
     "Usage",
     "Verdict",
+    "gemini_error_event",
     "normalize_finish",
     "render_annotation",
 ]

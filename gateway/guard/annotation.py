@@ -69,6 +69,7 @@ def error_event(
     return contract_for(protocol).error_event(
         reason,
         incomplete_message(protocol, reason, request_id),
+        request_id=request_id,
         last_sequence_number=last_sequence_number,
     )
 

@@ -37,6 +37,7 @@ class Protocol(enum.StrEnum):
     COMPLETIONS = "completions"
     RESPONSES = "responses"
     MESSAGES = "messages"
+    GEMINI = "gemini"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 
@@ -127,7 +128,12 @@ class Contract(abc.ABC):
 
     @classmethod
     def error_event(
-        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+        cls,
+        reason: Reason,
+        message: str,
+        *,
+        request_id: str,
+        last_sequence_number: int | None = None,
     ) -> bytes:
         """The error event for an incomplete stream, in this protocol's shape.
 
@@ -200,6 +206,13 @@ class Contract(abc.ABC):
     def last_sequence_number(self) -> int | None:
         return None
 
+    def _normalize_finish(self, index: int, raw: str) -> Reason:
+        """The bounded reason for choice ``index``'s raw finish (the shared table here).
+
+        A protocol whose rules differ per choice (Gemini's function calls) overrides this.
+        """
+        return self.normalize(raw)
+
     def _note_model(self, value: object) -> None:
         """Remember the first model name the upstream reports."""
         if self.model is None and isinstance(value, str) and value:
@@ -223,7 +236,9 @@ class Contract(abc.ABC):
         self.verdict = Verdict(
             outcome=outcome,
             reason=reason,
-            finish_reasons={i: self.normalize(r) for i, r in sorted(self.finish_reasons.items())},
+            finish_reasons={
+                i: self._normalize_finish(i, r) for i, r in sorted(self.finish_reasons.items())
+            },
             raw_finish_reasons=dict(sorted(self.finish_reasons.items())),
             usage=self.usage,
             events=self.events,

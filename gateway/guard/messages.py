@@ -83,7 +83,12 @@ class MessagesContract(Contract):
 
     @classmethod
     def error_event(
-        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+        cls,
+        reason: Reason,
+        message: str,
+        *,
+        request_id: str,
+        last_sequence_number: int | None = None,
     ) -> bytes:
         """Anthropic's ``event: error`` shape, the reason where the anthropic SDKs read a
         stable cause code (``APIStatusError.error_code`` / ``APIError.errorCode``)."""

@@ -94,7 +94,12 @@ class ResponsesContract(Contract):
 
     @classmethod
     def error_event(
-        cls, reason: Reason, message: str, *, last_sequence_number: int | None = None
+        cls,
+        reason: Reason,
+        message: str,
+        *,
+        request_id: str,
+        last_sequence_number: int | None = None,
     ) -> bytes:
         """``event: error`` with the documented flat fields, plus a nested ``error``
         object (openai-python raises only on a top-level ``error`` key)."""

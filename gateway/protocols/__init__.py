@@ -12,6 +12,7 @@ from __future__ import annotations
 from gateway.guard import Protocol
 from gateway.protocols._spec import ContractOptions, CredentialStyle, ProtocolSpec
 from gateway.protocols.anthropic import MESSAGES
+from gateway.protocols.google import GEMINI
 from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
 from gateway.protocols.sse import SSE
 
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 #: Every protocol, in path-detection order (``SSE`` last: it matches anything).
-REGISTRY: tuple[ProtocolSpec, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES, SSE)
+REGISTRY: tuple[ProtocolSpec, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES, GEMINI, SSE)
 
 _BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
 

@@ -1,4 +1,4 @@
-"""A built-in OpenAI/Anthropic-compatible fake provider with scripted faults.
+"""A built-in OpenAI/Anthropic/Gemini-compatible fake provider with scripted faults.
 
 It stands in for a remote provider, so it imports nothing from the rest of
 the ``gateway`` package. Per-request control comes from ``x-sim-*`` request

@@ -18,7 +18,6 @@ from gateway.simulator._protocols import (
     embeddings_body,
     error_body,
     make_plan,
-    make_renderer,
     models_body,
 )
 from gateway.simulator._records import (
@@ -27,6 +26,7 @@ from gateway.simulator._records import (
     RecordStore,
     RequestRecord,
 )
+from gateway.simulator._renderers import make_renderer
 from gateway.simulator._script import Step, Write, json_steps, stream_steps
 from gateway.simulator._sse import dumps
 from gateway.simulator._wire import Closing, ScriptedResponse, install_abort_log_filter
@@ -108,7 +108,15 @@ class _Simulator:
 
     # -- provider routes ---------------------------------------------------------
 
-    async def _generate(self, request: Request, protocol: ProtocolName) -> Response:
+    async def _generate(
+        self,
+        request: Request,
+        protocol: ProtocolName,
+        *,
+        stream: bool | None = None,
+        model: str | None = None,
+    ) -> Response:
+        """One answer; ``stream`` and ``model`` when the URL says them, else the body."""
         read = await self._read(request, protocol)
         if isinstance(read, ScriptedResponse):
             return read
@@ -119,9 +127,12 @@ class _Simulator:
             payload = error_body(protocol, knobs.status, message, upstream_id)
             return self._json(knobs.status, payload, id_headers)
 
-        renderer = make_renderer(make_plan(protocol, body, knobs, size), crlf=knobs.crlf)
+        plan = make_plan(protocol, body, knobs, size, model=model)
+        renderer = make_renderer(plan, crlf=knobs.crlf)
         partition_seed = knobs.seed if knobs.partition else None
-        if body.get("stream") is True:
+        if stream is None:
+            stream = body.get("stream") is True
+        if stream:
             headers = [
                 ("content-type", "text/event-stream; charset=utf-8"),
                 ("cache-control", "no-cache"),
@@ -160,6 +171,19 @@ class _Simulator:
 
     async def messages(self, request: Request) -> Response:
         return await self._generate(request, "messages")
+
+    async def gemini_stream(self, request: Request) -> Response:
+        if request.query_params.get("alt") != "sse":
+            # Without alt=sse Google streams one JSON array; the simulator speaks SSE only.
+            _, id_headers = self._id_headers("gemini")
+            message = "The simulator streams Gemini answers only with alt=sse."
+            return self._json(400, error_body("gemini", 400, message, ""), id_headers)
+        model = request.path_params["model"]
+        return await self._generate(request, "gemini", stream=True, model=model)
+
+    async def gemini(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        return await self._generate(request, "gemini", stream=False, model=model)
 
     async def embeddings(self, request: Request) -> Response:
         read = await self._read(request, "embeddings")
@@ -229,6 +253,8 @@ def create_simulator_app(
         Route("/v1/completions", sim.completions, methods=["POST"]),
         Route("/v1/responses", sim.responses, methods=["POST"]),
         Route("/v1/messages", sim.messages, methods=["POST"]),
+        Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
+        Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),

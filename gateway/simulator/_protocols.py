@@ -1,7 +1,8 @@
-"""The four provider wire shapes: one plan of the answer, one renderer per protocol.
+"""The provider wire shapes: one plan of the answer, one renderer per protocol.
 
 A :class:`Plan` describes the answer neutrally: one or more *lanes* (a chat
-choice, a Responses output item, an Anthropic content block), each either
+choice, a Responses output item, an Anthropic content block, a Gemini
+candidate), each either
 text or a tool call, each with its pieces (deltas) and a neutral finish
 (``stop``, ``length``, ``content_filter``, ``tool_calls``). A renderer turns
 lane operations into the protocol's own event bytes. The fault choreography
@@ -9,7 +10,9 @@ lane operations into the protocol's own event bytes. The fault choreography
 protocol the same way.
 
 Renderers are stateful (sequence numbers, accumulated text) and render
-events strictly in stream order; they are made once per request.
+events strictly in stream order; they are made once per request. The four
+OpenAI/Anthropic renderers live here, Gemini's in ``_gemini``, and the table
+of all of them in ``_renderers``.
 """
 
 from __future__ import annotations
@@ -41,12 +44,18 @@ __all__ = [
     "embeddings_body",
     "error_body",
     "make_plan",
-    "make_renderer",
     "models_body",
+    "sim_id",
 ]
 
-ProtocolName = Literal["chat", "completions", "responses", "messages"]
-PROTOCOLS: Final[tuple[ProtocolName, ...]] = ("chat", "completions", "responses", "messages")
+ProtocolName = Literal["chat", "completions", "responses", "messages", "gemini"]
+PROTOCOLS: Final[tuple[ProtocolName, ...]] = (
+    "chat",
+    "completions",
+    "responses",
+    "messages",
+    "gemini",
+)
 
 #: A fixed creation time, so the same seed gives the same body bytes.
 CREATED: Final = 1_735_689_600
@@ -115,7 +124,12 @@ def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
     for tool in tools:
         if not isinstance(tool, dict):
             continue
-        if protocol == "chat":
+        if protocol == "gemini":
+            declarations = tool.get("functionDeclarations")
+            for declaration in declarations if isinstance(declarations, list) else []:
+                if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
+                    return str(declaration["name"])
+        elif protocol == "chat":
             function = tool.get("function")
             if isinstance(function, dict) and isinstance(function.get("name"), str):
                 return str(function["name"])
@@ -124,25 +138,48 @@ def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
     return DEFAULT_TOOL
 
 
-def _tool_choice_none(choice: object) -> bool:
+def _tool_choice_none(protocol: ProtocolName, body: dict[str, Any]) -> bool:
+    if protocol == "gemini":
+        config = _object(_object(body.get("toolConfig")).get("functionCallingConfig"))
+        return config.get("mode") == "NONE"
+    choice = body.get("tool_choice")
     if choice == "none":
         return True
     return isinstance(choice, dict) and choice.get("type") == "none"
 
 
-def make_plan(protocol: ProtocolName, body: dict[str, Any], knobs: Knobs, body_size: int) -> Plan:
-    """Decide the answer: lanes, their pieces and finishes, from the request and knobs."""
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def make_plan(
+    protocol: ProtocolName,
+    body: dict[str, Any],
+    knobs: Knobs,
+    body_size: int,
+    *,
+    model: str | None = None,
+) -> Plan:
+    """Decide the answer: lanes, their pieces and finishes, from the request and knobs.
+
+    ``model`` is the model the request names outside its body (Gemini: in the URL).
+    """
     fault = knobs.fault
-    model = body.get("model")
-    model = model if isinstance(model, str) and model else DEFAULT_MODEL
+    if model is None:
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+    model = model or DEFAULT_MODEL
     tools_raw = body.get("tools")
     tools: list[Any] = tools_raw if isinstance(tools_raw, list) else []
+    gemini_config = _object(body.get("generationConfig"))
 
     if protocol in ("chat", "completions"):
         n = _int_or_none(body.get("n")) or 1
         n = max(1, min(n, MAX_CHOICES))
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    elif protocol == "gemini":
+        n = max(1, min(_int_or_none(gemini_config.get("candidateCount")) or 1, MAX_CHOICES))
+        include_usage = True
     else:
         n = 1
         include_usage = True
@@ -155,12 +192,14 @@ def make_plan(protocol: ProtocolName, body: dict[str, Any], knobs: Knobs, body_s
             max_tokens = _int_or_none(body.get("max_tokens"))
     elif protocol == "responses":
         max_tokens = _int_or_none(body.get("max_output_tokens"))
+    elif protocol == "gemini":
+        max_tokens = _int_or_none(gemini_config.get("maxOutputTokens"))
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 
     tool_mode = protocol != "completions" and (
         fault in ("tool_calls", "invalid_tool_arguments")
-        or (bool(tools) and not _tool_choice_none(body.get("tool_choice")))
+        or (bool(tools) and not _tool_choice_none(protocol, body))
     )
     chunk_bytes = 0 if fault == "huge_event" else knobs.chunk_bytes
     text_finish = {"length": "length", "content_filter": "content_filter"}.get(fault, "stop")
@@ -173,7 +212,12 @@ def make_plan(protocol: ProtocolName, body: dict[str, Any], knobs: Knobs, body_s
                 if fault == "invalid_tool_arguments"
                 else tool_arguments(knobs.seed + index)
             )
-            pieces = split_arguments(arguments, seed=knobs.seed + index)
+            # Gemini sends a function call whole, never its arguments in pieces.
+            pieces = (
+                [arguments]
+                if protocol == "gemini"
+                else split_arguments(arguments, seed=knobs.seed + index)
+            )
             lanes.append(
                 Lane(
                     index=index,
@@ -214,8 +258,12 @@ def make_plan(protocol: ProtocolName, body: dict[str, Any], knobs: Knobs, body_s
 class Renderer(abc.ABC):
     """Turns lane operations into one protocol's event bytes, in stream order."""
 
-    #: Chat and legacy completions interleave their choices; the others run lanes in turn.
+    #: Chat, legacy completions and Gemini interleave their choices; the others run
+    #: lanes in turn.
     interleaved: ClassVar[bool] = False
+    #: False when the stream has no terminator and simply ends after the events that
+    #: carry the finishes (Gemini): ``drop_before_done`` then drops those events.
+    has_terminator: ClassVar[bool] = True
 
     def __init__(self, plan: Plan, framer: Framer) -> None:
         self.plan = plan
@@ -730,18 +778,6 @@ class MessagesRenderer(Renderer):
         return self._message(content, _ANTHROPIC_STOP[self.plan.finish], self.plan.output_tokens)
 
 
-_RENDERERS: Final[dict[str, type[Renderer]]] = {
-    "chat": ChatRenderer,
-    "completions": CompletionsRenderer,
-    "responses": ResponsesRenderer,
-    "messages": MessagesRenderer,
-}
-
-
-def make_renderer(plan: Plan, *, crlf: bool) -> Renderer:
-    return _RENDERERS[plan.protocol](plan, Framer(crlf=crlf))
-
-
 _OPENAI_ERROR_TYPES: Final = {
     400: ("invalid_request_error", None),
     401: ("invalid_request_error", "invalid_api_key"),
@@ -764,8 +800,27 @@ _ANTHROPIC_ERROR_TYPES: Final = {
 }
 
 
+#: HTTP status -> the canonical ``google.rpc.Code`` name Google's errors carry.
+_GOOGLE_STATUS: Final = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "NOT_IMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
 def error_body(protocol: str, status: int, message: str, request_id: str) -> dict[str, Any]:
     """A non-2xx JSON error body in the provider's own shape."""
+    if protocol == "gemini":
+        name = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "FAILED_PRECONDITION")
+        return {"error": {"code": status, "message": message, "status": name}}
     if protocol == "messages":
         kind = _ANTHROPIC_ERROR_TYPES.get(
             status, "api_error" if status >= 500 else "invalid_request_error"

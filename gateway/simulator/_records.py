@@ -25,7 +25,9 @@ from gateway.simulator._wire import SimulatedAbort
 __all__ = ["RECORD_SCOPE_KEY", "RecordStore", "RecorderMiddleware", "RequestRecord"]
 
 #: Headers recorded only as ``{"present": true, "sha256": ...}``.
-SECRET_HEADERS: Final = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
+SECRET_HEADERS: Final = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+)
 #: Bodies above this size are counted but not kept.
 MAX_RECORDED_BODY: Final = 8 * 1024 * 1024
 RECORD_SCOPE_KEY: Final = "gateway.simulator.record"

@@ -134,6 +134,11 @@ def stream_steps(r: Renderer, knobs: Knobs) -> Iterator[Step]:
     cut_at = min(CUT_AFTER, max(total - 1, 0)) if fault in _MID_FAULTS else -1
     delivered = 0
     after_finish_sent = False
+    # A stream without a terminator (Gemini) ends with its finishing events: the
+    # "terminator" that drop_before_done drops is those events.
+    unclosed = fault == "done_without_finish" or (
+        fault == "drop_before_done" and not r.has_terminator
+    )
 
     yield from _writes(r.start())
     groups = [plan.lanes] if r.interleaved else [[lane] for lane in plan.lanes]
@@ -147,7 +152,7 @@ def stream_steps(r: Renderer, knobs: Knobs) -> Iterator[Step]:
                 piece = next(lane.pieces, None)
                 if piece is None:
                     active.remove(lane)
-                    if fault == "done_without_finish":
+                    if unclosed:
                         continue
                     yield from _writes(r.close_lane(lane))
                     lane.closed = True

@@ -1,8 +1,10 @@
 """The built-in simulator, served by a real uvicorn on a loopback port.
 
-The official ``openai`` and ``anthropic`` SDKs (with strict response
-validation) must parse every complete stream; raw httpx checks that each
-fault puts exactly the promised bytes on the wire.
+The official ``openai``, ``anthropic`` (with strict response validation) and
+``google-genai`` SDKs must parse every complete stream; raw httpx checks that
+each fault puts exactly the promised bytes on the wire (for Gemini, with the
+GeminiContract as the judge: a stream without a terminator is complete or not
+only by what its events say).
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
 from starlette.testclient import TestClient
 
+from gateway.guard import GeminiContract, Reason, StreamGuard
 from gateway.simulator import (
     FAULTS,
     RunningSimulator,
@@ -92,6 +98,13 @@ def oai(sim: Sim) -> Iterator[openai.OpenAI]:
     )
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def gemini(sim: Sim) -> Iterator[genai.Client]:
+    options = genai_types.HttpOptions(base_url=sim.base_url, api_version="v1beta")
+    with genai.Client(api_key="sim-gemini-key", http_options=options) as client:
+        yield client
 
 
 @pytest.fixture
@@ -641,6 +654,206 @@ def test_app_serves_from_several_event_loops() -> None:
         response = client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-seed": "1"})
         assert response.status_code == 200
         assert response.content.endswith(b"data: [DONE]\n\n")
+
+
+# -- Gemini (streamGenerateContent?alt=sse, generateContent) ----------------------------------
+
+GEMINI_STREAM = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+GEMINI_UNARY = "/v1beta/models/gemini-2.5-flash:generateContent"
+GEMINI_BODY: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+#: What the GeminiContract makes of each fault's stream. Gemini has no terminator, so
+#: drop_before_done drops the finishing events and done_without_finish ends with a
+#: usage report instead: both are a stream that ended before its finish (missing_done).
+GEMINI_VERDICTS = {
+    "none": Reason.STOP,
+    "length": Reason.LENGTH,
+    "content_filter": Reason.CONTENT_FILTER,
+    "tool_calls": Reason.TOOL_CALLS,
+    "choices_2": Reason.STOP,
+    "drop_before_done": Reason.MISSING_DONE,
+    "drop_after_text": Reason.MISSING_DONE,
+    "drop_mid_event": Reason.MISSING_DONE,
+    "drop_mid_utf8": Reason.MISSING_DONE,
+    "done_without_finish": Reason.MISSING_DONE,
+    "error_event": Reason.UPSTREAM_ERROR,
+    "invalid_json": Reason.INVALID_JSON,
+    "invalid_shape": Reason.INVALID_SHAPE,
+    "content_after_finish": Reason.CONTENT_AFTER_FINISH,
+    "invalid_tool_arguments": Reason.INVALID_TOOL_ARGUMENTS,
+    "stall_before_headers": Reason.STOP,
+    "stall_mid_stream": Reason.STOP,
+    "heartbeats_forever": Reason.MISSING_DONE,
+    "huge_event": Reason.STOP,
+}
+
+
+def gemini_verdict(body: bytes) -> Reason:
+    guard = StreamGuard(GeminiContract())
+    guard.feed(body)
+    return guard.verdict.reason if guard.verdict is not None else guard.eof().reason
+
+
+def gemini_events(raw: bytes) -> list[dict[str, Any]]:
+    return [json.loads(data) for _, data in events(raw)]
+
+
+def test_gemini_stream_with_the_sdk(gemini: genai.Client) -> None:
+    chunks = list(gemini.models.generate_content_stream(model="gemini-2.5-flash", contents="hi"))
+    assert "".join(chunk.text or "" for chunk in chunks) == TEXT_20
+    last = chunks[-1]
+    assert last.candidates is not None
+    assert last.candidates[0].finish_reason == genai_types.FinishReason.STOP
+    assert last.usage_metadata is not None
+    assert last.usage_metadata.candidates_token_count == 20
+    assert last.model_version == "gemini-2.5-flash"
+    # every event but the last reports the prompt only, as the Gemini API does
+    assert all(
+        c.usage_metadata and c.usage_metadata.candidates_token_count is None for c in chunks[:-1]
+    )
+
+
+def test_gemini_answer_with_the_sdk(gemini: genai.Client) -> None:
+    config = genai_types.GenerateContentConfig(max_output_tokens=5, candidate_count=2)
+    response = gemini.models.generate_content(
+        model="gemini-2.5-flash", contents="hi", config=config
+    )
+    assert response.candidates is not None
+    texts = [c.content.parts[0].text for c in response.candidates if c.content and c.content.parts]
+    assert texts == [expected_text(5, choice=0), expected_text(5, choice=1)]
+    assert [c.finish_reason for c in response.candidates] == ["MAX_TOKENS", "MAX_TOKENS"]
+    assert response.usage_metadata is not None
+    assert response.usage_metadata.candidates_token_count == 10
+
+
+def test_gemini_function_call_with_the_sdk(gemini: genai.Client) -> None:
+    declaration = genai_types.FunctionDeclaration(name="lookup", parameters_json_schema={})
+    config = genai_types.GenerateContentConfig(
+        tools=[genai_types.Tool(function_declarations=[declaration])],
+        automatic_function_calling=genai_types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    chunks = list(
+        gemini.models.generate_content_stream(
+            model="gemini-2.5-flash", contents="hi", config=config
+        )
+    )
+    calls = [call for chunk in chunks for call in chunk.function_calls or []]
+    assert [(call.name, call.args) for call in calls] == [("lookup", json.loads(tool_arguments(0)))]
+    assert chunks[-1].candidates is not None
+    assert chunks[-1].candidates[0].finish_reason == "STOP"
+    none = genai_types.GenerateContentConfig(
+        tools=config.tools,
+        tool_config=genai_types.ToolConfig(
+            function_calling_config=genai_types.FunctionCallingConfig(mode="NONE")
+        ),
+    )
+    answer = gemini.models.generate_content(model="gemini-2.5-flash", contents="hi", config=none)
+    assert answer.text == TEXT_20
+
+
+def test_gemini_sdk_raises_on_the_error_event_and_status(gemini: genai.Client) -> None:
+    faulty = genai_types.GenerateContentConfig(
+        http_options=genai_types.HttpOptions(headers={"x-sim-fault": "error_event"})
+    )
+    with pytest.raises(genai_errors.ServerError) as caught:
+        for _ in gemini.models.generate_content_stream(
+            model="gemini-2.5-flash", contents="hi", config=faulty
+        ):
+            pass
+    assert (caught.value.code, caught.value.status) == (503, "UNAVAILABLE")
+    limited = genai_types.GenerateContentConfig(
+        http_options=genai_types.HttpOptions(
+            headers={"x-sim-fault": "status", "x-sim-status": "429"}
+        )
+    )
+    with pytest.raises(genai_errors.ClientError) as client_error:
+        gemini.models.generate_content(model="gemini-2.5-flash", contents="hi", config=limited)
+    assert (client_error.value.code, client_error.value.status) == (429, "RESOURCE_EXHAUSTED")
+
+
+def test_gemini_every_fault_streamed_and_not(sim: Sim) -> None:
+    """Every fault renders on Gemini; the GeminiContract reads the intended verdict."""
+    assert set(GEMINI_VERDICTS) | {"abort_mid_body", "status"} == set(FAULTS)
+    for fault in FAULTS:
+        headers = {"x-sim-fault": fault, "x-sim-tokens": "6", "x-sim-stall-seconds": "0.05"}
+        if fault == "huge_event":
+            headers["x-sim-chunk-bytes"] = "2000"
+        for url in (GEMINI_STREAM, GEMINI_UNARY):
+            if fault == "abort_mid_body":
+                with pytest.raises(httpx.RemoteProtocolError):
+                    post(sim, url, GEMINI_BODY, **headers)
+                continue
+            response = post(sim, url, GEMINI_BODY, **headers)
+            if fault == "status":
+                assert response.status_code == 500
+                assert response.json() == {
+                    "error": {
+                        "code": 500,
+                        "message": "Simulated upstream error (status 500).",
+                        "status": "INTERNAL",
+                    }
+                }
+                continue
+            assert response.status_code == 200, (fault, url)
+            if url == GEMINI_STREAM:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                assert gemini_verdict(response.content) is GEMINI_VERDICTS[fault], fault
+            else:
+                assert _is_json(response.text) == (fault not in BROKEN_JSON_BODY), fault
+
+
+def test_gemini_fault_shapes(sim: Sim) -> None:
+    def stream(fault: str) -> bytes:
+        return post(sim, GEMINI_STREAM, GEMINI_BODY, x_sim_fault=fault, x_sim_tokens="6").content
+
+    found = gemini_events(stream("done_without_finish"))
+    assert "candidates" not in found[-1]
+    assert found[-1]["usageMetadata"]["candidatesTokenCount"] == 6
+    assert all("finishReason" not in c for e in found[:-1] for c in e["candidates"])
+    found = gemini_events(stream("drop_before_done"))
+    assert [c.get("finishReason") for e in found for c in e["candidates"]] == [None] * 6
+    found = gemini_events(stream("content_filter"))
+    assert found[-1]["candidates"][0]["finishReason"] == "SAFETY"
+    found = gemini_events(stream("error_event"))
+    assert list(found[-1]) == ["error"]
+    assert found[-1]["error"]["code"] == 503
+    found = gemini_events(stream("invalid_tool_arguments"))
+    args = found[0]["candidates"][0]["content"]["parts"][0]["functionCall"]["args"]
+    assert isinstance(args, str)
+    found = gemini_events(stream("choices_2"))
+    finishes = [(c["index"], c.get("finishReason")) for e in found for c in e["candidates"]]
+    assert [(i, f) for i, f in finishes if f] == [(1, "STOP"), (0, "STOP")]  # 1 is shorter
+    raw = stream("drop_mid_utf8")
+    with pytest.raises(UnicodeDecodeError):
+        raw.decode()
+    raw[:-1].decode()
+
+
+def test_gemini_random_partition_and_crlf(sim: Sim) -> None:
+    for crlf in ("0", "1"):
+        base = {"x-sim-seed": "7", "x-sim-crlf": crlf}
+        plain = post(sim, GEMINI_STREAM, GEMINI_BODY, **base).content
+        with sim.http.stream(
+            "POST",
+            f"{sim.base_url}{GEMINI_STREAM}",
+            json=GEMINI_BODY,
+            headers=base | {"x-sim-partition": "random"},
+        ) as response:
+            chunks = list(response.iter_raw())
+        assert b"".join(chunks) == plain
+        assert gemini_verdict(plain) is Reason.STOP
+    assert b"\r\n\r\n" in plain
+
+
+def test_gemini_routes_need_sse_and_hide_the_key(sim: Sim) -> None:
+    url = GEMINI_STREAM.split("?")[0]
+    response = post(sim, url, GEMINI_BODY)
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+    post(sim, GEMINI_UNARY, GEMINI_BODY, x_goog_api_key="AIza-secret", x_request_id="gem-1")
+    record = sim.record("gem-1")
+    assert record["headers"]["x-goog-api-key"]["present"] is True
+    assert "AIza-secret" not in json.dumps(record)
 
 
 # -- observation: records and disconnects -------------------------------------------------
