@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Iterable
+
+from starlette.types import Receive, Scope
 
 from gateway.headers import RawHeaders, get_header
 from gateway.routing import PathRejected, Route, upstream_target
 from gateway.settings import Limits, RouteConfig
 
 __all__ = ["Admission", "ClientGone", "Refused"]
-
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
 class Refused(Exception):
@@ -72,7 +71,7 @@ class Admission:
         self.buffered_bytes = 0
 
     async def admit(
-        self, route: Route, scope: MutableMapping[str, Any], receive: Receive, draining: bool
+        self, route: Route, scope: Scope, receive: Receive, draining: bool
     ) -> tuple[str, bytes]:
         """The upstream URL and the whole request body, or Refused / ClientGone."""
         if draining:

@@ -7,8 +7,8 @@ credential or an internal exception's text.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from starlette.types import Send
 
 from gateway.headers import RawHeaders
 
@@ -42,7 +42,7 @@ def error_headers(body: bytes, request_id: str, extra: RawHeaders | None = None)
 
 
 async def send_error(
-    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    send: Send,
     status: int,
     message: str,
     type_: str,

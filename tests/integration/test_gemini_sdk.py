@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.guard import Outcome, Reason, Verdict, gemini_error_event
+from gateway.guard import Outcome, Protocol, Reason, Verdict, gemini_error_event
 from gateway.guard.annotation import comment_line, incomplete_message
 from gateway.guard.gemini import google_status
 from gateway.guard.verdict import INCOMPLETE_REASONS
@@ -50,7 +50,9 @@ def _comment(outcome: Outcome, reason: Reason, request_id: str = "req-g") -> byt
 
 def _cut_with_error(reason: Reason) -> bytes:
     """What the gateway sends for a cut stream: whole events, its error event, the comment."""
-    error = gemini_error_event(reason, incomplete_message(reason, "req-g"), "req-g")
+    error = gemini_error_event(
+        reason, incomplete_message(Protocol.GEMINI, reason, "req-g"), "req-g"
+    )
     return b"".join(SHORT[:2]) + error + _comment(Outcome.INCOMPLETE, reason)
 
 

@@ -25,6 +25,7 @@ FOREIGN: dict[Protocol, tuple[str, ...]] = {
     Protocol.COMPLETIONS: ("content block", "output item", "stop reason"),
     Protocol.RESPONSES: ("choice", "finish reason", "content block"),
     Protocol.MESSAGES: ("choice", "finish reason", "output item"),
+    Protocol.GEMINI: ("choice", "output item", "content block", "stop reason"),
     Protocol.SSE: ("choice", "finish reason", "output item", "content block"),
 }
 #: A client that looks for its terminator by substring must not find one in our error.
@@ -51,6 +52,9 @@ def machine_reason(protocol: Protocol, payload: dict[str, Any]) -> set[str]:
         return {payload["error"]["details"]["error_code"]}
     if protocol is Protocol.RESPONSES:
         return {payload["code"], payload["error"]["code"]}
+    if protocol is Protocol.GEMINI:  # google.rpc.ErrorInfo, as Google APIs carry a reason
+        (info,) = (d for d in payload["error"]["details"] if d["@type"].endswith("ErrorInfo"))
+        return {info["metadata"]["reason"], info["reason"].lower()}
     return {payload["error"]["code"]}
 
 
@@ -75,6 +79,10 @@ def test_every_error_event_carries_the_reason_in_a_field(
         assert name == "error"
         assert payload["type"] == "error"
         assert payload["sequence_number"] == 5
+    elif protocol is Protocol.GEMINI:
+        assert name is None  # google-genai reads only data: lines
+        assert isinstance(payload["error"]["code"], int)  # it raises only on an integer code
+        assert next(iter(payload)) == "error"  # ... of an event that starts with "error"
     else:
         assert name is None  # openai-python 1.0-1.13 ignores named events
         assert payload["error"]["type"] == "stream_incomplete"
@@ -133,3 +141,15 @@ def test_the_annotation_is_the_error_event_then_the_comment(protocol: Protocol) 
     trailer = render_annotation(protocol, verdict, "q-1", last_sequence_number=None)
     event = error_event(protocol, Reason.CLIENT_STALLED, "q-1")
     assert trailer == event + b": gateway outcome=incomplete reason=client_stalled request_id=q-1\n"
+
+
+@pytest.mark.parametrize("protocol", list(Protocol))
+def test_a_complete_stream_gets_the_comment_unless_its_sdk_rejects_comments(
+    protocol: Protocol,
+) -> None:
+    verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
+    trailer = render_annotation(protocol, verdict, "q-2")
+    if protocol is Protocol.GEMINI:  # google-genai raises on any line that is not data:
+        assert trailer == b""
+    else:
+        assert trailer == b": gateway outcome=complete reason=stop request_id=q-2\n"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.guard import Outcome, Reason, SSEDecoder, StreamGuard, Usage, Verdict
+from gateway.guard import Outcome, Protocol, Reason, SSEDecoder, StreamGuard, Usage, Verdict
 from gateway.guard.annotation import incomplete_message
 from gateway.guard.gemini import (
     GEMINI_FINISH,
@@ -675,7 +675,7 @@ def test_request_recognition(path: str, gemini: bool, stream: bool) -> None:
 
 @pytest.mark.parametrize("reason", sorted(INCOMPLETE_REASONS), ids=str)
 def test_error_event_is_googles_error_object(reason: Reason) -> None:
-    message = incomplete_message(reason, "req-7")
+    message = incomplete_message(Protocol.GEMINI, reason, "req-7")
     event = gemini_error_event(reason, message, "req-7")
     assert event.startswith(b'data: {"error":{')
     assert event.endswith(b"}}\n\n")

@@ -1,0 +1,135 @@
+"""Gemini end to end: the real google-genai SDK through a real gateway to the simulator.
+
+A complete stream reads cleanly (no comment line: the SDK rejects one) and
+is counted complete; every cut raises ``google.genai.errors.APIError`` with
+the reason reachable from ``err.details``; the stream request is recognised
+from its URL, so it is counted and capped at admission like any other; the
+route's credential goes upstream as ``x-goog-api-key``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types as genai_types
+
+from gateway.app import create_app
+from gateway.settings import load_settings
+from gateway.simulator import expected_text
+from tests.conftest import ServerThread, free_port, running
+from tests.integration.helpers import gateway_for, metric_value
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "gemini-2.5-flash"
+STREAM_PATH = f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse"
+
+
+def _routes(upstream: str, **extra: object) -> list[dict[str, object]]:
+    return [{"name": "gemini", "prefix": "/v1beta", "upstream": upstream, **extra}]
+
+
+@pytest.fixture(scope="module")
+def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    with gateway_for("", routes=_routes(simulator.url + "/v1beta")) as gw:
+        yield gw
+
+
+def _client(gw: ServerThread, **headers: str) -> genai.Client:
+    options = genai_types.HttpOptions(
+        base_url=gw.url, api_version="v1beta", headers=headers or None
+    )
+    return genai.Client(api_key="client-key", http_options=options)
+
+
+def test_a_complete_stream_reads_cleanly_and_is_counted(gateway: ServerThread) -> None:
+    with _client(gateway) as client:
+        chunks = list(client.models.generate_content_stream(model=MODEL, contents="hi"))
+        answer = client.models.generate_content(model=MODEL, contents="hi")
+    assert "".join(chunk.text or "" for chunk in chunks) == expected_text(20)
+    assert answer.text == expected_text(20)
+    raw = httpx.post(gateway.url + STREAM_PATH, json={"contents": []}, timeout=30)
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert b"\n:" not in raw.content  # no comment line
+    assert not raw.content.startswith(b":")
+    metrics = httpx.get(gateway.url + "/metrics").text
+    complete = metric_value(
+        metrics, "gateway_streams_total", route="gemini", outcome="complete", reason="stop"
+    )
+    assert complete >= 2
+    assert metric_value(metrics, "gateway_tokens_total", route="gemini", type="output") >= 40
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("drop_after_text", "missing_done"),
+        ("drop_mid_event", "missing_done"),
+        ("abort_mid_body", "upstream_disconnect"),
+        ("invalid_json", "invalid_json"),
+        ("content_after_finish", "content_after_finish"),
+    ],
+)
+def test_every_cut_raises_with_the_reason(gateway: ServerThread, fault: str, reason: str) -> None:
+    with (
+        _client(gateway, **{"x-sim-fault": fault}) as client,
+        pytest.raises(genai_errors.APIError) as caught,
+    ):
+        for _ in client.models.generate_content_stream(model=MODEL, contents="hi"):
+            pass
+    details = caught.value.details
+    assert isinstance(details, dict)
+    (info,) = [d for d in details["error"]["details"] if d["@type"].endswith("ErrorInfo")]
+    assert info["metadata"]["reason"] == reason
+    assert info["domain"] == "gateway"
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert metric_value(metrics, "gateway_streams_total", route="gemini", reason=reason) >= 1
+
+
+def test_the_stream_is_known_from_its_url_before_any_answer() -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1beta"  # nothing listens there
+    with gateway_for("", routes=_routes(dead)) as gw:
+        response = httpx.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
+        assert response.status_code == 502
+        metrics = httpx.get(gw.url + "/metrics").text
+    streams = metric_value(
+        metrics, "gateway_streams_total", route="gemini", reason="upstream_unavailable"
+    )
+    assert streams == 1  # counted as a stream though its body never said "stream"
+
+
+def test_gemini_streams_are_capped_at_admission(simulator: ServerThread) -> None:
+    routes = _routes(simulator.url + "/v1beta", max_concurrent_streams=1)
+    with gateway_for("", routes=routes) as gw:
+        held = {"x-sim-fault": "heartbeats_forever"}
+        with httpx.stream(
+            "POST", gw.url + STREAM_PATH, json={"contents": []}, headers=held, timeout=30
+        ) as first:
+            assert first.status_code == 200
+            body = first.iter_raw()  # kept: a dropped iterator closes the response
+            next(body)  # the first stream is open (heartbeats) and counted
+            second = httpx.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
+            assert second.status_code == 503
+            assert second.json()["error"]["code"] == "overloaded"
+
+
+def test_the_route_credential_goes_as_x_goog_api_key(
+    simulator: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GW_TEST_GEMINI_KEY", "upstream-secret")
+    settings = load_settings(
+        routes=_routes(simulator.url + "/v1beta", credential_env="GW_TEST_GEMINI_KEY", protocol="gemini"),
+        access_log=False,
+    )
+    with running(create_app(settings)) as gw, _client(gw, **{"x-request-id": "gem-cred"}) as c:
+        chunks = list(c.models.generate_content_stream(model=MODEL, contents="hi"))
+    assert "".join(chunk.text or "" for chunk in chunks) == expected_text(20)
+    seen = httpx.get(simulator.url + "/_sim/requests/gem-cred").json()
+    key = seen["headers"]["x-goog-api-key"]
+    assert key["sha256"] == hashlib.sha256(b"upstream-secret").hexdigest()  # not the client's
+    assert "authorization" not in seen["headers"]

@@ -1,0 +1,79 @@
+"""The protocol registry is the one place protocols are known, and everything agrees with it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.guard import Protocol
+from gateway.guard.contract import contract_for
+from gateway.protocols import REGISTRY, CredentialStyle, detect, spec_for
+from gateway.settings import RouteConfig
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_protocol_has_exactly_one_spec_and_contract() -> None:
+    names = [spec.protocol for spec in REGISTRY]
+    assert sorted(names) == sorted(Protocol)
+    for spec in REGISTRY:
+        assert spec_for(spec.name) is spec
+        assert contract_for(spec.protocol) is spec.contract
+        assert spec.contract.protocol is spec.protocol
+
+
+def _readme_table() -> dict[str, list[str]]:
+    text = README.read_text()
+    head = text.index("| protocol | request path ends with |")
+    rows = {}
+    for line in text[head:].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def test_the_readme_protocol_table_is_the_registry() -> None:
+    rows = _readme_table()
+    assert list(rows) == [spec.name for spec in REGISTRY]
+    for spec in REGISTRY:
+        assert rows[spec.name][-1] == f"`{spec.credential}`", spec.name
+
+
+def test_route_settings_take_their_names_from_the_registry() -> None:
+    for spec in REGISTRY:
+        assert RouteConfig(upstream="http://u.test/v1", protocol=spec.name).protocol == spec.name
+    for style in CredentialStyle:
+        config = RouteConfig(upstream="http://u.test/v1", credential_style=style.value)
+        assert config.credential_style == style
+    with pytest.raises(ValidationError, match="protocol"):
+        RouteConfig(upstream="http://u.test/v1", protocol="grpc")
+    readme_row = re.search(r"\| `routes\[\]\.protocol` \| `auto` \| (.*) \|", README.read_text())
+    assert readme_row is not None
+    assert re.findall(r"`([a-z]+)`", readme_row.group(1))[: len(REGISTRY)] == [
+        spec.name for spec in REGISTRY
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "stream_by_url"),
+    [
+        ("/chat/completions", "chat", False),
+        ("/completions", "completions", False),
+        ("/responses", "responses", False),
+        ("/messages", "messages", False),
+        ("/models/gemini-2.5-flash:streamGenerateContent", "gemini", True),
+        ("/models/gemini-2.5-flash:generateContent", "gemini", False),
+        ("/models", "sse", False),
+        ("/embeddings/", "sse", False),
+    ],
+)
+def test_paths_find_their_protocol(path: str, name: str, stream_by_url: bool) -> None:
+    spec = detect(path)
+    assert spec.name == name
+    assert spec.wants_stream(path, None) is stream_by_url
+    assert spec.wants_stream(path, {"stream": True}) is (name != "gemini" or stream_by_url)
