@@ -164,11 +164,13 @@ def serve(settings: Settings) -> None:
             "reach this port spends those credentials (set client_key_sha256)",
             settings.host,
         )
+    from gateway.edge import uvicorn_options
+
     common: dict[str, Any] = {
+        **uvicorn_options(),
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop" if sys.platform != "win32" else "asyncio",
-        "http": "httptools",
         "access_log": settings.uvicorn_access_log,
         "server_header": False,
         "log_level": settings.log_level,

@@ -61,6 +61,8 @@ _CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key"})
 _REQUEST_DROP = frozenset(
     {b"host", b"content-length", b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto"}
 )
+# The gateway answers ``Expect: 100-continue`` itself (uvicorn does, on the first body read).
+_REQUEST_DROP |= {b"expect"}
 _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
 # SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
