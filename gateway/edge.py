@@ -21,8 +21,8 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
   One timer per connection re-arms itself from stamped times, as in
   ``deadlines.py``: a read stores a float, it reschedules nothing.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
-- An ``Upgrade`` (WebSockets are off) is answered as a plain request, and the
-  connection is closed after it: the parser cannot go on past one.
+- An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
+  what follows it on the connection is parsed on (stock uvicorn drops it).
 - Every request's scope carries the ``gateway.abort`` extension, which
   resets its connection (``abort_connection``).
 
@@ -166,6 +166,8 @@ class EdgeProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._edge = _DEFAULT
+        self._max_fields = _DEFAULT.max_header_fields
+        self._max_bytes = _DEFAULT.max_header_bytes
         self._phase = _HEAD
         self._since = 0.0  # head: when it began; body: the last read
         self._timer: asyncio.TimerHandle | None = None
@@ -174,7 +176,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._fed = 0  # bytes fed to the parser while that section was open
         self._fields = 0  # header fields of this request (head and trailers)
         self._field_bytes = 0  # their parsed size: a lower bound of their bytes
-        self._discard = False  # refused or upgraded: what still comes is dropped
+        self._discard = False  # refused: what still comes is dropped
         self._pending: bytes | None = None  # a refusal waiting for the response in progress
         self._linger: asyncio.TimerHandle | None = None
         self._abort_extension: dict[object, object] = {"abort": self.abort}
@@ -187,6 +189,8 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         edge = self.app_state.get(STATE_KEY)
         self._edge = edge if isinstance(edge, EdgeConfig) else _DEFAULT
+        self._max_fields = self._edge.max_header_fields
+        self._max_bytes = self._edge.max_header_bytes
         self._since = self.loop.time()
         self._arm(self._since + self._edge.client_header)
 
@@ -208,9 +212,8 @@ class EdgeProtocol(HttpToolsProtocol):
             self._open = True
             self._fed = 0
         view = memoryview(data)
-        limit = self._edge.max_header_bytes
         while self._open:
-            room = limit - self._fed
+            room = self._max_bytes - self._fed
             if room <= 0:  # the section is still open after the limit, and more came
                 self._refuse(_TOO_LARGE)
                 return
@@ -225,22 +228,22 @@ class EdgeProtocol(HttpToolsProtocol):
         self._feed(view)
 
     def _feed(self, data: memoryview) -> bool:
-        """Parse ``data``; False when the connection is done with (refused, bad, upgraded)."""
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # The request itself was complete and goes on; nothing after it can be parsed.
-            self._discard = True
-            self._phase = _IDLE
-            if self.cycle is not None:
-                self.cycle.keep_alive = False
-            return False
-        except httptools.HttpParserError:
-            if not self._discard:  # a refusal stops the parser through here too
-                self.logger.warning("Invalid HTTP request received.")
-                self.send_400_response("Invalid HTTP request received.")
-            return False
-        return not self._discard
+        """Parse ``data``; False when the connection is done with (refused, bad request)."""
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as upgrade:
+                # WebSockets are off: an Upgrade request is an ordinary one, but the
+                # parser stopped after it, so what followed it in this read is parsed on.
+                data = data[upgrade.args[0] :]
+                if data and not self._discard:
+                    continue
+            except httptools.HttpParserError:
+                if not self._discard:  # a refusal stops the parser through here too
+                    self.logger.warning("Invalid HTTP request received.")
+                    self.send_400_response("Invalid HTTP request received.")
+                return False
+            return not self._discard
 
     def shutdown(self) -> None:
         if self._linger is not None:  # refused and answered: no need to wait any longer
@@ -271,13 +274,21 @@ class EdgeProtocol(HttpToolsProtocol):
             self._arm(self._since + self._edge.client_header)
 
     def on_url(self, url: bytes) -> None:
-        self._count(0, len(url))
-        super().on_url(url)
+        self._field_bytes += len(url)
+        if self._field_bytes > self._max_bytes:
+            self._refuse(_TOO_LARGE)
+            raise _Stop
+        HttpToolsProtocol.on_url(self, url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(1, len(name) + len(value) + 2)
+        # Called for every field of every request: kept to a few additions.
+        self._fields += 1
+        self._field_bytes += len(name) + len(value) + 2
+        if self._fields > self._max_fields or self._field_bytes > self._max_bytes:
+            self._refuse(_TOO_LARGE)
+            raise _Stop
         if self._phase == _HEAD:  # after the head, a field is a trailer: dropped
-            super().on_header(name, value)
+            HttpToolsProtocol.on_header(self, name, value)
 
     def on_headers_complete(self) -> None:
         if self.parser.get_method() in _REFUSED_METHODS:
@@ -309,14 +320,6 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._pending is not None and last:
             answer, self._pending = self._pending, None
             self._answer(answer)
-
-    def _count(self, fields: int, size: int) -> None:
-        self._fields += fields
-        self._field_bytes += size
-        edge = self._edge
-        if self._fields > edge.max_header_fields or self._field_bytes > edge.max_header_bytes:
-            self._refuse(_TOO_LARGE)
-            raise _Stop
 
     # -- timeouts ---------------------------------------------------------------
 
@@ -351,12 +354,14 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def _refuse(self, refusal: _Refusal) -> None:
         """Count ``refusal``, stop reading, and answer it now or after the response in progress."""
-        if self._discard or self.transport.is_closing():
+        if self._discard:
             return
         phase, self._phase, self._discard = self._phase, _IDLE, True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.transport.is_closing():
+            return
         if phase == _BODY and self.cycle.response_complete:
             self.transport.close()  # answered already: only the rest of its body was late
             return

@@ -21,8 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from gateway.edge import abort_connection, uvicorn_options
+from gateway.settings import Settings
 from tests.conftest import ServerThread, running
 from tests.integration.helpers import gateway_for, metric_value
 
@@ -226,6 +228,33 @@ def test_a_head_just_inside_both_limits_is_forwarded(
     assert response.status == 200
     assert [r["body"] for r in recorder.requests] == [BODY]
     assert dict(recorder.requests[0]["headers"])["x-f95"] == "v" * 315
+
+
+def test_the_limits_come_from_the_settings(upstream: tuple[ServerThread, Recorder]) -> None:
+    limits = {"max_header_fields": 5, "max_header_bytes": 1024}
+    with gateway_for(upstream[0].url + "/v1", limits=limits) as gw:
+        ok = _post(b"/v1/x", BODY, b"X-A: 1", b"Connection: close")  # 5 fields
+        assert _responses(_exchange(gw, ok))[0].status == 200
+        six = _post(b"/v1/x", BODY, b"X-A: 1", b"X-B: 2", b"Connection: close")
+        _assert_refusal(_exchange(gw, six), 431, "header_too_large")
+        long = _post(b"/v1/x", BODY, b"X-A: " + b"a" * 1024)
+        _assert_refusal(_exchange(gw, long), 431, "header_too_large")
+        assert _rejected(gw, "header_too_large") == 2
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"limits": {"max_header_bytes": 0}},
+        {"limits": {"max_header_fields": 0}},
+        {"timeouts": {"client_header": 0}},
+        {"timeouts": {"client_body": -1}},
+    ],
+)
+def test_the_edge_settings_must_be_positive(setting: dict[str, dict[str, int]]) -> None:
+    ((section, values),) = setting.items()
+    with pytest.raises(ValidationError, match=f"{section}.{next(iter(values))}"):
+        Settings(**setting)  # type: ignore[arg-type]
 
 
 def _flood(port: int, connections: int, head: bytes, running_for: float) -> None:
@@ -454,20 +483,18 @@ def test_connect_and_trace_get_405_and_reach_nothing(
     assert _rejected(gateway, "method_not_allowed") == before + 1
 
 
-def test_an_upgrade_is_answered_as_plain_http_and_the_connection_closed(
+def test_an_upgrade_is_an_ordinary_request_and_the_connection_goes_on(
     gateway: ServerThread, recorder: Recorder
 ) -> None:
-    request = (
+    upgrade = (
         b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
         b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
-    with _connect(gateway) as sock:
-        sock.sendall(request)  # and the connection kept open: the gateway ends it
-        (response,) = _responses(_read_until_closed(sock))
-    assert response.status == 200
-    assert response.getheader("connection") == "close"
-    (forwarded,) = recorder.requests
-    assert "upgrade" not in {name for name, _ in forwarded["headers"]}
+    after = _post(b"/v1/chat/completions", BODY, b"Connection: close")
+    first, second = _responses(_exchange(gateway, upgrade + after), 2)
+    assert (first.status, second.status) == (200, 200)
+    assert [r["method"] for r in recorder.requests] == ["GET", "POST"]
+    assert "upgrade" not in {name for name, _ in recorder.requests[0]["headers"]}
 
 
 # ------------------------------------------------------------------ the abort hook
