@@ -23,8 +23,9 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
 - An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
   what follows it on the connection is parsed on (stock uvicorn drops it).
-- Every request's scope carries the ``gateway.abort`` extension, which
-  resets its connection (``abort_connection``).
+- Every request's scope carries the ``gateway.abort`` extension
+  (``{"abort": callable}``, as ASGI extensions are dicts), which resets its
+  connection: ``abort_connection(scope)``.
 
 A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
 ``gateway_rejected_requests_total``; the app never sees the request (or sees a
@@ -37,6 +38,8 @@ the answer rather than a reset.
 The configuration reaches each connection at run time through the lifespan's
 state (``edge_state``), which uvicorn hands to every protocol instance as
 ``app_state``; without it (no lifespan) the defaults apply, uncounted.
+The subclass leans on uvicorn's protocol internals (``cycle``, ``pipeline``,
+``flow``); ``tests/integration/test_edge.py`` pins what it relies on.
 """
 
 from __future__ import annotations
