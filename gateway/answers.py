@@ -23,13 +23,14 @@ from typing import NoReturn
 import httpx
 
 from gateway.deadlines import Watchdog
+from gateway.edge import abort_connection
 from gateway.exchange import AbortConnection, Exchange
 from gateway.guard import Reason, StreamGuard
 from gateway.headers import RawHeaders, strip_hop_by_hop
 from gateway.observe import RequestRecord
 from gateway.upstream import chunk_reader, drain_for_reuse
 
-__all__ = ["abort_connection", "relay_plain", "relay_stream", "response_headers"]
+__all__ = ["relay_plain", "relay_stream", "response_headers"]
 
 _RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
 # SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
@@ -54,19 +55,10 @@ def response_headers(
     return headers
 
 
-def abort_connection(exchange: Exchange) -> bool:
-    """Abort the client's TCP connection (RST) through the edge's hook, if it has one."""
-    abort = (exchange.scope.get("extensions") or {}).get("gateway.abort")
-    if abort is None:
-        return False
-    abort()
-    return True
-
-
 def drop_stalled_client(exchange: Exchange) -> NoReturn:
     """The client stopped taking bytes: abort its connection, never wait on it."""
     exchange.record.error = "client_stalled"
-    abort_connection(exchange)
+    abort_connection(exchange.scope)
     raise AbortConnection
 
 

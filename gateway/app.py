@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
+from gateway.edge import edge_state
 from gateway.errors import error_body, error_headers, send_error
 from gateway.headers import get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
@@ -114,7 +115,7 @@ class _Gateway:
         ]
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: Starlette) -> AsyncIterator[dict[str, Any]]:
         simulator = None
         if self.settings.simulator:
             simulator = await self._start_simulator()
@@ -136,7 +137,8 @@ class _Gateway:
         gc.freeze()
         self.lifecycle.ready = True
         try:
-            yield
+            # uvicorn hands this state to every connection: the edge reads its limits there.
+            yield edge_state(self.settings.limits, self.settings.timeouts, self.metrics.reject)
         finally:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()

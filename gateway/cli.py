@@ -269,11 +269,13 @@ def serve(settings: Settings) -> None:
     # httpx logs every request at INFO: the access log already has one line per request
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _log_start(settings)
+    from gateway.edge import uvicorn_options
+
     common: dict[str, Any] = {
+        **uvicorn_options(),
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop" if sys.platform != "win32" else "asyncio",
-        "http": "httptools",
         "access_log": settings.uvicorn_access_log,
         "server_header": False,
         # The gateway decides whose X-Forwarded-* to believe (trusted_proxies, headers.py);

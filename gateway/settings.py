@@ -135,6 +135,12 @@ class Timeouts(_Strict):
         gt=0,
         description="Longest wait for a client to take bytes (client_stalled, connection aborted).",
     )
+    client_header: float = Field(
+        10.0, gt=0, description="Client edge: to receive a whole request head (408)."
+    )
+    client_body: float = Field(
+        30.0, gt=0, description="Client edge: longest gap between two reads of a body (408)."
+    )
 
 
 class RouteTimeouts(_Strict):
@@ -162,6 +168,12 @@ class Limits(_Strict):
     max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
     max_concurrent_streams: int | None = Field(
         None, gt=0, description="Global cap on concurrent streams (503 beyond)."
+    )
+    max_header_bytes: int = Field(
+        32 * 1024, gt=0, description="Client edge: bytes of a request head (431 beyond)."
+    )
+    max_header_fields: int = Field(
+        100, gt=0, description="Client edge: header fields of a request (431 beyond)."
     )
 
 

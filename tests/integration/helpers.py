@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gateway.app import create_app
+from gateway.edge import uvicorn_options
 from gateway.guard import SSEDecoder
 from gateway.settings import Settings
 from tests.conftest import ServerThread, running
@@ -25,7 +26,7 @@ def gateway_for(upstream: str, **settings: Any) -> Iterator[ServerThread]:
     if "routes" not in settings:
         options["upstream_url"] = upstream
     options.update(settings)
-    with running(create_app(Settings(**options))) as server:
+    with running(create_app(Settings(**options)), **uvicorn_options()) as server:
         yield server
 
 

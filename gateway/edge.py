@@ -1,0 +1,419 @@
+"""The client edge: limits and timeouts on what a client sends, before the app sees it.
+
+``EdgeProtocol`` is uvicorn's httptools protocol plus the checks only the
+connection can make; ``uvicorn_options()`` puts it in front of the app, the
+same way for ``gateway serve`` (``--workers N`` too) and for the tests.
+
+- A request head of at most ``limits.max_header_bytes`` bytes and
+  ``limits.max_header_fields`` fields, else 431. Bytes are counted as they
+  arrive, before the parser sees them: while a head is open the parser is fed
+  no more than the limit, so an oversized head costs one limit's worth of
+  parsing whatever its size. (A pipelined head, or trailers, that begin
+  inside a read, after a body, are counted from the next read: the parser
+  may then see one read more. The sizes of the fields it parsed are checked
+  too.) A chunked body's trailers count towards the same limits, and are
+  dropped: they never join the request's headers.
+- ``timeouts.client_header`` to receive a whole head (from the opening of
+  the connection for its first request, from the first byte for later ones)
+  and ``timeouts.client_body`` between two reads of a body, else 408. Waits
+  that are the gateway's (reading paused, ``100 Continue`` not sent yet) do
+  not count. A connection that sends nothing is closed without an answer.
+  One timer per connection re-arms itself from stamped times, as in
+  ``deadlines.py``: a read stores a float, it reschedules nothing.
+- ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
+- An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
+  what follows it on the connection is parsed on (stock uvicorn drops it).
+- Every request's scope carries the ``gateway.abort`` extension
+  (``{"abort": callable}``, as ASGI extensions are dicts), which resets its
+  connection: ``abort_connection(scope)``.
+
+A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
+``gateway_rejected_requests_total``; the app never sees the request (or sees a
+disconnect, when a body stalls), so nothing of it goes upstream. When an
+earlier response on the connection is still being written, the refusal waits
+for it. After a refusal the connection reads and discards what still comes
+for a short while (a lingering close, as nginx does), so that the client reads
+the answer rather than a reset.
+
+The configuration reaches each connection at run time through the lifespan's
+state (``edge_state``), which uvicorn hands to every protocol instance as
+``app_state``; without it (no lifespan) the defaults apply, uncounted.
+The subclass leans on uvicorn's protocol internals (``cycle``, ``pipeline``,
+``flow``); ``tests/integration/test_edge.py`` pins what it relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.errors import error_body, error_headers
+from gateway.headers import get_header, pick_request_id
+from gateway.settings import Limits, Timeouts
+
+__all__ = [
+    "ABORT_EXTENSION",
+    "EdgeConfig",
+    "EdgeProtocol",
+    "abort_connection",
+    "edge_state",
+    "uvicorn_options",
+]
+
+STATE_KEY: Final = "gateway.edge"
+ABORT_EXTENSION: Final = "gateway.abort"
+_LINGER_SECONDS = 2.0  # how long a refused connection still reads (and drops) what comes
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops unsent bytes
+_REFUSED_METHODS = frozenset({b"CONNECT", b"TRACE"})
+_ALLOW = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    """What every connection's edge enforces, and where it counts a refusal."""
+
+    max_header_bytes: int
+    max_header_fields: int
+    client_header: float
+    client_body: float
+    reject: Callable[[str], None]
+
+    @classmethod
+    def of(cls, limits: Limits, timeouts: Timeouts, reject: Callable[[str], None]) -> EdgeConfig:
+        return cls(
+            max_header_bytes=limits.max_header_bytes,
+            max_header_fields=limits.max_header_fields,
+            client_header=timeouts.client_header,
+            client_body=timeouts.client_body,
+            reject=reject,
+        )
+
+
+def _uncounted(reason: str) -> None:
+    return None
+
+
+_DEFAULT = EdgeConfig.of(Limits(), Timeouts(), _uncounted)
+
+
+def edge_state(limits: Limits, timeouts: Timeouts, reject: Callable[[str], None]) -> dict[str, Any]:
+    """The lifespan state that configures the edge of every connection."""
+    return {STATE_KEY: EdgeConfig.of(limits, timeouts, reject)}
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """uvicorn's options for the gateway app: the edge in front, its lifespan required.
+
+    ``serve()`` and the tests both use these. WebSockets are off: the gateway
+    relays none, and an upgraded connection would leave the edge.
+    """
+    return {"http": EdgeProtocol, "ws": "none", "lifespan": "on"}
+
+
+def abort_connection(scope: MutableMapping[str, Any]) -> bool:
+    """Reset this request's client connection (RST; bytes still queued are dropped).
+
+    False when the server offers no way to (not running under ``EdgeProtocol``).
+    """
+    extension = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
+    if not extension:
+        return False
+    extension["abort"]()
+    return True
+
+
+class _Refusal(NamedTuple):
+    status: int
+    reason: str  # the rejection's metric label, and the error's code
+    message: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+_TOO_LARGE = _Refusal(
+    431, "header_too_large", "The request's header fields are larger than the gateway accepts."
+)
+_HEAD_TIMEOUT = _Refusal(408, "client_timeout", "The request head did not arrive in time.")
+_BODY_TIMEOUT = _Refusal(408, "client_timeout", "The request body stalled.")
+_METHOD = _Refusal(
+    405, "method_not_allowed", "CONNECT and TRACE are not served.", ((b"allow", _ALLOW),)
+)
+
+
+class _Stop(Exception):
+    """Raised in a parser callback after a refusal: the parser stops there."""
+
+
+# What the connection is receiving: nothing (between requests), a head, a body.
+_IDLE, _HEAD, _BODY = 0, 1, 2
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the client edge's limits and timeouts."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._edge = _DEFAULT
+        self._max_fields = _DEFAULT.max_header_fields
+        self._max_bytes = _DEFAULT.max_header_bytes
+        self._phase = _HEAD
+        self._since = 0.0  # head: when it began; body: the last read
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._open = True  # a header section (head or trailers) is arriving
+        self._fed = 0  # bytes fed to the parser while that section was open
+        self._fields = 0  # header fields of this request (head and trailers)
+        self._field_bytes = 0  # their parsed size: a lower bound of their bytes
+        self._discard = False  # refused: what still comes is dropped
+        self._pending: bytes | None = None  # a refusal waiting for the response in progress
+        self._linger: asyncio.TimerHandle | None = None
+        self._abort_extension: dict[object, object] = {"abort": self.abort}
+
+    # -- connection -------------------------------------------------------------
+
+    def connection_made(  # type: ignore[override]
+        self, transport: asyncio.Transport
+    ) -> None:
+        super().connection_made(transport)
+        edge = self.app_state.get(STATE_KEY)
+        self._edge = edge if isinstance(edge, EdgeConfig) else _DEFAULT
+        self._max_fields = self._edge.max_header_fields
+        self._max_bytes = self._edge.max_header_bytes
+        self._since = self.loop.time()
+        self._arm(self._since + self._edge.client_header)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._phase = _IDLE
+        for handle in (self._timer, self._linger):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._linger = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discard:
+            return
+        self._unset_keepalive_if_required()
+        if self._phase == _BODY:
+            self._since = self.loop.time()
+        elif self._phase == _IDLE:  # between requests: this read begins the next head
+            self._open = True
+            self._fed = 0
+        view = memoryview(data)
+        while self._open:
+            room = self._max_bytes - self._fed
+            if room <= 0:  # the section is still open after the limit, and more came
+                self._refuse(_TOO_LARGE)
+                return
+            if len(view) <= room:
+                self._fed += len(view)
+                self._feed(view)
+                return
+            self._fed += room
+            if not self._feed(view[:room]):
+                return
+            view = view[room:]
+        self._feed(view)
+
+    def _feed(self, data: memoryview) -> bool:
+        """Parse ``data``; False when the connection is done with (refused, bad request)."""
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as upgrade:
+                # WebSockets are off: an Upgrade request is an ordinary one, but the
+                # parser stopped after it, so what followed it in this read is parsed on.
+                data = data[upgrade.args[0] :]
+                if data and not self._discard:
+                    continue
+            except httptools.HttpParserError:
+                if not self._discard:  # a refusal stops the parser through here too
+                    self.logger.warning("Invalid HTTP request received.")
+                    self.send_400_response("Invalid HTTP request received.")
+                return False
+            return not self._discard
+
+    def shutdown(self) -> None:
+        if self._linger is not None:  # refused and answered: no need to wait any longer
+            self.transport.close()
+            return
+        super().shutdown()
+
+    def abort(self) -> None:
+        """Reset the connection: the client sees a reset, and queued bytes are dropped."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        self.transport.abort()
+
+    # -- parser callbacks -------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {ABORT_EXTENSION: self._abort_extension}
+        self._fields = self._field_bytes = 0
+        if not self._open:  # the head begins inside a read: counted from the next one
+            self._open = True
+            self._fed = 0
+        if self._phase != _HEAD:  # a later request: its head's clock starts now
+            self._phase = _HEAD
+            self._since = self.loop.time()
+            self._arm(self._since + self._edge.client_header)
+
+    def on_url(self, url: bytes) -> None:
+        self._field_bytes += len(url)
+        if self._field_bytes > self._max_bytes:
+            self._refuse(_TOO_LARGE)
+            raise _Stop
+        HttpToolsProtocol.on_url(self, url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Called for every field of every request: kept to a few additions.
+        self._fields += 1
+        self._field_bytes += len(name) + len(value) + 2
+        if self._fields > self._max_fields or self._field_bytes > self._max_bytes:
+            self._refuse(_TOO_LARGE)
+            raise _Stop
+        if self._phase == _HEAD:  # after the head, a field is a trailer: dropped
+            HttpToolsProtocol.on_header(self, name, value)
+
+    def on_headers_complete(self) -> None:
+        if self.parser.get_method() in _REFUSED_METHODS:
+            self._refuse(_METHOD)
+            raise _Stop
+        super().on_headers_complete()
+        self._phase = _BODY
+        self._open = False
+        self._since = self.loop.time()
+        self._arm(self._since + self._edge.client_body)
+
+    def on_chunk_header(self) -> None:
+        # The last chunk's header opens the trailers; any other chunk's data closes it.
+        self._open = True
+        self._fed = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._open = False
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._phase = _IDLE
+        self._open = False
+
+    def on_response_complete(self) -> None:
+        last = not self.pipeline
+        super().on_response_complete()
+        if self._pending is not None and last:
+            answer, self._pending = self._pending, None
+            self._answer(answer)
+
+    # -- timeouts ---------------------------------------------------------------
+
+    def _arm(self, when: float) -> None:
+        """Have ``_check`` run by ``when``; the one timer moves only to an earlier time."""
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        if self._phase == _HEAD:
+            deadline = self._since + self._edge.client_header
+            refusal = _HEAD_TIMEOUT
+        elif self._phase == _BODY:
+            if self.flow.read_paused or self.cycle.waiting_for_100_continue:
+                self._since = now  # the gateway's wait, not the client's
+            deadline = self._since + self._edge.client_body
+            refusal = _BODY_TIMEOUT
+        else:
+            return
+        if now >= deadline:
+            self._refuse(refusal)
+        else:
+            self._arm(deadline)
+
+    # -- refusals ---------------------------------------------------------------
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        """Count ``refusal``, stop reading, and answer it now or after the response in progress."""
+        if self._discard:
+            return
+        phase, self._phase, self._discard = self._phase, _IDLE, True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.transport.is_closing():
+            return
+        if phase == _BODY and self.cycle.response_complete:
+            self.transport.close()  # answered already: only the rest of its body was late
+            return
+        self._edge.reject(refusal.reason)
+        if phase == _BODY:
+            cycle = self.cycle
+            cycle.disconnected = True  # its app reads a disconnect; what it sends is dropped
+            cycle.message_event.set()
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            for entry in queued:
+                self.pipeline.remove(entry)
+            if cycle.response_started:  # too late for an answer
+                self.transport.close()
+                return
+            busy = bool(queued)  # queued: an earlier response is being written
+        elif self.scope is None:  # not a byte of a request came: nothing to answer
+            self.transport.close()
+            return
+        else:
+            busy = self.cycle is not None and not self.cycle.response_complete
+        answer = self._render(refusal)
+        if busy:
+            self._pending = answer
+        else:
+            self._answer(answer)
+
+    def _render(self, refusal: _Refusal) -> bytes:
+        request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+        body = error_body(refusal.message, "invalid_request_error", refusal.reason, request_id)
+        headers = [
+            *self.server_state.default_headers,
+            *error_headers(body, request_id, list(refusal.headers)),
+            (b"connection", b"close"),
+        ]
+        lines = [STATUS_LINE[refusal.status]]
+        lines.extend(b"%s: %s\r\n" % (name, value) for name, value in headers)
+        lines.append(b"\r\n")
+        lines.append(body)
+        return b"".join(lines)
+
+    def _answer(self, answer: bytes) -> None:
+        """Write a refusal and end the connection, still reading for a while (lingering)."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(answer)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.flow.resume_reading()
+        self._linger = self.loop.call_later(_LINGER_SECONDS, transport.close)
