@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.guard import (
     ChatContract,
@@ -36,6 +38,7 @@ from tests.unit.helpers import (
     chunk,
     finish_chunk,
     join,
+    random_partition,
     role_chunk,
     run_guard,
     sse,
@@ -587,6 +590,18 @@ def _run(case: Case, chunks: list[bytes]) -> GuardRun:
     contract: Contract = case.contract(**case.options)
     decoder = case.decoder() if case.decoder else None
     return run_guard(contract, chunks, decoder=decoder, max_stream_bytes=case.max_stream_bytes)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_any_partition_of_any_case_gives_the_same_result(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(CASES), "case")
+    stream = join(*case.parts)
+    whole = _run(case, [stream])
+    split = _run(case, random_partition(data, stream))
+    assert split.output == whole.output
+    assert split.verdict == whole.verdict
+    assert split.guard.annotation("req-1") == whole.guard.annotation("req-1")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

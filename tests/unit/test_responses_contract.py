@@ -9,10 +9,13 @@ repeats it and whose ``sequence_number`` counts up from 0.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.guard import (
     Outcome,
@@ -25,16 +28,16 @@ from gateway.guard import (
 from gateway.guard.responses import ResponsesContract
 from tests.unit.helpers import BlockCase as Case
 from tests.unit.helpers import (
-    bytewise,
     case_ids,
     check_every_partition,
+    check_random_partition,
     check_stops_before_the_rejected_event,
     check_verdict_and_forwarded,
+    cut,
     inserted,
     raw_block,
     rejected_cases,
     run_guard,
-    two_chunk_splits,
     upstream_error_cases,
 )
 
@@ -755,9 +758,18 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
-def test_every_partition_gives_the_same_result(case: Case) -> None:
+def test_one_chunk_and_byte_at_a_time_give_the_same_result(case: Case) -> None:
     check_every_partition(
         case.stream, drive, also=lambda guard: contract_of(guard).last_sequence_number
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_any_partition_of_any_case_gives_the_same_result(data: st.DataObject) -> None:
+    case = data.draw(st.sampled_from(CASES), "case")
+    check_random_partition(
+        data, case.stream, drive, also=lambda guard: contract_of(guard).last_sequence_number
     )
 
 
@@ -792,7 +804,9 @@ def test_limit_exceeded_by_event_budget() -> None:
     assert body["code"] == "limit_exceeded"
     assert body["sequence_number"] == big  # events 0..big-1 relayed
     # any partition: the same verdict, and only whole events from that prefix
-    for chunks in [*two_chunk_splits(stream), bytewise(stream)]:
+    rng = random.Random(11)  # a fixed sample of the two-chunk splits, and any pair of cuts
+    for _ in range(200):
+        chunks = cut(stream, *sorted(rng.sample(range(len(stream) + 1), 2)))
         got, got_verdict, _ = drive(stream, chunks, decoder=decoder())
         assert got_verdict.reason is Reason.LIMIT_EXCEEDED
         assert before.startswith(got)
