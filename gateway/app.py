@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,7 +38,7 @@ from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
 from gateway.routing import match_route
 from gateway.settings import RouteConfig, Settings
-from gateway.upstream import create_upstream
+from gateway.upstream import Upstream, create_upstream
 
 __all__ = ["create_app"]
 
@@ -93,8 +94,11 @@ def _with_request_id(scope: Scope, send: Send) -> Send:
 class _Gateway:
     """Holds what the lifespan creates, for the routes to reach."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.settings = settings
+        self.transport = transport
         self.metrics = Metrics()
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(settings.access_log)
@@ -119,10 +123,14 @@ class _Gateway:
         simulator = None
         if self.settings.simulator:
             simulator = await self._start_simulator()
-        upstream = create_upstream(
-            self.settings.upstream_transport,
-            self.settings.upstream_max_connections,
-            self.settings.timeouts.connect,
+        upstream = (
+            create_upstream(
+                self.settings.upstream_transport,
+                self.settings.upstream_max_connections,
+                self.settings.timeouts.connect,
+            )
+            if self.transport is None
+            else Upstream(self.transport, self.settings.timeouts.connect)
         )
         self.relay = Relay(
             settings=self.settings,
@@ -240,9 +248,15 @@ async def _not_ready(scope: Scope, send: Send) -> None:
     )
 
 
-def create_app(settings: Settings) -> Starlette:
-    """Build the gateway's ASGI application from its settings."""
-    gateway = _Gateway(settings)
+def create_app(
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> Starlette:
+    """Build the gateway's ASGI application from its settings.
+
+    ``transport`` replaces the upstream transport the settings choose (any httpx
+    transport, e.g. ``httpx.MockTransport`` to drive the relay in-process in tests).
+    """
+    gateway = _Gateway(settings, transport)
     routes: list[BaseRoute] = [
         Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),

@@ -1,0 +1,261 @@
+"""The relay's layers driven in-process: httpx's ASGI transport in front, a mock upstream behind.
+
+No sockets and no servers: each test builds the real app with an
+``httpx.MockTransport`` as its upstream transport, runs its lifespan, and
+talks to it through ``httpx.ASGITransport``. What only a socket shows
+(backpressure, disconnects, the drain, the SDKs) stays in the real-uvicorn
+tests; this file covers the send path's decisions fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.settings import load_settings
+from tests.integration.helpers import annotation, metric_value
+
+Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
+
+CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+SSE = {"content-type": "text/event-stream"}
+
+
+def _event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chat_stream(model: str = "answer-model", finish: bool = True, usage: bool = False) -> bytes:
+    parts = [_event({"model": model, "choices": [{"index": 0, "delta": {"content": "hi"}}]})]
+    if finish:
+        parts.append(
+            _event(
+                {"model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            )
+        )
+    if usage:
+        parts.append(_event({"model": model, "choices": [], "usage": {"prompt_tokens": 3}}))
+    if finish:
+        parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def answer(status: int, body: bytes = b"", **headers: str) -> httpx.Response:
+    """An upstream response whose body streams (an httpx response built from bytes
+    arrives already read, so the relay could not stream it)."""
+    return httpx.Response(status, headers=headers, content=_once(body))
+
+
+class Upstream:
+    """A mock upstream: answers with ``reply`` and keeps every request it got."""
+
+    def __init__(self, reply: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.reply = reply
+        self.requests: list[httpx.Request] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        self.requests.append(request)
+        return self.reply(request)
+
+
+@contextlib.asynccontextmanager
+async def gateway(upstream: Upstream, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    options: dict[str, Any] = {"access_log": False}
+    if "routes" not in settings:
+        options["upstream_url"] = "http://upstream.test/v1"
+    options.update(settings)
+    app = create_app(load_settings(**options), transport=httpx.MockTransport(upstream))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client,
+    ):
+        yield client
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+def test_a_complete_stream_is_relayed_then_annotated_and_counted() -> None:
+    upstream = Upstream(lambda r: answer(200, chat_stream(), **SSE))
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            metrics = (await client.get("/metrics")).text
+        assert response.content.startswith(chat_stream())
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"]) == ("complete", "stop")
+        assert note["rid"] == response.headers["x-request-id"]
+        assert response.headers["cache-control"] == "no-cache"
+        # the label is the model the upstream answered with, not the client's claim
+        assert metric_value(metrics, "gateway_streams_total", model="answer-model") == 1
+
+    run(test)
+
+
+def test_a_cut_stream_gets_the_error_event_and_no_terminator() -> None:
+    upstream = Upstream(lambda r: answer(200, chat_stream(finish=False), **SSE))
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+        assert b"[DONE]" not in response.content
+        assert b'"code": "missing_done"' in response.content.replace(b'":"', b'": "')
+        assert annotation(response.content)["reason"] == "missing_done"
+
+    run(test)
+
+
+def test_an_upstream_error_status_is_relayed_unchanged() -> None:
+    body = b'{"error":{"message":"slow down","type":"rate_limit"}}'
+    upstream = Upstream(
+        lambda r: answer(429, body, **{"retry-after": "7", "content-type": "application/json"})
+    )
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            metrics = (await client.get("/metrics")).text
+        assert response.status_code == 429
+        assert response.content == body
+        assert response.headers["retry-after"] == "7"
+        assert metric_value(metrics, "gateway_streams_total", reason="upstream_status") == 1
+
+    run(test)
+
+
+def test_an_unreachable_upstream_is_a_502_that_names_no_host() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused to upstream.test:443", request=request)
+
+    async def test() -> None:
+        async with gateway(Upstream(refuse)) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            metrics = (await client.get("/metrics")).text
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_unavailable"
+        assert "upstream.test" not in response.text
+        assert metric_value(metrics, "gateway_request_errors_total", error="connect_error") == 1
+
+    run(test)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "path", "header", "value"),
+    [
+        ("chat", "/v1/chat/completions", "authorization", "Bearer sk-route"),
+        ("messages", "/v1/messages", "x-api-key", "sk-route"),
+        ("gemini", "/v1/models/g:streamGenerateContent", "x-goog-api-key", "sk-route"),
+    ],
+)
+def test_the_route_credential_goes_in_its_protocols_header(
+    monkeypatch: pytest.MonkeyPatch, protocol: str, path: str, header: str, value: str
+) -> None:
+    monkeypatch.setenv("GW_TEST_ROUTE_KEY", "sk-route")
+    route = {
+        "name": "r",
+        "prefix": "/v1",
+        "upstream": "http://upstream.test/v1",
+        "protocol": protocol,
+        "credential_env": "GW_TEST_ROUTE_KEY",
+    }
+    upstream = Upstream(
+        lambda r: answer(200, b'{"ok": true}', **{"content-type": "application/json"})
+    )
+
+    async def test() -> None:
+        async with gateway(upstream, routes=[route]) as client:
+            await client.post(path, json={"model": "m"}, headers={"x-api-key": "client-key"})
+        (sent,) = upstream.requests
+        assert sent.headers[header] == value
+        others = {"authorization", "x-api-key", "x-goog-api-key"} - {header}
+        assert not others & set(sent.headers.keys())  # the client's key never passes
+
+    run(test)
+
+
+def test_usage_is_asked_for_and_withheld_from_a_client_that_did_not() -> None:
+    upstream = Upstream(lambda r: answer(200, chat_stream(usage=True), **SSE))
+    route = {
+        "name": "r",
+        "prefix": "/v1",
+        "upstream": "http://upstream.test/v1",
+        "inject_include_usage": True,
+    }
+
+    async def test() -> None:
+        async with gateway(upstream, routes=[route]) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            metrics = (await client.get("/metrics")).text
+        sent = json.loads(upstream.requests[0].content)
+        assert sent["stream_options"] == {"include_usage": True}
+        assert b'"usage"' not in response.content
+        assert metric_value(metrics, "gateway_tokens_total", type="input") == 3
+
+    run(test)
+
+
+def test_a_stream_asked_for_in_the_url_is_counted_before_any_answer() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    route = {"name": "g", "prefix": "/v1beta", "upstream": "http://upstream.test/v1beta"}
+
+    async def test() -> None:
+        async with gateway(Upstream(refuse), routes=[route]) as client:
+            path = "/v1beta/models/g:streamGenerateContent?alt=sse"
+            response = await client.post(path, json={"contents": []})
+            metrics = (await client.get("/metrics")).text
+        assert response.status_code == 502
+        assert metric_value(metrics, "gateway_streams_total", reason="upstream_unavailable") == 1
+
+    run(test)
+
+
+def test_a_broken_plain_answer_is_recorded() -> None:
+    upstream = Upstream(lambda r: answer(200, b'{"id": ', **{"content-type": "application/json"}))
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post("/v1/chat/completions", json={"model": "m"})
+            metrics = (await client.get("/metrics")).text
+        assert response.status_code == 200
+        assert response.content == b'{"id": '  # relayed unchanged
+        assert metric_value(metrics, "gateway_request_errors_total", error="invalid_json") == 1
+
+    run(test)
+
+
+def test_request_ids_and_forwarding_headers() -> None:
+    upstream = Upstream(
+        lambda r: answer(200, b"{}", **{"x-request-id": "up-1", "content-type": "application/json"})
+    )
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m"},
+                headers={"x-request-id": "mine-1", "x-forwarded-for": "6.6.6.6"},
+            )
+        assert response.headers["x-request-id"] == "mine-1"
+        assert response.headers["x-upstream-request-id"] == "up-1"
+        (sent,) = upstream.requests
+        assert sent.headers["x-request-id"] == "mine-1"
+        # the client's claim is kept, and the real peer is appended after it
+        assert sent.headers["x-forwarded-for"].startswith("6.6.6.6, ")
+
+    run(test)
