@@ -111,7 +111,7 @@ def _assemble(head: str, lines: list[str]) -> str:
 
 def dumps(capture: Capture, max_bytes: int | None = None) -> str:
     """The file's text (ASCII); with ``max_bytes``, trailing chunks are left out (and
-    ``truncated`` set) until it fits."""
+    ``truncated`` set) until it fits, the last one kept in part if there is room."""
     lines = [_chunk_line(at, data) for at, data in capture.chunks]
     text = _assemble(json.dumps(capture.header(), indent=2), lines)
     if max_bytes is None or len(text) <= max_bytes:
@@ -121,14 +121,30 @@ def dumps(capture: Capture, max_bytes: int | None = None) -> str:
     size = len(_assemble(head, [])) + sum(len(line) + 6 for line in lines) - 6 * bool(lines)
     while lines and size > max_bytes:
         size -= len(lines.pop()) + 6 * bool(lines)
-    del capture.chunks[len(lines) :]
+    kept = len(lines)
+    if kept < len(capture.chunks):
+        # What room is left takes the longest prefix of the first chunk left out.
+        at, data = capture.chunks[kept]
+        room = max_bytes - size - 6 * bool(lines)
+        low, high = 0, len(data)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if len(_chunk_line(at, data[:middle])) <= room:
+                low = middle
+            else:
+                high = middle - 1
+        if low:
+            lines.append(_chunk_line(at, data[:low]))
+            capture.chunks[kept] = (at, data[:low])
+            kept += 1
+    del capture.chunks[kept:]
     return _assemble(head, lines)
 
 
-def _field(obj: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+def _field(obj: Mapping[str, Any], name: str, kind: type) -> Any:
     value = obj.get(name)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise CaptureError(f"field {name!r} is missing or not a {kind}")
+    if not isinstance(value, kind):
+        raise CaptureError(f"field {name!r} is missing or not a {kind.__name__}")
     return value
 
 

@@ -4,8 +4,9 @@ Only a route with ``capture`` set pays for it: the relay wraps its chunk
 reader once per stream (``relay_stream``), so a route without captures runs
 the same loop as before, with no test per chunk. The tap keeps the chunks
 as the network delivered them (their boundaries are part of the evidence)
-and the time each arrived, up to ``max_bytes`` in all; past that it counts
-what it did not keep and marks itself truncated. It also notes how the
+and the time each arrived, up to ``max_bytes`` in all (the chunk that
+crosses the cap is kept up to it); past that it counts what it did not keep
+and marks itself truncated. It also notes how the
 upstream body ended as the reader saw it: a clean end (``eof``), a
 transport or decoding error, or the relay stopping the stream (``stopped``:
 a deadline, the client, the drain). Nothing here is redacted yet; the tap
@@ -96,9 +97,12 @@ class Tap:
         self.received_chunks += 1
         if self.truncated:
             return
-        if self.kept_bytes + len(chunk) > self.max_bytes:
-            # Chunk boundaries are evidence: keep whole chunks only.
+        room = self.max_bytes - self.kept_bytes
+        if len(chunk) > room:
+            # The file says so: its last chunk is only the part that fitted.
             self.truncated = True
-            return
+            chunk = chunk[:room]
+            if not chunk:
+                return
         self.kept_bytes += len(chunk)
         self.chunks.append((now - self._origin, chunk))
