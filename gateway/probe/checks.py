@@ -292,7 +292,10 @@ def _problem(check: str, cell: Cell, seen: Observed, record: RequestRecord) -> s
         if verdict.reason is Reason.CLIENT_DISCONNECT:
             return None
         if verdict.complete:
-            return "recorded complete although the probe left after the first content event"
+            return (
+                "recorded complete although the probe left after the first content event "
+                "(the whole answer was relayed before the gateway saw it leave)"
+            )
         return f"expected client_disconnect, recorded {ended}"
     if not verdict.complete:
         return f"the stream ended {ended}"
