@@ -148,9 +148,15 @@ def _parser() -> argparse.ArgumentParser:
         if key in _PROBE_SETTINGS:
             probe.add_argument(flag, dest=key, **options)
     many: dict[str, Any] = {"action": "extend", "nargs": "+", "default": []}
-    probe.add_argument("--route", dest="probe_routes", metavar="NAME", **many)
     probe.add_argument(
-        "--model", dest="probe_models", metavar="M", help="(sim-model with --simulator)", **many
+        "--route", dest="probe_routes", metavar="NAME", help="only these routes", **many
+    )
+    probe.add_argument(
+        "--model",
+        dest="probe_models",
+        metavar="M",
+        help="the models to probe (required; sim-model with --simulator)",
+        **many,
     )
     probe.add_argument(
         "--protocol",

@@ -11,9 +11,10 @@ or the drain cut says nothing about the upstream's bytes: the relay's own
 verdict overrides the guard's there, and replay does the same.
 
 The replayed verdict is compared with the recorded one: ``same``,
-``different`` (the guard now judges these bytes otherwise: a regression, or
-the fix the capture was kept for), or ``undecided`` (the capture was cut at
-its byte cap before anything was decided).
+``different`` (the guard now judges these bytes otherwise, or reaches no
+verdict where it once rejected an event: a regression, or the fix the
+capture was kept for), or ``undecided`` (the capture was cut at its byte
+cap before anything was decided).
 """
 
 from __future__ import annotations

@@ -321,7 +321,7 @@ def test_the_count_cap_keeps_the_newest_files_and_touches_no_other(
             httpx.post(
                 gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers
             )
-            _eventually(lambda n=number: _written(gw, "v1") == n)  # type: ignore[misc]
+            _eventually(lambda n=number: _written(gw, "v1") == n)
     names = [p.name for p in _files(tmp_path)]
     assert [name.rsplit("-", 1)[1] for name in names] == [f"{n}{SUFFIX}" for n in (3, 4, 5)]
     assert (tmp_path / "notes.txt").read_text() == "mine"
