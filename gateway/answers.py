@@ -22,6 +22,7 @@ from typing import NoReturn
 
 import httpx
 
+from gateway.capture.tap import Tap
 from gateway.deadlines import Watchdog
 from gateway.edge import abort_connection
 from gateway.exchange import AbortConnection, Exchange
@@ -223,6 +224,15 @@ async def relay_stream(
     )
     loop = asyncio.get_running_loop()
     read = chunk_reader(response)
+    config = exchange.route.config
+    if config.capture != "off":  # once per stream: a route without captures pays nothing more
+        record.tap = Tap(
+            record.started,
+            config.capture_max_bytes,
+            exchange.spec.name,
+            response.headers.get("content-type", ""),
+        )
+        read = record.tap.wrap(read)
     timing = _Timing(record)
     # One timer for the first-byte, idle, client-send and total deadlines, re-armed
     # only when it fires: cheaper than rescheduling a timeout on every chunk.

@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -28,11 +28,12 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
+from gateway.capture.writer import CaptureWriter
 from gateway.edge import edge_state
 from gateway.errors import error_body, error_headers, send_error
 from gateway.headers import get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
-from gateway.observe import AccessLog, Metrics, ModelLabels, Observers
+from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
@@ -95,16 +96,30 @@ class _Gateway:
     """Holds what the lifespan creates, for the routes to reach."""
 
     def __init__(
-        self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        settings: Settings,
+        observers: Sequence[Observer] = (),
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.metrics = Metrics()
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(settings.access_log)
+        self.captures = CaptureWriter.for_settings(
+            settings,
+            on_written=self.metrics.capture_written,
+            on_dropped=self.metrics.capture_dropped,
+        )
         # Each finished request goes to every observer; one's failure never reaches another.
         self.observers = Observers(
-            [self.metrics, self.access_log], on_error=self.metrics.observer_failed
+            [
+                self.metrics,
+                self.access_log,
+                *([self.captures] if self.captures is not None else []),
+                *observers,
+            ],
+            on_error=self.metrics.observer_failed,
         )
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
@@ -156,6 +171,8 @@ class _Gateway:
                     signal.signal(signal.SIGTERM, previous)
             await upstream.aclose()
             self.access_log.flush()
+            if self.captures is not None:
+                await asyncio.to_thread(self.captures.close)
             if simulator is not None:
                 await simulator.stop()
             if self.metrics.multiprocess:
@@ -249,14 +266,19 @@ async def _not_ready(scope: Scope, send: Send) -> None:
 
 
 def create_app(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    observers: Sequence[Observer] = (),
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> Starlette:
     """Build the gateway's ASGI application from its settings.
 
+    ``observers`` are handed each finished request after the gateway's own
+    (metrics, access log, captures): ``gateway probe`` reads its verdicts so.
     ``transport`` replaces the upstream transport the settings choose (any httpx
     transport, e.g. ``httpx.MockTransport`` to drive the relay in-process in tests).
     """
-    gateway = _Gateway(settings, transport)
+    gateway = _Gateway(settings, observers, transport)
     routes: list[BaseRoute] = [
         Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),

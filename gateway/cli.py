@@ -1,4 +1,4 @@
-"""The command line: ``gateway serve``, ``gateway simulate``, ``gateway check-config``.
+"""The command line: ``gateway serve``, ``simulate``, ``check-config``, ``probe``, ``replay``.
 
 Imports of the app (and so of prometheus_client) are deferred until the
 multiprocess metrics directory is prepared, because prometheus-client picks
@@ -68,6 +68,21 @@ _SETTING_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
 )
 
+#: The settings flags ``probe`` takes (where the routes are, and their deadlines).
+_PROBE_SETTINGS = frozenset(
+    {
+        "config",
+        "upstream_url",
+        "simulator",
+        "timeouts.connect",
+        "timeouts.first_byte",
+        "timeouts.idle",
+        "timeouts.total",
+    }
+)
+#: The probe's checks (gateway.probe.checks.CHECKS; not imported here to keep start-up light).
+_CHECKS = ("stream", "usage", "tool_call", "choices", "plain", "interrupted", "refused")
+
 _DESCRIPTION = (
     "An LLM streaming gateway: a reverse proxy that checks every streamed answer "
     "ended properly, tells the client, and records it."
@@ -121,6 +136,64 @@ def _parser() -> argparse.ArgumentParser:
         "redacted (exit 0), or say what is wrong (exit 2).",
     )
     common(check)
+    probe = sub.add_parser(
+        "probe",
+        help="check the configured routes: the route acceptance matrix",
+        description="Send fixed, short, harmless requests through an in-process gateway "
+        "(the configured routes, on a free loopback port) and print what the gateway "
+        "recorded of each: one row per route, model and check. Exit 0 when every check "
+        "holds, 1 when one fails, 2 on a configuration error.",
+    )
+    for key, flag, options in _SETTING_FLAGS:
+        if key in _PROBE_SETTINGS:
+            probe.add_argument(flag, dest=key, **options)
+    many: dict[str, Any] = {"action": "extend", "nargs": "+", "default": []}
+    probe.add_argument(
+        "--route", dest="probe_routes", metavar="NAME", help="only these routes", **many
+    )
+    probe.add_argument(
+        "--model",
+        dest="probe_models",
+        metavar="M",
+        help="the models to probe (required; sim-model with --simulator)",
+        **many,
+    )
+    probe.add_argument(
+        "--protocol",
+        dest="probe_protocols",
+        metavar="P",
+        help="protocols for routes with protocol auto",
+        **many,
+    )
+    probe.add_argument(
+        "--check",
+        dest="probe_checks",
+        metavar="C",
+        help="only these checks (default: all the protocol has): " + ", ".join(_CHECKS),
+        **many,
+    )
+    probe.add_argument("--json", metavar="FILE", help="write the matrix as JSON")
+    probe.add_argument("--markdown", metavar="FILE", help="write the matrix as Markdown")
+    probe.add_argument("--dry-run", action="store_true", help="print the requests, send nothing")
+    probe.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="per check (default 60)"
+    )
+    probe.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="CHECK:x-sim-NAME=VALUE",
+        help="testing aid: add a simulator knob header to one check's requests",
+    )
+    replay = sub.add_parser(
+        "replay",
+        help="feed capture files through the guard and print the verdicts",
+        description="Feed each capture through the guard with its original chunk "
+        "boundaries; print the replayed and the recorded verdict. Exit 0 when every "
+        "file replays to its recorded verdict, 1 when one does not, 2 when a file is "
+        "no capture.",
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE")
     sim = sub.add_parser(
         "simulate",
         help="run the built-in fake provider",
@@ -298,6 +371,80 @@ def serve(settings: Settings) -> None:
     uvicorn.run(create_app(settings), **common)
 
 
+def probe(args: argparse.Namespace, settings: Settings) -> int:
+    """``gateway probe``: the exit status (0 all hold, 1 one failed; 2 exits earlier)."""
+    from gateway.probe import ProbeConfigError, dry_run, make_plan, run_plan
+
+    try:
+        plan = make_plan(
+            settings,
+            routes=args.probe_routes,
+            models=args.probe_models,
+            protocols=args.probe_protocols,
+            checks=args.probe_checks,
+            inject=args.inject,
+        )
+    except ProbeConfigError as exc:
+        _die(f"probe: {exc}")
+    if args.timeout <= 0:
+        _die("probe: --timeout must be positive")
+    if args.dry_run:
+        print(dry_run(plan))
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    matrix = _run_async(run_plan(settings, plan, check_seconds=args.timeout))
+    print(matrix.table(), end="")
+    try:
+        if args.json:
+            Path(args.json).write_text(matrix.dumps())
+        if args.markdown:
+            Path(args.markdown).write_text(matrix.markdown())
+    except OSError as exc:
+        _die(f"probe: cannot write the report: {exc}")
+    return 0 if matrix.passed else 1
+
+
+def _run_async(coroutine: Any) -> Any:
+    """Run on uvloop where there is one, as ``serve`` does."""
+    import asyncio
+
+    factory = None
+    if sys.platform != "win32":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coroutine)
+
+
+def replay(files: list[str]) -> int:
+    """``gateway replay``: one line per file; the exit status."""
+    from gateway.capture import CaptureError, load
+    from gateway.capture import replay as replay_capture
+
+    worst = 0
+    for name in files:
+        try:
+            capture = load(Path(name))
+            result = replay_capture(capture)
+        except CaptureError as exc:
+            print(f"gateway: replay: {exc}", file=sys.stderr)
+            worst = 2
+            continue
+        replayed = "/".join(result.replayed) if result.replayed else "no verdict"
+        recorded = "/".join(result.recorded)
+        print(
+            f"{name}: {result.result}: replayed {replayed}, recorded {recorded} "
+            f"({capture.protocol}, route {capture.route}, {result.chunks} chunks, "
+            f"{result.bytes} bytes, ending {capture.ending}"
+            + (", truncated" if capture.truncated else "")
+            + ")"
+        )
+        if result.result != "same":
+            worst = max(worst, 1)
+    return worst
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "simulate":
@@ -305,10 +452,14 @@ def main(argv: list[str] | None = None) -> None:
 
         simulate(args.host, args.port, default_tps=args.tps, default_tokens=args.tokens)
         return
+    if args.command == "replay":
+        raise SystemExit(replay(args.files))
     settings = _load(args)
     if args.command == "check-config":
         print(json.dumps(redacted(settings), indent=2, sort_keys=True))
         return
+    if args.command == "probe":
+        raise SystemExit(probe(args, settings))
     serve(settings)
 
 

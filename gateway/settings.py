@@ -199,11 +199,31 @@ class RouteConfig(_Strict):
         description="SHA-256 hex digests of the client keys this route accepts; "
         "set, it replaces the global list for this route ([] takes no key).",
     )
+    capture: Literal["off", "incomplete", "all"] = Field(
+        "off",
+        description="Write a redacted capture of what the upstream sent: off, for "
+        "incomplete streams, or for all streams (gateway/capture/).",
+    )
+    capture_dir: Path | None = Field(None, description="Directory of the capture files.")
+    capture_max_bytes: int = Field(
+        1024 * 1024, ge=4096, description="Largest capture file; a longer stream is cut."
+    )
+    capture_max_files: int = Field(
+        100, ge=1, description="Capture files kept in capture_dir; the oldest go first."
+    )
 
     @field_validator("client_key_sha256")
     @classmethod
     def _hashes(cls, value: list[str] | None) -> list[str] | None:
         return value if value is None else _sha256_list(value)
+
+    @model_validator(mode="after")
+    def _capture_dir(self) -> RouteConfig:
+        if self.capture != "off":
+            if self.capture_dir is None:
+                raise ValueError(f'capture = "{self.capture}" needs capture_dir (a directory)')
+            _check_writable_directory(self.capture_dir)
+        return self
 
     @field_validator("name")
     @classmethod

@@ -197,6 +197,18 @@ class Metrics:
             ["observer"],
             registry=reg,
         )
+        self.captures_written = Counter(
+            "gateway_captures_written_total",
+            "Capture files written (routes with capture set).",
+            ["route"],
+            registry=reg,
+        )
+        self.captures_dropped = Counter(
+            "gateway_captures_dropped_total",
+            "Captures not written: the writer's queue was full, or the write failed.",
+            ["route", "reason"],
+            registry=reg,
+        )
         self.build_info = Gauge(
             "gateway_build_info",
             "Build information; the value is always 1.",
@@ -217,6 +229,12 @@ class Metrics:
 
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
+
+    def capture_written(self, route: str) -> None:
+        self._child(self.captures_written, route).inc()
+
+    def capture_dropped(self, route: str, reason: str) -> None:
+        self._child(self.captures_dropped, route, reason).inc()
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: label values are bounded, lookups are hot."""

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.guard.verdict import Usage, Verdict
+
+if TYPE_CHECKING:
+    from gateway.capture.tap import Tap
 
 __all__ = ["RequestRecord"]
 
@@ -40,3 +44,4 @@ class RequestRecord:
     chunk_gaps: list[float] = field(default_factory=list)
     rejected: str | None = None  # reason label when refused before reaching an upstream
     error: str | None = None  # short internal classification, never exception text
+    tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams

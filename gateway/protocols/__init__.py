@@ -10,7 +10,13 @@ module (its contract in ``gateway/guard/``, its spec here) and one line in
 from __future__ import annotations
 
 from gateway.guard import Protocol
-from gateway.protocols._spec import ContractOptions, CredentialStyle, ProtocolSpec
+from gateway.protocols._spec import (
+    ClientRequests,
+    ContractOptions,
+    CredentialStyle,
+    ProtocolSpec,
+    Tool,
+)
 from gateway.protocols.anthropic import MESSAGES
 from gateway.protocols.google import GEMINI
 from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
@@ -18,9 +24,11 @@ from gateway.protocols.sse import SSE
 
 __all__ = [
     "REGISTRY",
+    "ClientRequests",
     "ContractOptions",
     "CredentialStyle",
     "ProtocolSpec",
+    "Tool",
     "detect",
     "spec_for",
 ]

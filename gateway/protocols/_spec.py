@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Protocol, Reason, Usage
 
-__all__ = ["ContractOptions", "CredentialStyle", "ProtocolSpec", "body_says_stream"]
+__all__ = [
+    "ClientRequests",
+    "ContractOptions",
+    "CredentialStyle",
+    "ProtocolSpec",
+    "Tool",
+    "body_says_stream",
+]
 
 Json = dict[str, Any]
 
@@ -35,6 +42,35 @@ class ContractOptions:
 
     require_finish_reason: bool = True
     withhold_usage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function tool as a client declares it: name, description, JSON Schema."""
+
+    name: str
+    description: str
+    parameters: Json
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequests:
+    """How a client asks this protocol for an answer (``gateway probe`` speaks through it).
+
+    Each builder returns a fresh JSON body; ``tool`` and ``choices`` are None
+    where the protocol has no tool calls or no several answers per request.
+    """
+
+    #: The request path below the route's prefix (query included) for a model.
+    path: Callable[[str, bool], str]
+    #: A body asking ``model`` to answer ``prompt`` within ``max_tokens``, streamed or not.
+    text: Callable[[str, str, int, bool], Json]
+    #: Headers the protocol requires of a client besides the content type.
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: Declare one tool in a body and make the model call it.
+    tool: Callable[[Json, Tool], None] | None = None
+    #: Ask a body for ``n`` answers.
+    choices: Callable[[Json, int], None] | None = None
 
 
 def body_says_stream(path: str, body: Json | None) -> bool:
@@ -68,6 +104,8 @@ class ProtocolSpec:
     make_contract: Callable[[ContractOptions], Contract] | None = None
     #: Rewrite a stream request's JSON body to ask for usage; True when it did (Chat only).
     ask_for_usage: Callable[[Json], bool] | None = None
+    #: How a client speaks it (None: no answer shape to ask for, e.g. bare SSE).
+    requests: ClientRequests | None = None
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.guard import GeminiContract, Protocol
 from gateway.guard.gemini import gemini_answer_usage, gemini_wants_stream, is_gemini_path
-from gateway.protocols._spec import CredentialStyle, ProtocolSpec
+from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
 
 __all__ = ["GEMINI"]
 
@@ -18,6 +18,32 @@ __all__ = ["GEMINI"]
 def _model_version(body: dict[str, Any]) -> str | None:
     model = body.get("modelVersion")
     return model if isinstance(model, str) else None
+
+
+def _path(model: str, stream: bool) -> str:
+    return (
+        f"/models/{model}:streamGenerateContent?alt=sse"
+        if stream
+        else f"/models/{model}:generateContent"
+    )
+
+
+def _text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    # The model and whether to stream are in the path.
+    return {
+        "contents": [{"role": "user", "parts": [{"text": prompt}]}],
+        "generationConfig": {"maxOutputTokens": max_tokens},
+    }
+
+
+def _tool(body: dict[str, Any], tool: Tool) -> None:
+    declaration = {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters,
+    }
+    body["tools"] = [{"functionDeclarations": [declaration]}]
+    body["toolConfig"] = {"functionCallingConfig": {"mode": "ANY"}}
 
 
 GEMINI = ProtocolSpec(
@@ -28,4 +54,5 @@ GEMINI = ProtocolSpec(
     answer_usage=gemini_answer_usage,
     answer_model=_model_version,
     credential=CredentialStyle.X_GOOG_API_KEY,
+    requests=ClientRequests(path=_path, text=_text, tool=_tool),
 )

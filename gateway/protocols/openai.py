@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.guard import ChatContract, CompletionsContract, Protocol, ResponsesContract
 from gateway.guard.usage import chat_usage, responses_usage
-from gateway.protocols._spec import ProtocolSpec, body_says_stream
+from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
 
@@ -21,6 +21,51 @@ def _ask_for_usage(body: dict[str, Any]) -> bool:
     new_options["include_usage"] = True
     body["stream_options"] = new_options
     return True
+
+
+def _chat_text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def _chat_tool(body: dict[str, Any], tool: Tool) -> None:
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    body["tools"] = [{"type": "function", "function": function}]
+    body["tool_choice"] = {"type": "function", "function": {"name": tool.name}}
+
+
+def _completions_text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+
+
+def _choices(body: dict[str, Any], n: int) -> None:
+    body["n"] = n
+
+
+def _responses_text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    # The Responses API wants max_output_tokens >= 16.
+    return {
+        "model": model,
+        "input": prompt,
+        "max_output_tokens": max(max_tokens, 16),
+        "stream": stream,
+    }
+
+
+def _responses_tool(body: dict[str, Any], tool: Tool) -> None:
+    body["tools"] = [
+        {
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        }
+    ]
+    body["tool_choice"] = {"type": "function", "name": tool.name}
 
 
 def _ends_with(suffix: str) -> Callable[[str], bool]:
@@ -37,6 +82,12 @@ CHAT = ProtocolSpec(
         require_finish_reason=o.require_finish_reason, withhold_usage=o.withhold_usage
     ),
     ask_for_usage=_ask_for_usage,
+    requests=ClientRequests(
+        path=lambda model, stream: "/chat/completions",
+        text=_chat_text,
+        tool=_chat_tool,
+        choices=_choices,
+    ),
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -46,6 +97,9 @@ COMPLETIONS = ProtocolSpec(
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: CompletionsContract(require_finish_reason=o.require_finish_reason),
+    requests=ClientRequests(
+        path=lambda model, stream: "/completions", text=_completions_text, choices=_choices
+    ),
 )
 
 RESPONSES = ProtocolSpec(
@@ -54,4 +108,7 @@ RESPONSES = ProtocolSpec(
     matches=_ends_with("/responses"),
     wants_stream=body_says_stream,
     answer_usage=lambda body: responses_usage(body.get("usage")),
+    requests=ClientRequests(
+        path=lambda model, stream: "/responses", text=_responses_text, tool=_responses_tool
+    ),
 )

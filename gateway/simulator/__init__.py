@@ -10,9 +10,10 @@ Public surface::
     serve(host, port, **kw)                       # blocking
     await start_in_background(host, port, **kw)   # -> RunningSimulator (.port, .stop())
     FAULTS, expected_text(), tool_arguments()     # for tests
+    UNKNOWN_MODEL                                 # model names starting so get a 404
 """
 
-from gateway.simulator._app import create_simulator_app
+from gateway.simulator._app import UNKNOWN_MODEL, create_simulator_app
 from gateway.simulator._knobs import FAULTS, KnobError, Knobs
 from gateway.simulator._records import RecordStore, RequestRecord
 from gateway.simulator._server import RunningSimulator, serve, start_in_background
@@ -20,6 +21,7 @@ from gateway.simulator._text import expected_text, tool_arguments
 
 __all__ = [
     "FAULTS",
+    "UNKNOWN_MODEL",
     "KnobError",
     "Knobs",
     "RecordStore",

@@ -31,9 +31,12 @@ from gateway.simulator._script import Step, Write, json_steps, stream_steps
 from gateway.simulator._sse import dumps
 from gateway.simulator._wire import Closing, ScriptedResponse, install_abort_log_filter
 
-__all__ = ["create_simulator_app"]
+__all__ = ["UNKNOWN_MODEL", "create_simulator_app"]
 
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503, 529})
+#: A model whose name starts so is refused (404, the provider's shape), as a real
+#: provider refuses a model it does not have; any other name is answered.
+UNKNOWN_MODEL: Final = "no-such-model"
 _DEFAULT_LIST_LIMIT: Final = 100
 
 
@@ -126,6 +129,10 @@ class _Simulator:
             message = f"Simulated upstream error (status {knobs.status})."
             payload = error_body(protocol, knobs.status, message, upstream_id)
             return self._json(knobs.status, payload, id_headers)
+        named = model if model is not None else body.get("model")
+        if knobs.fault == "none" and isinstance(named, str) and named.startswith(UNKNOWN_MODEL):
+            payload = error_body(protocol, 404, "The model does not exist.", upstream_id)
+            return self._json(404, payload, id_headers)
 
         plan = make_plan(protocol, body, knobs, size, model=model)
         renderer = make_renderer(plan, crlf=knobs.crlf)

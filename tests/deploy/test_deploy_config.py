@@ -93,6 +93,8 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_rejected_requests_total": {"reason"},
     "gateway_request_errors_total": {"route", "error"},
     "gateway_observer_errors_total": {"observer"},
+    "gateway_captures_written_total": {"route"},
+    "gateway_captures_dropped_total": {"route", "reason"},
     "gateway_build_info": {"version"},
 }
 # Seconds beyond the drain timeout that a stop must allow: the server gives
