@@ -255,7 +255,7 @@ def test_a_member_kept_in_by_the_percent_cap_is_ejected_once_there_is_room() -> 
 
 
 def test_a_pool_needs_a_positive_weight_for_each_upstream() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one upstream"):
         Pool([])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="positive weight"):
         Pool([1, 0])
