@@ -39,7 +39,7 @@ __all__ = [
 class Result(enum.StrEnum):
     OK = "ok"
     CONNECT_ERROR = "connect_error"  # refused, DNS, TLS, connect timeout
-    TIMEOUT = "timeout"  # no head (or, held, no first event) in time
+    TIMEOUT = "timeout"  # no head, or no first event (first byte) in time
     STATUS_429 = "status_429"
     STATUS_5XX = "status_5xx"
     STATUS_4XX = "status_4xx"
@@ -111,6 +111,9 @@ def result_of_answer(status: int, verdict: Verdict | None, error: str | None) ->
     if result is not Result.OK:
         return result
     if verdict is not None and not verdict.complete:
+        # No first byte in time is a timeout, held or not.
+        if verdict.reason is Reason.FIRST_BYTE_TIMEOUT:
+            return Result.TIMEOUT
         return Result.INCOMPLETE
     if error in ("upstream_disconnect", "upstream_timeout", "client_stalled"):
         return Result.INCOMPLETE

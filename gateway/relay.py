@@ -309,7 +309,7 @@ class Relay:
                         await self._fail_before_response(exchange, failure)
                         return None
             record.upstream = endpoint.name
-            answered = True
+            answered = held is None or held.failure is None  # else: its result stands
             await self._answer(exchange, response, guard, held)
             return None
         finally:

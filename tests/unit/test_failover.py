@@ -36,9 +36,7 @@ from gateway.settings import DEFAULT_RETRY_ON, RouteConfig
         ),
     ],
 )
-def test_a_failure_before_the_head_has_one_result(
-    failure: AttemptFailure, result: Result
-) -> None:
+def test_a_failure_before_the_head_has_one_result(failure: AttemptFailure, result: Result) -> None:
     assert result_of_failure(failure) is result
 
 
@@ -98,6 +96,8 @@ def test_an_answer_the_client_got_is_ok_or_incomplete_or_its_status() -> None:
     cut = bare_verdict(Reason.UPSTREAM_DISCONNECT)
     assert result_of_answer(200, cut, None) is Result.INCOMPLETE
     assert result_of_answer(200, None, "upstream_disconnect") is Result.INCOMPLETE
+    late = bare_verdict(Reason.FIRST_BYTE_TIMEOUT)
+    assert result_of_answer(200, late, None) is Result.TIMEOUT  # held or not
     assert result_of_answer(503, bare_verdict(Reason.UPSTREAM_STATUS), None) is Result.STATUS_5XX
 
 
