@@ -269,8 +269,7 @@ class Relay:
         )
         record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
         result = Result.INCOMPLETE  # stays so when the attempt is cancelled
         reason: Reason | None = None
         answered = False
@@ -321,7 +320,7 @@ class Relay:
                 reason = verdict.reason if verdict is not None else exchange.stop_reason
                 if reason is not None and result is Result.OK and verdict is None:
                     result = Result.INCOMPLETE  # a plain answer cut by a stop
-            record.attempts.append(Attempt(endpoint.name, result, loop.time() - started))
+            record.attempts.append(Attempt(endpoint.name, result, time.monotonic() - started))
             self._attempt_done(route, endpoint, lease, health_of(result, reason, record.error))
 
     def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
