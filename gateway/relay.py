@@ -270,9 +270,11 @@ class Relay:
         record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
         started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
-        result = Result.INCOMPLETE  # stays so when the attempt is cancelled
+        result = Result.OK
         reason: Reason | None = None
-        answered = False
+        answered = False  # the answer went to the client: its result is read off the record
+        stopped = False  # cancelled: says nothing about the upstream
+        retry: Lease | None = None  # the next attempt's upstream, once claimed
         response: httpx.Response | None = None
         try:
             outcome = await attempt(
@@ -311,17 +313,26 @@ class Relay:
             answered = held is None or held.failure is None  # else: its result stands
             await self._answer(exchange, response, guard, held)
             return None
+        except asyncio.CancelledError:
+            result, reason, answered, stopped = Result.INCOMPLETE, exchange.stop_reason, False, True
+            raise
         finally:
-            if response is not None:
-                await close_quietly(response)
-            if answered:
-                verdict = record.verdict
-                result = result_of_answer(record.status, verdict, record.error)
-                reason = verdict.reason if verdict is not None else exchange.stop_reason
-                if reason is not None and result is Result.OK and verdict is None:
-                    result = Result.INCOMPLETE  # a plain answer cut by a stop
-            record.attempts.append(Attempt(endpoint.name, result, time.monotonic() - started))
-            self._attempt_done(route, endpoint, lease, health_of(result, reason, record.error))
+            try:
+                if response is not None:
+                    await close_quietly(response)
+            except BaseException:
+                if retry is not None:  # claimed, but this request will not get to use it
+                    route.pool.done(retry, Health.NEUTRAL)
+                raise
+            finally:
+                if answered:
+                    verdict = record.verdict
+                    result = result_of_answer(record.status, verdict, record.error)
+                    reason = verdict.reason if verdict is not None else None
+                health = Health.NEUTRAL if stopped else health_of(result, reason, record.error)
+                duration = time.monotonic() - started
+                record.attempts.append(Attempt(endpoint.name, result, duration))
+                self._attempt_done(route, endpoint, lease, health)
 
     def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
         """The next upstream's lease when ``result`` may be retried now, else None."""

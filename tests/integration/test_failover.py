@@ -383,6 +383,35 @@ def test_a_pool_of_healthy_upstreams_answers_exactly_as_one_does(healthy: Server
     assert two.headers["x-gateway-upstream"] in ("a", "b")
 
 
+def test_a_client_that_leaves_while_the_head_is_held_frees_its_upstream(
+    healthy: ServerThread,
+) -> None:
+    with (
+        raw_upstream(_silent_after_head) as raw,
+        gateway_for("", routes=pair(raw, healthy, 1000)) as gw,
+    ):
+        for _ in range(40):  # until one request went to the silent upstream first
+            try:
+                response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
+            except httpx.ReadTimeout:  # the client leaves: nothing came in 0.3 s
+                break
+            assert_complete_from(response, "fallback")
+        assert len(raw.requests) == 1
+        loop = asyncio.new_event_loop()
+        deadline = loop.time() + 10
+        while True:  # the gateway notices the client left, and lets the upstream go
+            text = metrics(gw)
+            if metric_value(text, ATTEMPTS, upstream="primary") == 1:
+                break
+            assert loop.time() < deadline, "the attempt never ended"
+            loop.run_until_complete(asyncio.sleep(0.02))
+        loop.close()
+        assert metric_value(text, ATTEMPTS, upstream="primary", result="incomplete") == 1
+        assert metric_value(text, "gateway_upstream_active_streams") == 0
+        assert metric_value(text, "gateway_streams_total", reason="client_disconnect") == 1
+        assert metric_value(text, "gateway_upstream_ejected", upstream="primary") == 0
+
+
 # -- what is never retried --------------------------------------------------------------------
 
 
