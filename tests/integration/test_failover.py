@@ -14,6 +14,8 @@ import asyncio
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -816,6 +818,88 @@ def test_a_single_upstream_is_a_pool_of_one_that_never_retries(unavailable: Serv
         text = metrics(gw)
         assert metric_value(text, ATTEMPTS, upstream="default", result="status_5xx") == 1
         assert metric_value(text, ATTEMPTS) == 1
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+def _check_config(routes: Any, **env: str) -> subprocess.CompletedProcess[str]:
+    """``gateway check-config`` with ``GATEWAY_ROUTES`` (JSON), as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GATEWAY_ROUTES": json.dumps(routes)}
+        | env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_pool_through_gateway_routes_with_its_keys_and_credentials_redacted() -> None:
+    routes = pool(
+        up("a", "https://a.example/v1", credential_env="KEY_A", weight=3),
+        up("b", "https://b.example/v1?api-key=secret", models={"x": "y"}),
+        max_attempts=3,
+        retry_on=["5xx", "first_byte_timeout"],
+        eject_after=2,
+    )
+    result = _check_config(routes, KEY_A="sk-secret-a")
+    assert result.returncode == 0, result.stderr
+    assert "sk-secret-a" not in result.stdout
+    assert "secret" not in result.stdout.replace("<redacted>", "")
+    shown = json.loads(result.stdout)
+    (route,) = shown["routes"]
+    assert (route["max_attempts"], route["retry_on"], route["eject_after"]) == (
+        3,
+        ["5xx", "first_byte_timeout"],
+        2,
+    )
+    (effective,) = shown["effective_routes"]
+    assert effective["upstreams"] == [
+        {"name": "a", "url": "https://a.example/v1", "weight": 3, "credential": "<redacted>"},
+        {
+            "name": "b",
+            "url": "https://b.example/v1?api-key=<redacted>",
+            "weight": 1,
+            "credential": None,
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        (
+            {"upstream": "https://a.example/v1", "upstreams": [up("a", "https://a.example/v1")]},
+            "either upstream or upstreams",
+        ),
+        ({"upstreams": []}, "needs an upstream"),
+        (
+            {"upstreams": [up("a", "https://a.example/v1"), up("a", "https://b.example/v1")]},
+            "must be unique",
+        ),
+        ({"upstreams": [up("a b", "https://a.example/v1")]}, "[A-Za-z0-9_.-]"),
+        ({"upstreams": [up("a", "ftp://a.example/v1")]}, "http:// or https://"),
+        (
+            {"upstreams": [up("a", "https://a.example/v1")], "credential_env": "KEY"},
+            "belong to each of the route's upstreams",
+        ),
+        ({"upstream": "https://a.example/v1", "retry_on": ["4xx"]}, "retry_on"),
+        ({"upstream": "https://a.example/v1", "max_attempts": 0}, "max_attempts"),
+        (
+            {"upstream": "https://a.example/v1", "eject_base_seconds": 60, "eject_max_seconds": 30},
+            "eject_max_seconds must not be below eject_base_seconds",
+        ),
+        ({"upstreams": [up("a", "https://a.example/v1", weight=0)]}, "weight"),
+    ],
+)
+def test_a_bad_pool_is_refused_at_start_naming_the_key(route: dict[str, Any], message: str) -> None:
+    result = _check_config([{"name": "chat", "prefix": "/v1", **route}])
+    assert result.returncode == 2, result.stdout
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr, result.stderr
+    assert "GATEWAY_ROUTES" in result.stderr
 
 
 # -- the simulator as a provider that always fails -------------------------------------------------
