@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from starlette.types import Receive, Scope
 
 from gateway.headers import RawHeaders, get_header
-from gateway.routing import PathRejected, Route, upstream_target
+from gateway.routing import PathRejected, Route, Target, request_target
 from gateway.settings import Limits, RouteConfig
 
 __all__ = ["Admission", "ClientGone", "Refused"]
@@ -72,8 +72,9 @@ class Admission:
 
     async def admit(
         self, route: Route, scope: Scope, receive: Receive, draining: bool
-    ) -> tuple[str, bytes]:
-        """The upstream URL and the whole request body, or Refused / ClientGone."""
+    ) -> tuple[Target, bytes]:
+        """The request target below the prefix and the whole request body, or Refused /
+        ClientGone."""
         if draining:
             raise Refused(
                 503,
@@ -83,7 +84,7 @@ class Admission:
                 [(b"retry-after", b"1"), (b"connection", b"close")],
             )
         try:
-            url = upstream_target(
+            target = request_target(
                 route,
                 scope["path"],
                 scope.get("raw_path") or scope["path"].encode(),
@@ -97,7 +98,7 @@ class Admission:
         accepted = self._route_keys.get(route.name, self._global_keys)
         if accepted:
             self._check_key(accepted, headers)
-        return url, await self._read_body(headers, receive)
+        return target, await self._read_body(headers, receive)
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
         """The whole body, counted in ``buffered_bytes`` until ``release(len(body))``."""

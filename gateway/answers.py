@@ -7,6 +7,13 @@ only as fast as the client takes them (backpressure: ``await send`` returns
 once uvicorn's transport accepted the bytes), only event-aligned bytes are
 forwarded, the deadlines run on one ``Watchdog``, and the annotation ends it.
 
+While a retry on another upstream is still possible, the relay first holds
+the answer (``hold_stream``, ``hold_plain``): the head is not sent until the
+stream's first event (any other body: its first byte) has arrived, so an
+answer that ends or breaks before that can still be retried; what was read
+meanwhile goes out right after the head (``held=``), and time to first byte
+is measured to that moment. The holding runs once per answer, never per event.
+
 A client that stops taking bytes for ``timeouts.client_send`` is dropped:
 its connection is aborted (a reset, nothing left queued) and the stream is
 ``client_stalled``. Once the response head is out, breaking the connection
@@ -18,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import NoReturn
 
 import httpx
@@ -29,11 +38,18 @@ from gateway.exchange import AbortConnection, Exchange
 from gateway.guard import Reason, StreamGuard
 from gateway.headers import RawHeaders, strip_hop_by_hop
 from gateway.observe import RequestRecord
-from gateway.upstream import chunk_reader, drain_for_reuse
+from gateway.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
-__all__ = ["relay_plain", "relay_stream", "response_headers"]
+__all__ = [
+    "Held",
+    "hold_plain",
+    "hold_stream",
+    "relay_plain",
+    "relay_stream",
+    "response_headers",
+]
 
-_RESPONSE_DROP = frozenset({b"x-request-id", b"server", b"date"})
+_RESPONSE_DROP = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
 # SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
     b"content-length",
@@ -44,6 +60,8 @@ _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
 _DRAIN_SEND_SECONDS = 5.0  # while draining, how long a last send may wait for the client
+#: Bytes of comment lines before a held stream's first event beyond which its head goes out.
+_HOLD_LIMIT = 64 * 1024
 
 
 def response_headers(
@@ -51,6 +69,8 @@ def response_headers(
 ) -> RawHeaders:
     headers = strip_hop_by_hop(response.headers.raw, drop)
     headers.append((b"x-request-id", record.request_id.encode()))
+    if record.upstream is not None:
+        headers.append((b"x-gateway-upstream", record.upstream.encode()))
     if record.upstream_request_id:
         headers.append((b"x-upstream-request-id", record.upstream_request_id.encode()))
     return headers
@@ -70,6 +90,115 @@ async def _send_last(exchange: Exchange, body: bytes, draining: bool) -> None:
         seconds = min(seconds, _DRAIN_SEND_SECONDS)
     async with asyncio.timeout(seconds):
         await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# -- holding the head ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Held:
+    """What was read of a 2xx answer before its head went out (a retry was still possible)."""
+
+    #: The bytes that go out right after the head.
+    out: bytes
+    #: Why the answer failed before it started (None: it started, or ended complete).
+    failure: Reason | None = None
+    #: A stream's reader, to go on with.
+    read: ReadChunk | None = None
+    #: A plain body's chunks, to go on with.
+    chunks: AsyncIterator[bytes] | None = None
+
+
+async def _ended() -> bytes:
+    return b""
+
+
+def _stream_reader(exchange: Exchange, response: httpx.Response) -> ReadChunk:
+    """The stream's chunk reader, recorded by a capture tap when the route captures."""
+    read = chunk_reader(response)
+    config = exchange.route.config
+    if config.capture != "off":  # once per stream: a route without captures pays nothing more
+        record = exchange.record
+        record.tap = Tap(
+            record.started,
+            config.capture_max_bytes,
+            exchange.spec.name,
+            response.headers.get("content-type", ""),
+        )
+        read = record.tap.wrap(read)
+    return read
+
+
+async def hold_stream(exchange: Exchange, response: httpx.Response, guard: StreamGuard) -> Held:
+    """Read a 2xx event stream into ``guard`` until its first event, its end or a failure.
+
+    Nothing is sent. The first read must come within ``first_byte`` of the
+    head, later ones within ``idle`` (the watchdog's deadlines); comment
+    lines alone do not start a stream, up to ``_HOLD_LIMIT`` bytes of them.
+    A failure leaves the guard with its verdict.
+    """
+    read = _stream_reader(exchange, response)
+    loop = asyncio.get_running_loop()
+    timeouts = exchange.timeouts
+    total = exchange.total_deadline
+    limit = loop.time() + timeouts.first_byte
+    out: list[bytes] = []
+    size = 0
+    got = False
+    try:
+        while True:
+            async with asyncio.timeout_at(min(limit, total)):
+                chunk = await read()
+            if not chunk:
+                guard.eof()
+                if guard.final:
+                    out.append(guard.final)
+                    guard.final = b""  # sent with the held bytes, not again at the end
+                break
+            got = True
+            data = guard.feed(chunk)
+            if data:
+                out.append(data)
+                size += len(data)
+            if guard.done or guard.contract.events or size > _HOLD_LIMIT:
+                break
+            limit = loop.time() + timeouts.idle
+    except TimeoutError:
+        if loop.time() >= total:
+            guard.abort(Reason.TOTAL_TIMEOUT)
+        else:
+            guard.abort(Reason.IDLE_TIMEOUT if got else Reason.FIRST_BYTE_TIMEOUT)
+    except httpx.DecodingError:
+        guard.abort(Reason.INVALID_SHAPE, "the upstream's content encoding is broken")
+    except httpx.TransportError:
+        guard.abort(Reason.UPSTREAM_DISCONNECT)
+    verdict = guard.verdict
+    failure = verdict.reason if verdict is not None and not verdict.complete else None
+    return Held(b"".join(out), failure, read=read)
+
+
+async def hold_plain(exchange: Exchange, response: httpx.Response) -> Held:
+    """Read a 2xx answer's first body byte(s) within ``first_byte`` of its head."""
+    chunks = response.aiter_raw().__aiter__()
+    loop = asyncio.get_running_loop()
+    total = exchange.total_deadline
+    try:
+        async with asyncio.timeout_at(min(loop.time() + exchange.timeouts.first_byte, total)):
+            first = await anext(chunks, b"")
+    except TimeoutError:
+        late = Reason.TOTAL_TIMEOUT if loop.time() >= total else Reason.FIRST_BYTE_TIMEOUT
+        return Held(b"", late, chunks=chunks)
+    except (httpx.TransportError, OSError):
+        return Held(b"", Reason.UPSTREAM_DISCONNECT, chunks=chunks)
+    return Held(first, chunks=chunks)
+
+
+async def _resume(held: Held) -> AsyncIterator[bytes]:
+    if held.out:
+        yield held.out
+    if held.chunks is not None:
+        async for chunk in held.chunks:
+            yield chunk
 
 
 # -- plain answers ------------------------------------------------------------------
@@ -92,8 +221,10 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
         record.upstream_model = exchange.spec.answer_model(obj)
 
 
-async def relay_plain(exchange: Exchange, response: httpx.Response, draining: bool) -> None:
-    """Relay a non-SSE answer unchanged (status, headers, body)."""
+async def relay_plain(
+    exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None = None
+) -> None:
+    """Relay a non-SSE answer unchanged (status, headers, body; ``held``: read so far)."""
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(
@@ -116,7 +247,7 @@ async def relay_plain(exchange: Exchange, response: httpx.Response, draining: bo
     send_deadline = float("inf")
     try:
         async with asyncio.timeout_at(exchange.total_deadline):
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_raw() if held is None else _resume(held):
                 if not chunk:
                     continue
                 if record.time_to_first_byte is None:
@@ -211,8 +342,13 @@ async def relay_stream(
     *,
     annotate: bool,
     draining: bool,
+    held: Held | None = None,
 ) -> None:
-    """Relay a 2xx event stream through ``guard``, then append the annotation."""
+    """Relay a 2xx event stream through ``guard``, then append the annotation.
+
+    ``held``: what ``hold_stream`` read (already fed to ``guard``), sent right
+    after the head; a stream it saw end goes straight to its annotation.
+    """
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(
@@ -223,22 +359,21 @@ async def relay_stream(
         }
     )
     loop = asyncio.get_running_loop()
-    read = chunk_reader(response)
-    config = exchange.route.config
-    if config.capture != "off":  # once per stream: a route without captures pays nothing more
-        record.tap = Tap(
-            record.started,
-            config.capture_max_bytes,
-            exchange.spec.name,
-            response.headers.get("content-type", ""),
-        )
-        read = record.tap.wrap(read)
+    reader = _stream_reader(exchange, response) if held is None else held.read
+    assert reader is not None
+    read = _ended if held is not None and guard.done else reader
     timing = _Timing(record)
     # One timer for the first-byte, idle, client-send and total deadlines, re-armed
     # only when it fires: cheaper than rescheduling a timeout on every chunk.
-    watchdog = Watchdog(loop, exchange.stop, exchange.route.timeouts, exchange.total_deadline)
+    watchdog = Watchdog(loop, exchange.stop, exchange.timeouts, exchange.total_deadline)
     sender = _Sender(exchange, watchdog, loop)
     try:
+        if held is not None:
+            watchdog.first_chunk()
+            timing.content(guard.content_events)
+            if held.out:
+                timing.first_byte()
+                await sender.body(held.out)
         while True:
             chunk = await read()
             if not chunk:
@@ -292,4 +427,4 @@ async def relay_stream(
         drop_stalled_client(exchange)
     record.bytes_out += len(trailer)
     if verdict.complete:
-        await drain_for_reuse(read)
+        await drain_for_reuse(reader)

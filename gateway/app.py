@@ -124,14 +124,20 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
-        self.routes: list[ProxyRoute] = [
-            ProxyRoute(
-                config=config,
-                timeouts=settings.route_timeouts(config),
-                credential=settings.credentials.get(config.name),
+        self.routes: list[ProxyRoute] = []
+        for config in settings.effective_routes():
+            self._add_route(
+                ProxyRoute(
+                    config=config,
+                    timeouts=settings.route_timeouts(config),
+                    credentials=settings.credentials.get(config.name, {}),
+                )
             )
-            for config in settings.effective_routes()
-        ]
+
+    def _add_route(self, route: ProxyRoute) -> None:
+        self.routes.append(route)
+        for endpoint in route.endpoints:
+            self.metrics.upstream_declared(route.name, endpoint.name)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -198,7 +204,7 @@ class _Gateway:
             gateway,
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
-        self.routes.append(ProxyRoute(config=config, timeouts=self.settings.timeouts))
+        self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
         return running
 
     # -- endpoints of the gateway itself ----------------------------------------------

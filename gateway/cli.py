@@ -206,6 +206,15 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--port", type=int, default=9000)
     sim.add_argument("--tps", type=float, default=0.0, help="deltas per second (0: no pacing)")
     sim.add_argument("--tokens", type=int, default=20, help="content deltas per answer")
+    sim.add_argument(
+        "--fault",
+        default="none",
+        metavar="NAME",
+        help="the fault of every request that names none (a provider that always fails)",
+    )
+    sim.add_argument(
+        "--status", type=int, default=500, help="the status of fault 'status' (default 500)"
+    )
     return parser
 
 
@@ -261,23 +270,37 @@ def _redact_url(url: str | None) -> str | None:
 def redacted(settings: Settings) -> dict[str, Any]:
     data = settings.model_dump(mode="json", exclude={"credentials"})
     data["upstream_url"] = _redact_url(data.get("upstream_url"))
-    for route in data.get("routes", []):
-        route["upstream"] = _redact_url(route.get("upstream"))
     data["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in settings.client_key_sha256]
     for route in data.get("routes", []):
+        route["upstream"] = _redact_url(route.get("upstream"))
         if route.get("credential_env"):
             route["credential"] = "<redacted>"
+        for upstream in route.get("upstreams", []):
+            upstream["url"] = _redact_url(upstream.get("url"))
+            if upstream.get("credential_env"):
+                upstream["credential"] = "<redacted>"
         if route.get("client_key_sha256"):
             route["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in route["client_key_sha256"]]
-    data["effective_routes"] = [
-        {
-            "name": r.name,
-            "prefix": r.prefix,
-            "upstream": _redact_url(r.upstream),
-            "credential": "<redacted>" if settings.credentials.get(r.name) else None,
-        }
-        for r in settings.effective_routes()
-    ]
+    data["effective_routes"] = []
+    for r in settings.effective_routes():
+        secrets = settings.credentials.get(r.name, {})
+        data["effective_routes"].append(
+            {
+                "name": r.name,
+                "prefix": r.prefix,
+                "upstream": _redact_url(r.upstream),
+                "credential": "<redacted>" if secrets and not r.upstreams else None,
+                "upstreams": [
+                    {
+                        "name": u.name,
+                        "url": _redact_url(u.url),
+                        "weight": u.weight,
+                        "credential": "<redacted>" if u.name in secrets else None,
+                    }
+                    for u in r.pool()
+                ],
+            }
+        )
     return data
 
 
@@ -307,11 +330,23 @@ def _prepare_metrics_dir(settings: Settings) -> None:
 def _log_start(settings: Settings) -> None:
     """What an operator should see at start: each route, and risky settings."""
     for route in settings.effective_routes():
+        if route.upstreams:
+            pool = ", ".join(f"{u.name} {_origin(u.url)}" for u in route.upstreams)
+            log.info(
+                "route %s: %s -> %s (protocol %s, max_attempts %d, retry_on %s)",
+                route.name,
+                route.prefix,
+                pool,
+                route.protocol,
+                route.max_attempts,
+                ",".join(route.retry_on) or "nothing",
+            )
+            continue
         log.info(
             "route %s: %s -> %s (protocol %s)",
             route.name,
             route.prefix,
-            _origin(route.upstream),
+            _origin(route.upstream or ""),
             route.protocol,
         )
     if not settings.annotate:
@@ -450,7 +485,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "simulate":
         from gateway.simulator import serve as simulate
 
-        simulate(args.host, args.port, default_tps=args.tps, default_tokens=args.tokens)
+        try:
+            simulate(
+                args.host,
+                args.port,
+                default_tps=args.tps,
+                default_tokens=args.tokens,
+                default_fault=args.fault,
+                default_status=args.status,
+            )
+        except ValueError as exc:
+            _die(str(exc))
         return
     if args.command == "replay":
         raise SystemExit(replay(args.files))

@@ -10,7 +10,7 @@ catches the cancellation asks ``claim_stop()`` whether it was that stop
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Scope, Send
@@ -20,6 +20,7 @@ from gateway.observe import RequestRecord
 from gateway.protocols import ProtocolSpec
 from gateway.protocols.sse import SSE
 from gateway.routing import Route
+from gateway.settings import Timeouts
 
 __all__ = ["AbortConnection", "Exchange", "bare_verdict"]
 
@@ -43,6 +44,11 @@ class Exchange:
     counted: bool = False  # counted in the active streams (admission, gauge)
     stop_reason: Reason | None = None
     response_done: bool = False
+    #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
+    timeouts: Timeouts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timeouts = self.route.timeouts
 
     def stop(self, reason: Reason) -> None:
         """Stop the request for ``reason`` (first caller wins; nothing once it is done)."""

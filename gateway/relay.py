@@ -7,16 +7,28 @@ For one client request, in layers, each with one job (like httpx's
   disconnect watcher, the drain, and the record handed to the observers.
 - ``_proxy``: what the request is: its protocol (from the registry), whether
   it asks for a stream (then the concurrency caps apply), usage injection.
-- ``_send``: the policy around attempts (today: one attempt on the route's
-  upstream); ``gateway.attempt`` is one attempt against one upstream.
+- ``_send``: the policy around attempts (``_attempt`` each): which upstream
+  of the route's pool (``gateway.pool``), failover to another one while
+  nothing has reached the client (``gateway.failover``), passive health;
+  ``gateway.attempt`` is one attempt against one upstream.
 - ``_answer``: relaying the upstream's answer, plain or guarded stream
   (``gateway.answers``), or the gateway's own error when there is none.
+
+Failover: an attempt that fails with a cause in the route's ``retry_on`` is
+retried on another upstream of the pool (one this request has not tried,
+not ejected, not cooling down) while attempts (``max_attempts``) and the
+total deadline remain, and only while nothing of the answer has reached
+the client. So that a stream that breaks before its first event can still be
+retried, its head is held until that event whenever a retry is possible
+(``answers.hold_stream``); on the last possible attempt nothing is held.
+When every attempt fails, the client gets the last one's answer or error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -24,10 +36,20 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway.admission import Admission, ClientGone, Refused
-from gateway.answers import relay_plain, relay_stream
+from gateway.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.attempt import AttemptFailure, attempt
 from gateway.errors import send_error
 from gateway.exchange import AbortConnection, Exchange, bare_verdict
+from gateway.failover import (
+    Result,
+    health_of,
+    result_of_answer,
+    result_of_failure,
+    result_of_held,
+    result_of_status,
+    retry_after_seconds,
+    retryable,
+)
 from gateway.guard import Reason, SSEDecoder, StreamGuard
 from gateway.headers import (
     FORWARDING_HEADERS,
@@ -38,13 +60,16 @@ from gateway.headers import (
     strip_hop_by_hop,
 )
 from gateway.lifecycle import Lifecycle
-from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord
+from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord
+from gateway.pool import Change, Health, Lease
 from gateway.protocols import ContractOptions, CredentialStyle
-from gateway.routing import Route
+from gateway.routing import Endpoint, Route, Target
 from gateway.settings import Settings
 from gateway.upstream import Upstream, close_quietly
 
 __all__ = ["Relay"]
+
+log = logging.getLogger("gateway")
 
 _CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"})
 _REQUEST_DROP = (
@@ -57,6 +82,15 @@ _FAILURE_MESSAGES = {
     Reason.FIRST_BYTE_TIMEOUT: "The upstream did not answer in time (first byte).",
     Reason.TOTAL_TIMEOUT: "The upstream did not answer before the total deadline.",
 }
+#: A held plain answer that broke before its first byte, with no retry left: the
+#: client has nothing of it yet, so it gets the gateway's own error.
+_HELD_PLAIN_FAILURES = {
+    Reason.FIRST_BYTE_TIMEOUT: AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT),
+    Reason.TOTAL_TIMEOUT: AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT),
+}
+_HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_DISCONNECT)
+#: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
+_COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 
 
 class Relay:
@@ -107,7 +141,7 @@ class Relay:
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
             try:
-                url, body = await self.admission.admit(
+                target, body = await self.admission.admit(
                     route, scope, receive, self.lifecycle.draining
                 )
             except Refused as refused:
@@ -125,7 +159,7 @@ class Relay:
             watcher = asyncio.get_running_loop().create_task(
                 self._watch_disconnect(receive, exchange)
             )
-            await self._proxy(exchange, url, body)
+            await self._proxy(exchange, target, body)
         except AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
             # connection: the client sees a truncated body, not a clean end.
@@ -151,7 +185,7 @@ class Relay:
 
     # -- what the request is ------------------------------------------------------------
 
-    async def _proxy(self, exchange: Exchange, url: str, body: bytes) -> None:
+    async def _proxy(self, exchange: Exchange, target: Target, body: bytes) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
@@ -178,7 +212,7 @@ class Relay:
             exchange.counted = True
             self.metrics.stream_started(route.name)
         try:
-            await self._send(exchange, url, body)
+            await self._send(exchange, target, body, request_json)
         finally:
             if exchange.counted:
                 self.admission.end_stream(route)
@@ -186,45 +220,176 @@ class Relay:
 
     # -- the policy around attempts -------------------------------------------------------
 
-    async def _send(self, exchange: Exchange, url: str, body: bytes) -> None:
-        route, scope, record = exchange.route, exchange.scope, exchange.record
-        timeouts = route.timeouts
-        exchange.total_deadline = asyncio.get_running_loop().time() + timeouts.total
-        request = self.upstream.request(
-            scope["method"], url, self._upstream_headers(route, scope, record), body
-        )
-        record.bytes_in = len(body)
-        response: httpx.Response | None = None
+    async def _send(
+        self,
+        exchange: Exchange,
+        target: Target,
+        body: bytes,
+        request_json: dict[str, Any] | None,
+    ) -> None:
+        route = exchange.route
+        exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
+        headers = self._upstream_headers(exchange.scope, exchange.record)
+        tried: list[int] = []
+        lease = route.pool.pick()  # a request's first pick is never empty (panic routing)
         try:
-            result = await attempt(
-                self.upstream, request, timeouts.first_byte, exchange.total_deadline
-            )
-            if isinstance(result, AttemptFailure):
-                await self._fail_before_response(exchange, result)
-                return
-            response = result
-            await self._answer(exchange, response)
+            while lease is not None:
+                tried.append(lease.index)
+                lease = await self._attempt(
+                    exchange, lease, tried, target, headers, body, request_json
+                )
         except asyncio.CancelledError:
             if not exchange.claim_stop():
                 raise
             # stopped by a client disconnect or by the drain before any response byte
             await self._stopped_before_response(exchange)
-        finally:
-            if response is not None:
-                await close_quietly(response)
 
-    def _upstream_headers(self, route: Route, scope: Scope, record: RequestRecord) -> RawHeaders:
+    async def _attempt(
+        self,
+        exchange: Exchange,
+        lease: Lease,
+        tried: list[int],
+        target: Target,
+        headers: RawHeaders,
+        body: bytes,
+        request_json: dict[str, Any] | None,
+    ) -> Lease | None:
+        """One attempt on the leased upstream: answer the client, or return the next
+        upstream's lease when this one failed before anything reached the client."""
+        route, record = exchange.route, exchange.record
+        endpoint = route.endpoints[lease.index]
+        exchange.timeouts = timeouts = endpoint.timeouts
+        content = _body_for(endpoint, body, request_json)
+        request = self.upstream.request(
+            exchange.scope["method"],
+            endpoint.url_for(target),
+            _with_credential(headers, endpoint),
+            content,
+            timeouts.connect,
+        )
+        record.bytes_in += len(content)
+        self.metrics.upstream_started(route.name, endpoint.name)
+        started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
+        result = Result.OK
+        reason: Reason | None = None
+        answered = False  # the answer went to the client: its result is read off the record
+        stopped = False  # cancelled: says nothing about the upstream
+        retry: Lease | None = None  # the next attempt's upstream, once claimed
+        response: httpx.Response | None = None
+        try:
+            outcome = await attempt(
+                self.upstream, request, timeouts.first_byte, exchange.total_deadline
+            )
+            if isinstance(outcome, AttemptFailure):
+                result, reason = result_of_failure(outcome), outcome.reason
+                retry = self._retry(exchange, result, tried)
+                if retry is None:
+                    await self._fail_before_response(exchange, outcome)
+                return retry
+            response = outcome
+            result = result_of_status(response.status_code)
+            if result is Result.STATUS_429 or result is Result.STATUS_5XX:
+                self._cool_down(route, lease.index, response)
+                retry = self._retry(exchange, result, tried)
+                if retry is not None:
+                    return retry
+            guard = self._stream_guard(exchange, response)
+            held: Held | None = None
+            if result is Result.OK and self._may_hold(exchange, tried):
+                if guard is not None:
+                    held = await hold_stream(exchange, response, guard)
+                else:
+                    held = await hold_plain(exchange, response)
+                if held.failure is not None:
+                    result, reason = result_of_held(held.failure), held.failure
+                    retry = self._retry(exchange, result, tried)
+                    if retry is not None:
+                        return retry
+                    if guard is None:
+                        failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
+                        await self._fail_before_response(exchange, failure)
+                        return None
+            record.upstream = endpoint.name
+            answered = held is None or held.failure is None  # else: its result stands
+            await self._answer(exchange, response, guard, held)
+            return None
+        except asyncio.CancelledError:
+            result, reason, answered, stopped = Result.INCOMPLETE, exchange.stop_reason, False, True
+            raise
+        finally:
+            try:
+                if response is not None:
+                    await close_quietly(response)
+            except BaseException:
+                if retry is not None:  # claimed, but this request will not get to use it
+                    route.pool.done(retry, Health.NEUTRAL)
+                raise
+            finally:
+                if answered:
+                    verdict = record.verdict
+                    result = result_of_answer(record.status, verdict, record.error)
+                    reason = verdict.reason if verdict is not None else None
+                health = Health.NEUTRAL if stopped else health_of(result, reason, record.error)
+                duration = time.monotonic() - started
+                record.attempts.append(Attempt(endpoint.name, result, duration))
+                self._attempt_done(route, endpoint, lease, health)
+
+    def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
+        """The next upstream's lease when ``result`` may be retried now, else None."""
+        route = exchange.route
+        if (
+            len(tried) >= route.config.max_attempts
+            or not retryable(result, route.retry_on)
+            or asyncio.get_running_loop().time() >= exchange.total_deadline
+        ):
+            return None
+        return route.pool.pick(tried, panic=False)
+
+    def _may_hold(self, exchange: Exchange, tried: list[int]) -> bool:
+        """Whether an answer that breaks before it starts could still be retried."""
+        route = exchange.route
+        return (
+            len(route.endpoints) > len(tried)
+            and len(tried) < route.config.max_attempts
+            and ("early_eof" in route.retry_on or "first_byte_timeout" in route.retry_on)
+            and asyncio.get_running_loop().time() < exchange.total_deadline
+            and route.pool.available(tried)
+        )
+
+    def _cool_down(self, route: Route, index: int, response: httpx.Response) -> None:
+        if response.status_code not in _COOL_DOWN_STATUSES:
+            return
+        seconds = retry_after_seconds(
+            response.headers.get("retry-after"), time.time(), route.config.eject_max_seconds
+        )
+        if seconds is not None:
+            route.pool.cool_down(index, seconds)
+
+    def _attempt_done(self, route: Route, endpoint: Endpoint, lease: Lease, health: Health) -> None:
+        self.metrics.upstream_ended(route.name, endpoint.name)
+        change = route.pool.done(lease, health)
+        if change is Change.NONE:
+            return
+        ejected = change is Change.EJECTED
+        self.metrics.upstream_out(route.name, endpoint.name, ejected)
+        if ejected:
+            until = route.pool.out_until(lease.index) or 0.0
+            log.warning(
+                "route %s: upstream %s ejected for %.0f s (consecutive failures)",
+                route.name,
+                endpoint.name,
+                max(until - time.monotonic(), 0.0),
+            )
+        else:
+            log.info(
+                "route %s: upstream %s is back (a probe request succeeded)",
+                route.name,
+                endpoint.name,
+            )
+
+    def _upstream_headers(self, scope: Scope, record: RequestRecord) -> RawHeaders:
+        """The request's headers for any upstream (each one's credential is added later)."""
         headers = strip_hop_by_hop(scope["headers"], _REQUEST_DROP)
-        if route.credential is not None:
-            headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
-            secret = route.credential.get_secret_value().encode()
-            style = route.credential_style
-            if style is CredentialStyle.X_API_KEY:
-                headers.append((b"x-api-key", secret))
-            elif style is CredentialStyle.X_GOOG_API_KEY:
-                headers.append((b"x-goog-api-key", secret))
-            else:
-                headers.append((b"authorization", b"Bearer " + secret))
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
@@ -236,7 +401,33 @@ class Relay:
 
     # -- the answer -----------------------------------------------------------------------
 
-    async def _answer(self, exchange: Exchange, response: httpx.Response) -> None:
+    def _stream_guard(self, exchange: Exchange, response: httpx.Response) -> StreamGuard | None:
+        """A guard for a 2xx event stream; None for any other answer (relayed plain)."""
+        if not (
+            200 <= response.status_code < 300
+            and response.status_code not in (204, 205)
+            and response.headers.get("content-type", "").startswith("text/event-stream")
+            and exchange.scope["method"] != "HEAD"
+        ):
+            return None
+        limits = self.settings.limits
+        options = ContractOptions(
+            require_finish_reason=exchange.route.config.require_finish_reason,
+            withhold_usage=exchange.withhold_usage,
+        )
+        return StreamGuard(
+            exchange.spec.new_contract(options),
+            SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
+            max_stream_bytes=limits.max_response_bytes,
+        )
+
+    async def _answer(
+        self,
+        exchange: Exchange,
+        response: httpx.Response,
+        guard: StreamGuard | None,
+        held: Held | None = None,
+    ) -> None:
         record = exchange.record
         upstream_id = None
         for name in _UPSTREAM_ID_HEADERS:
@@ -245,20 +436,14 @@ class Relay:
                 break
         record.upstream_request_id = upstream_id[:200] if upstream_id else None
         draining = self.lifecycle.draining
-        is_sse = (
-            200 <= response.status_code < 300
-            and response.status_code not in (204, 205)
-            and response.headers.get("content-type", "").startswith("text/event-stream")
-            and exchange.scope["method"] != "HEAD"
-        )
-        if not is_sse:
+        if guard is None:
             if record.stream:
                 record.verdict = (
                     bare_verdict(Reason.UPSTREAM_STATUS)
                     if not 200 <= response.status_code < 300
                     else bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
                 )
-            await relay_plain(exchange, response, draining)
+            await relay_plain(exchange, response, draining, held)
             return
         record.stream = True
         if not exchange.counted:
@@ -267,18 +452,13 @@ class Relay:
             self.admission.count_stream(exchange.route)
             self.metrics.stream_started(exchange.route.name)
             exchange.counted = True
-        limits = self.settings.limits
-        options = ContractOptions(
-            require_finish_reason=exchange.route.config.require_finish_reason,
-            withhold_usage=exchange.withhold_usage,
-        )
-        guard = StreamGuard(
-            exchange.spec.new_contract(options),
-            SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
-            max_stream_bytes=limits.max_response_bytes,
-        )
         await relay_stream(
-            exchange, response, guard, annotate=self.settings.annotate, draining=draining
+            exchange,
+            response,
+            guard,
+            annotate=self.settings.annotate,
+            draining=draining,
+            held=held,
         )
 
     # -- errors of our own ----------------------------------------------------------------
@@ -368,6 +548,34 @@ def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str,
         # Anything the gateway cannot parse is "not JSON": forwarded unchanged.
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
+    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has one."""
+    if endpoint.credential is None:
+        return headers
+    headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
+    secret = endpoint.credential.get_secret_value().encode()
+    style = endpoint.credential_style
+    if style is CredentialStyle.X_API_KEY:
+        headers.append((b"x-api-key", secret))
+    elif style is CredentialStyle.X_GOOG_API_KEY:
+        headers.append((b"x-goog-api-key", secret))
+    else:
+        headers.append((b"authorization", b"Bearer " + secret))
+    return headers
+
+
+def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | None) -> bytes:
+    """The body for ``endpoint``: with its name for the client's model when its ``models``
+    map has one; otherwise ``body`` as it is, byte for byte."""
+    if not endpoint.models or request_json is None:
+        return body
+    model = request_json.get("model")
+    mapped = endpoint.models.get(model) if isinstance(model, str) else None
+    if mapped is None:
+        return body
+    return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
 
 
 def _peer(scope: Scope) -> str | None:

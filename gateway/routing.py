@@ -1,35 +1,44 @@
-"""Routes: which client path prefix goes to which upstream, and under which contract.
+"""Routes: which client path prefix goes to which upstreams, and under which contract.
 
-The upstream is fixed by the route, never taken from the request, and a
+The upstreams are fixed by the route, never taken from the request, and a
 path that would leave the route's prefix (``..``, encoded or not, or with
 matrix parameters: ``..;x``) is rejected before anything is forwarded: the
 gateway is never an open proxy. The checks read the decoded path; what goes
 upstream is the path and query as the client sent them, byte for byte.
 
-An upstream base URL may carry a query (Azure's ``?api-version=...``): the
-request path joins the base path, and the queries are merged, the base's
-first. A client parameter with the name of a base parameter is dropped:
-the operator's ``api-version`` (or any other) cannot be overridden by a
-client, whatever order the upstream reads duplicates in.
+A route has a pool of one or more upstreams (``Endpoint``: a name, a base
+URL, a credential, a weight, a model map, deadlines); which one an attempt
+goes to is the pool's choice (``gateway.pool``). An upstream base URL may
+carry a query (Azure's ``?api-version=...``): the request path joins the
+base path, and the queries are merged, the base's first. A client parameter
+with the name of a base parameter is dropped: the operator's
+``api-version`` (or any other) cannot be overridden by a client, whatever
+order the upstream reads duplicates in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import unquote_plus, urlsplit
 
 import httpx
 from pydantic import SecretStr
 
+from gateway.pool import EjectionPolicy, Pool
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
-from gateway.settings import RouteConfig, Timeouts
+from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
 __all__ = [
+    "Endpoint",
     "PathRejected",
     "Route",
+    "Target",
+    "credential_style",
     "match_route",
     "merge_query",
-    "upstream_target",
+    "request_target",
 ]
 
 
@@ -37,57 +46,115 @@ class PathRejected(ValueError):
     """The request path is not acceptable (traversal, encoded separators)."""
 
 
-@dataclass(slots=True)
-class Route:
-    """A configured route with its resolved timeouts, credential and live counters."""
+class Target(NamedTuple):
+    """What a request asks for below its route's prefix, as the client sent it."""
 
-    config: RouteConfig
-    timeouts: Timeouts
-    credential: SecretStr | None = None
-    active: int = 0
-    prefix_bytes: bytes = field(init=False)
-    origin: str = field(init=False)  # scheme://host[:port] of the upstream
-    base_path: str = field(init=False)  # the upstream URL's path, no trailing slash
-    base_query: str = field(init=False)  # the upstream URL's query ("" when none)
+    rest: str  # the raw path after the prefix ("" or "/...")
+    query: str  # the raw query ("" when none)
+
+
+def credential_style(style: str, protocol: str, url: str) -> CredentialStyle:
+    """How an upstream wants its credential: as configured, by the route's fixed
+    protocol, or (a route for any path) guessed from the upstream's host."""
+    if style != "auto":
+        return CredentialStyle(style)
+    if protocol != "auto":
+        return spec_for(protocol).credential
+    if "anthropic" in url:
+        return CredentialStyle.X_API_KEY
+    if "googleapis" in url:
+        return CredentialStyle.X_GOOG_API_KEY
+    return CredentialStyle.BEARER
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """One upstream of a route, resolved: URL parts, credential, weight, models, deadlines."""
+
+    name: str
+    url: str
+    timeouts: Timeouts  # the route's, with this upstream's overrides
+    credential: SecretStr | None
+    credential_style: CredentialStyle
+    weight: int
+    models: Mapping[str, str]
+    origin: str = field(init=False)  # scheme://host[:port]
+    base_path: str = field(init=False)  # the URL's path, no trailing slash
+    base_query: str = field(init=False)  # the URL's query ("" when none)
     base_names: frozenset[str] = field(init=False)  # its parameter names, decoded
 
     def __post_init__(self) -> None:
-        self.prefix_bytes = self.config.prefix.encode()
         # httpx.URL percent-encodes what the operator wrote (non-ASCII, spaces) once.
-        parts = urlsplit(str(httpx.URL(self.config.upstream)))
+        parts = urlsplit(str(httpx.URL(self.url)))
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.base_path = parts.path.rstrip("/")
         self.base_query = parts.query
         self.base_names = frozenset(_names(parts.query))
 
+    def url_for(self, target: Target) -> str:
+        """This upstream's URL for a request target: base path + rest, merged queries."""
+        url = self.origin + (self.base_path + target.rest or "/")
+        merged = merge_query(self, target.query)
+        if merged:
+            url += "?" + merged
+        return url
+
+
+def _endpoint(
+    config: UpstreamConfig, route: RouteConfig, timeouts: Timeouts, secret: SecretStr | None
+) -> Endpoint:
+    overrides = {k: v for k, v in config.timeouts.model_dump().items() if v is not None}
+    return Endpoint(
+        name=config.name,
+        url=config.url,
+        timeouts=timeouts.model_copy(update=overrides) if overrides else timeouts,
+        credential=secret,
+        credential_style=credential_style(config.credential_style, route.protocol, config.url),
+        weight=config.weight,
+        models=dict(config.models),
+    )
+
+
+@dataclass(slots=True)
+class Route:
+    """A configured route: its resolved upstreams and their pool, deadlines, live counters."""
+
+    config: RouteConfig
+    timeouts: Timeouts
+    #: Resolved credentials by upstream name (``Settings.credentials[route name]``).
+    credentials: Mapping[str, SecretStr] = field(default_factory=dict)
+    active: int = 0
+    prefix_bytes: bytes = field(init=False)
+    endpoints: tuple[Endpoint, ...] = field(init=False)
+    pool: Pool = field(init=False)
+    retry_on: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.prefix_bytes = config.prefix.encode()
+        self.endpoints = tuple(
+            _endpoint(u, config, self.timeouts, self.credentials.get(u.name)) for u in config.pool()
+        )
+        self.pool = Pool(
+            [e.weight for e in self.endpoints],
+            EjectionPolicy(
+                eject_after=config.eject_after,
+                base_seconds=config.eject_base_seconds,
+                max_seconds=config.eject_max_seconds,
+                max_ejected_percent=config.max_ejected_percent,
+            ),
+        )
+        self.retry_on = frozenset(config.retry_on)
+
     @property
     def name(self) -> str:
         return self.config.name
-
-    @property
-    def upstream(self) -> str:
-        return self.config.upstream
 
     def spec_for(self, rest: str) -> ProtocolSpec:
         """The protocol of a request path below the prefix: the route's, or by the path."""
         if self.config.protocol != "auto":
             return spec_for(self.config.protocol)
         return detect(rest)
-
-    @property
-    def credential_style(self) -> CredentialStyle:
-        """How this route's upstream wants its credential."""
-        style = self.config.credential_style
-        if style != "auto":
-            return CredentialStyle(style)
-        if self.config.protocol != "auto":
-            return spec_for(self.config.protocol).credential
-        # A route for any path: guess from the upstream's host (Anthropic's, Google's API).
-        if "anthropic" in self.upstream:
-            return CredentialStyle.X_API_KEY
-        if "googleapis" in self.upstream:
-            return CredentialStyle.X_GOOG_API_KEY
-        return CredentialStyle.BEARER
 
 
 def match_route(routes: list[Route], path: str) -> Route | None:
@@ -117,21 +184,24 @@ def _names(query: str) -> list[str]:
     ]
 
 
-def merge_query(route: Route, query: str) -> str:
+def merge_query(endpoint: Endpoint, query: str) -> str:
     """The base URL's query, then the client's parameters that do not name a base one."""
-    if not route.base_query:
+    if not endpoint.base_query:
         return query
     if not query:
-        return route.base_query
-    kept = [part for part in query.split("&") if part and route.base_names.isdisjoint(_names(part))]
-    return "&".join([route.base_query, *kept])
+        return endpoint.base_query
+    kept = [
+        part for part in query.split("&") if part and endpoint.base_names.isdisjoint(_names(part))
+    ]
+    return "&".join([endpoint.base_query, *kept])
 
 
-def upstream_target(route: Route, path: str, raw_path: bytes, query: bytes) -> str:
-    """The upstream URL for a request, or PathRejected.
+def request_target(route: Route, path: str, raw_path: bytes, query: bytes) -> Target:
+    """What a request asks for below the route's prefix, or PathRejected.
 
     ``path`` is the percent-decoded path (for checks), ``raw_path`` the bytes
-    the client sent (forwarded as they were, so encodings survive).
+    the client sent (forwarded as they were, so encodings survive). Each
+    upstream's URL is ``Endpoint.url_for(target)``.
     """
     segments = path.split("/")
     # "..;x" is ".." to servers that strip matrix parameters (Tomcat, Jetty, Spring).
@@ -145,9 +215,4 @@ def upstream_target(route: Route, path: str, raw_path: bytes, query: bytes) -> s
         raise PathRejected("path contains an encoded separator or dot")
     if not (raw_path == route.prefix_bytes or raw_path.startswith(route.prefix_bytes + b"/")):
         raise PathRejected("path does not start with the route prefix as sent")
-    rest = raw_path[len(route.prefix_bytes) :].decode("latin-1")
-    url = route.origin + (route.base_path + rest or "/")
-    merged = merge_query(route, query.decode("latin-1"))
-    if merged:
-        url += "?" + merged
-    return url
+    return Target(raw_path[len(route.prefix_bytes) :].decode("latin-1"), query.decode("latin-1"))

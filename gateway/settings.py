@@ -49,10 +49,14 @@ from gateway.guard import Protocol
 from gateway.protocols import CredentialStyle
 
 __all__ = [
+    "DEFAULT_RETRY_ON",
     "Limits",
+    "RetryCause",
     "RouteConfig",
     "Settings",
     "Timeouts",
+    "UpstreamConfig",
+    "UpstreamTimeouts",
     "check_environment",
     "describe_errors",
     "export_for_workers",
@@ -177,16 +181,78 @@ class Limits(_Strict):
     )
 
 
+#: What a failed attempt may be retried on (``routes[].retry_on``): a connect failure or
+#: connect timeout, a first-byte timeout, a 429, a 5xx, or an answer that ends or breaks
+#: before its first event. ``first_byte_timeout`` is opt-in: the slow upstream may have
+#: started (and will bill) the generation the retry asks another one for.
+RetryCause = Literal["connect", "first_byte_timeout", "429", "5xx", "early_eof"]
+DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof")
+#: An upstream's name: a bounded metric label.
+_UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class UpstreamTimeouts(_Strict):
+    """Per-upstream overrides of the route's deadlines for one attempt; unset fields inherit.
+
+    ``total`` is the request's, across all its attempts: a route key only.
+    """
+
+    connect: float | None = Field(None, gt=0)
+    first_byte: float | None = Field(None, gt=0)
+    idle: float | None = Field(None, gt=0)
+
+
+class UpstreamConfig(_Strict):
+    """One upstream of a route's pool."""
+
+    name: str = Field(description="Metrics and log label of this upstream, unique in its route.")
+    url: str = Field(description="Base URL, e.g. https://api.openai.com/v1.")
+    credential_env: str | None = Field(
+        None, description="Name of an environment variable holding this upstream's credential."
+    )
+    credential_style: CredentialStyleName = "auto"
+    weight: int = Field(1, ge=1, le=10000, description="Share of the load (least outstanding).")
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client model name -> the name this upstream wants (rewrites the body).",
+    )
+    timeouts: UpstreamTimeouts = UpstreamTimeouts()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _UPSTREAM_NAME.match(value):
+            raise ValueError("must be 1-64 of [A-Za-z0-9_.-]")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _base_url(value)
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(not name or not mapped for name, mapped in value.items()):
+            raise ValueError("model names must not be empty")
+        return value
+
+
 class RouteConfig(_Strict):
-    """One client path prefix mapped to one upstream."""
+    """One client path prefix mapped to one upstream, or to a pool of upstreams."""
 
     name: str = Field("default", description="Route name, used as the metrics label.")
     prefix: str = Field("/v1", description="Client path prefix, e.g. /v1 or /anthropic/v1.")
-    upstream: str = Field(description="Upstream base URL, e.g. https://api.openai.com/v1.")
+    upstream: str | None = Field(
+        None, description="Upstream base URL, e.g. https://api.openai.com/v1 (or upstreams)."
+    )
     credential_env: str | None = Field(
         None, description="Name of an environment variable holding the upstream credential."
     )
     credential_style: CredentialStyleName = "auto"
+    upstreams: list[UpstreamConfig] = Field(
+        default_factory=list, description="A pool of upstreams instead of one upstream."
+    )
     protocol: ProtocolName = Field(
         "auto", description="Contract; auto: by the path's last segment."
     )
@@ -210,6 +276,21 @@ class RouteConfig(_Strict):
     )
     capture_max_files: int = Field(
         100, ge=1, description="Capture files kept in capture_dir; the oldest go first."
+    )
+    max_attempts: int = Field(
+        2, ge=1, le=10, description="Attempts per request, each on another upstream of the pool."
+    )
+    retry_on: list[RetryCause] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_ON),
+        description="What a failed attempt is retried on, before any byte reached the client.",
+    )
+    eject_after: int = Field(5, ge=1, description="Consecutive failures that eject an upstream.")
+    eject_base_seconds: float = Field(
+        30.0, gt=0, description="First ejection's length; doubles with each ejection."
+    )
+    eject_max_seconds: float = Field(300.0, gt=0, description="Longest ejection.")
+    max_ejected_percent: int = Field(
+        50, ge=0, le=100, description="At most this share of a pool is ejected (never all)."
     )
 
     @field_validator("client_key_sha256")
@@ -243,8 +324,44 @@ class RouteConfig(_Strict):
 
     @field_validator("upstream")
     @classmethod
-    def _upstream(cls, value: str) -> str:
-        return _base_url(value)
+    def _upstream(cls, value: str | None) -> str | None:
+        return value if value is None else _base_url(value)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RouteConfig:
+        """Either ``upstream`` (with its credential keys) or ``upstreams``, never both."""
+        if self.upstream is not None and self.upstreams:
+            raise ValueError(
+                "a route has either upstream or upstreams, not both: "
+                "put this upstream in the upstreams list"
+            )
+        if self.upstream is None and not self.upstreams:
+            raise ValueError("a route needs an upstream (a base URL) or upstreams (a pool)")
+        if self.upstreams and (self.credential_env is not None or self.credential_style != "auto"):
+            raise ValueError(
+                "credential_env and credential_style belong to each of the route's upstreams "
+                "when it has upstreams"
+            )
+        names = [u.name for u in self.upstreams]
+        if len(set(names)) != len(names):
+            raise ValueError("the names of a route's upstreams must be unique")
+        if self.eject_max_seconds < self.eject_base_seconds:
+            raise ValueError("eject_max_seconds must not be below eject_base_seconds")
+        return self
+
+    def pool(self) -> list[UpstreamConfig]:
+        """The route's upstreams: ``upstreams``, or the one ``upstream`` named after the route."""
+        if self.upstreams:
+            return list(self.upstreams)
+        assert self.upstream is not None
+        return [
+            UpstreamConfig(
+                name=self.name,
+                url=self.upstream,
+                credential_env=self.credential_env,
+                credential_style=self.credential_style,
+            )
+        ]
 
 
 class Settings(BaseSettings):
@@ -302,8 +419,10 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    credentials: dict[str, SecretStr] = Field(
-        default_factory=dict, exclude=True, description="Resolved upstream credentials (internal)."
+    credentials: dict[str, dict[str, SecretStr]] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="Resolved upstream credentials by route, then upstream name (internal).",
     )
 
     @field_validator("client_key_sha256")
@@ -350,7 +469,7 @@ class Settings(BaseSettings):
         open_routes = [
             r.name
             for r in self.effective_routes()
-            if r.credential_env
+            if any(u.credential_env for u in r.pool())
             and not (self.client_key_sha256 if r.client_key_sha256 is None else r.client_key_sha256)
         ]
         if open_routes and not self.allow_unauthenticated and not _is_loopback(self.host):
@@ -615,16 +734,24 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _with_credentials(settings: Settings) -> Settings:
-    credentials: dict[str, SecretStr] = {}
+    """Resolve every upstream's ``credential_env``: route name -> upstream name -> secret."""
+    credentials: dict[str, dict[str, SecretStr]] = {}
     for route in settings.effective_routes():
-        if route.credential_env:
-            value = os.environ.get(route.credential_env)
+        for upstream in route.pool():
+            if not upstream.credential_env:
+                continue
+            value = os.environ.get(upstream.credential_env)
             if not value:
-                raise ValueError(
-                    f"routes[{route.name}].credential_env: environment variable "
-                    f"{route.credential_env} is not set or empty"
+                where = (
+                    f"routes[{route.name}].upstreams[{upstream.name}]"
+                    if route.upstreams
+                    else f"routes[{route.name}]"
                 )
-            credentials[route.name] = SecretStr(value)
+                raise ValueError(
+                    f"{where}.credential_env: environment variable "
+                    f"{upstream.credential_env} is not set or empty"
+                )
+            credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
     return settings.model_copy(update={"credentials": credentials})
 
 

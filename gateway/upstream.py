@@ -254,12 +254,21 @@ class Upstream:
         self._timeout = {"connect": connect_timeout, "pool": connect_timeout}
 
     def request(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        connect_timeout: float | None = None,
     ) -> httpx.Request:
-        """A request for ``url`` (origin and target as the routing built it, target unparsed)."""
+        """A request for ``url`` (origin and target as the routing built it, target unparsed),
+        with its own connect timeout when given (an upstream's or a route's)."""
         origin, target = _split_target(url)
         request = httpx.Request(method, _parse_origin(origin), headers=headers, content=content)
-        request.extensions = {"timeout": self._timeout, "target": target}
+        timeout = self._timeout
+        if connect_timeout is not None and connect_timeout != timeout["connect"]:
+            timeout = {"connect": connect_timeout, "pool": connect_timeout}
+        request.extensions = {"timeout": timeout, "target": target}
         return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:

@@ -113,8 +113,8 @@ class CaptureWriter:
         capture = Capture(
             request_id=record.request_id,
             route=record.route,
-            # A route has one upstream: it goes by the route's name.
-            upstream=record.route,
+            # The upstream of the pool whose answer this was (a pool of one: the route's).
+            upstream=record.upstream or record.route,
             protocol=tap.protocol,
             outcome=str(verdict.outcome),
             reason=str(verdict.reason),

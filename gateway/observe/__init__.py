@@ -3,6 +3,14 @@
 from gateway.observe.accesslog import AccessLog
 from gateway.observe.metrics import Metrics, ModelLabels
 from gateway.observe.observers import Observer, Observers
-from gateway.observe.record import RequestRecord
+from gateway.observe.record import Attempt, RequestRecord
 
-__all__ = ["AccessLog", "Metrics", "ModelLabels", "Observer", "Observers", "RequestRecord"]
+__all__ = [
+    "AccessLog",
+    "Attempt",
+    "Metrics",
+    "ModelLabels",
+    "Observer",
+    "Observers",
+    "RequestRecord",
+]

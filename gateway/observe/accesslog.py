@@ -60,6 +60,11 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "bytes_out": record.bytes_out,
         "usage": usage.as_dict() if usage is not None else None,
         "upstream_request_id": record.upstream_request_id,
+        "upstream": record.upstream,
+        "attempts": [
+            {"upstream": a.upstream, "result": a.result, "duration_ms": _ms(a.duration)}
+            for a in record.attempts
+        ],
         "rejected": record.rejected,
         "error": record.error,
     }

@@ -191,6 +191,26 @@ class Metrics:
             ["route", "error"],
             registry=reg,
         )
+        self.upstream_attempts = Counter(
+            "gateway_upstream_attempts_total",
+            "Attempts on each upstream of a route's pool, by result.",
+            ["route", "upstream", "result"],
+            registry=reg,
+        )
+        self.upstream_ejected = Gauge(
+            "gateway_upstream_ejected",
+            "1 from an upstream's ejection until a probe request succeeds (any worker).",
+            ["route", "upstream"],
+            registry=reg,
+            multiprocess_mode="livemax",
+        )
+        self.upstream_active = Gauge(
+            "gateway_upstream_active_streams",
+            "Requests in flight on an upstream, streams included (what balancing compares).",
+            ["route", "upstream"],
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
         self.observer_errors = Counter(
             "gateway_observer_errors_total",
             "Failures of an observer (metrics, access log) on a finished request.",
@@ -223,6 +243,21 @@ class Metrics:
 
     def stream_ended(self, route: str) -> None:
         self._child(self.active_streams, route).dec()
+
+    def upstream_started(self, route: str, upstream: str) -> None:
+        self._child(self.upstream_active, route, upstream).inc()
+
+    def upstream_ended(self, route: str, upstream: str) -> None:
+        self._child(self.upstream_active, route, upstream).dec()
+
+    def upstream_out(self, route: str, upstream: str, out: bool) -> None:
+        """An upstream was ejected (``out``), or returned by a successful probe."""
+        self._child(self.upstream_ejected, route, upstream).set(1 if out else 0)
+
+    def upstream_declared(self, route: str, upstream: str) -> None:
+        """Show an upstream's gauges at 0 from the start (absent series hide a pool)."""
+        self._child(self.upstream_ejected, route, upstream).set(0)
+        self._child(self.upstream_active, route, upstream)
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
@@ -266,6 +301,8 @@ class Metrics:
             child(self.relayed_bytes, route, "client_to_upstream").inc(record.bytes_in)
         if record.error is not None:
             child(self.request_errors, route, record.error).inc()
+        for attempt in record.attempts:
+            child(self.upstream_attempts, route, attempt.upstream, attempt.result).inc()
         verdict = record.verdict
         usage = record.usage
         if usage is not None:

@@ -10,7 +10,16 @@ from gateway.guard.verdict import Usage, Verdict
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
 
-__all__ = ["RequestRecord"]
+__all__ = ["Attempt", "RequestRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt of a request on one upstream of its route's pool."""
+
+    upstream: str  # the upstream's configured name
+    result: str  # ok, connect_error, timeout, status_429, status_5xx, status_4xx, ...
+    duration: float  # seconds, from sending the request to the end of this attempt
 
 
 @dataclass(slots=True)
@@ -36,10 +45,12 @@ class RequestRecord:
     verdict: Verdict | None = None
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
     upstream_request_id: str | None = None
+    upstream: str | None = None  # the name of the upstream whose answer the client got
+    attempts: list[Attempt] = field(default_factory=list)
     time_to_first_byte: float | None = None
     time_to_first_token: float | None = None
     duration: float = 0.0
-    bytes_in: int = 0  # client -> upstream (request body bytes forwarded)
+    bytes_in: int = 0  # client -> upstream (request body bytes forwarded, every attempt's)
     bytes_out: int = 0  # upstream -> client (response body bytes sent, annotation included)
     chunk_gaps: list[float] = field(default_factory=list)
     rejected: str | None = None  # reason label when refused before reaching an upstream

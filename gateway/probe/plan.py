@@ -24,7 +24,7 @@ from typing import Final
 from gateway.guard import Protocol
 from gateway.probe.checks import CHECKS, Target, checks_for
 from gateway.protocols import REGISTRY, ProtocolSpec, spec_for
-from gateway.routing import Route
+from gateway.routing import credential_style
 from gateway.settings import RouteConfig, Settings
 
 __all__ = [
@@ -94,7 +94,9 @@ def parse_inject(values: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def _default_protocol(settings: Settings, config: RouteConfig) -> ProtocolSpec:
-    style = Route(config=config, timeouts=settings.route_timeouts(config)).credential_style
+    # A route for any path: probe it in the protocol of its (first) upstream's style.
+    upstream = config.pool()[0]
+    style = credential_style(upstream.credential_style, config.protocol, upstream.url)
     return next(s for s in REGISTRY if s.credential is style and s.requests is not None)
 
 

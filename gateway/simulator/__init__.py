@@ -6,7 +6,8 @@ headers (or a ``"sim"`` body object); see the README's "built-in simulator" sect
 
 Public surface::
 
-    create_simulator_app(*, default_tps=0, default_tokens=20) -> Starlette
+    create_simulator_app(*, default_tps=0, default_tokens=20,
+                         default_fault="none", default_status=500) -> Starlette
     serve(host, port, **kw)                       # blocking
     await start_in_background(host, port, **kw)   # -> RunningSimulator (.port, .stop())
     FAULTS, expected_text(), tool_arguments()     # for tests

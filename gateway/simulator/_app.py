@@ -41,9 +41,19 @@ _DEFAULT_LIST_LIMIT: Final = 100
 
 
 class _Simulator:
-    def __init__(self, *, default_tps: float, default_tokens: int, store: RecordStore) -> None:
+    def __init__(
+        self,
+        *,
+        default_tps: float,
+        default_tokens: int,
+        store: RecordStore,
+        default_fault: str = "none",
+        default_status: int = 500,
+    ) -> None:
         self.default_tps = default_tps
         self.default_tokens = default_tokens
+        self.default_fault = default_fault
+        self.default_status = default_status
         self.store = store
         #: Set when the server shuts down: responses still being written are cut.
         self.closing = Closing()
@@ -101,6 +111,8 @@ class _Simulator:
                 body,
                 default_tps=self.default_tps,
                 default_tokens=self.default_tokens,
+                default_fault=self.default_fault,
+                default_status=self.default_status,
             )
         except KnobError as exc:
             return self._json(400, error_body(protocol, 400, str(exc), upstream_id), id_headers)
@@ -241,6 +253,8 @@ def create_simulator_app(
     default_tps: float = 0,
     default_tokens: int = 20,
     store: RecordStore | None = None,
+    default_fault: str = "none",
+    default_status: int = 500,
 ) -> Starlette:
     """The simulator as an ASGI application.
 
@@ -248,13 +262,25 @@ def create_simulator_app(
     and ``default_tokens`` is the number of content deltas, for requests that
     do not set ``x-sim-tps`` / ``x-sim-tokens``. The request records are
     kept in ``store`` (a new bounded store by default), also reachable as
-    ``app.state.records``.
+    ``app.state.records``. ``default_fault`` (and ``default_status`` for
+    fault ``status``) is the fault of every request that names none: a
+    whole provider that fails, e.g. behind a gateway's pool of upstreams.
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")
+    if default_fault not in FAULTS:
+        raise ValueError(f"unknown fault {default_fault!r}; known faults: {', '.join(FAULTS)}")
+    if not 300 <= default_status <= 599:
+        raise ValueError("default_status must be between 300 and 599")
     install_abort_log_filter()
     records = store if store is not None else RecordStore()
-    sim = _Simulator(default_tps=default_tps, default_tokens=default_tokens, store=records)
+    sim = _Simulator(
+        default_tps=default_tps,
+        default_tokens=default_tokens,
+        store=records,
+        default_fault=default_fault,
+        default_status=default_status,
+    )
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),

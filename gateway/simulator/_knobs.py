@@ -141,15 +141,18 @@ def read_knobs(
     *,
     default_tps: float,
     default_tokens: int,
+    default_fault: str = "none",
+    default_status: int = 500,
 ) -> Knobs:
-    """Resolve the knobs of one request from its (lower-case) headers and JSON body."""
+    """Resolve the knobs of one request from its (lower-case) headers and JSON body;
+    a knob the request does not set takes the simulator's default."""
     sim_raw = body.get("sim") if isinstance(body, dict) else None
     if sim_raw is not None and not isinstance(sim_raw, dict):
         raise KnobError('body field "sim" must be an object')
     sim: Mapping[str, Any] = sim_raw or {}
 
     fault_raw = _pick(headers, sim, "fault")
-    fault = "none" if fault_raw is None else str(fault_raw).strip().lower() or "none"
+    fault = default_fault if fault_raw is None else str(fault_raw).strip().lower() or "none"
     if fault not in FAULTS:
         raise KnobError(f"unknown sim fault {fault!r}; known faults: {', '.join(FAULTS)}")
 
@@ -177,7 +180,7 @@ def read_knobs(
         else _as_float("stall_seconds", raw, 0.0, _MAX_STALL_SECONDS)
     )
     raw = _pick(headers, sim, "status")
-    status = 500 if raw is None else _as_int("status", raw, 300, 599)
+    status = default_status if raw is None else _as_int("status", raw, 300, 599)
 
     return Knobs(
         fault=fault,

@@ -53,9 +53,16 @@ def serve(
     default_tokens: int = 20,
     log_level: str = "info",
     access_log: bool = True,
+    default_fault: str = "none",
+    default_status: int = 500,
 ) -> None:
     """Run the simulator until interrupted (uvloop and httptools when installed)."""
-    app = create_simulator_app(default_tps=default_tps, default_tokens=default_tokens)
+    app = create_simulator_app(
+        default_tps=default_tps,
+        default_tokens=default_tokens,
+        default_fault=default_fault,
+        default_status=default_status,
+    )
     config = uvicorn.Config(
         app,
         host=host,

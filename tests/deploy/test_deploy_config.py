@@ -92,6 +92,9 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_relayed_bytes_total": {"route", "direction"},
     "gateway_rejected_requests_total": {"reason"},
     "gateway_request_errors_total": {"route", "error"},
+    "gateway_upstream_attempts_total": {"route", "upstream", "result"},
+    "gateway_upstream_ejected": {"route", "upstream"},
+    "gateway_upstream_active_streams": {"route", "upstream"},
     "gateway_observer_errors_total": {"observer"},
     "gateway_captures_written_total": {"route"},
     "gateway_captures_dropped_total": {"route", "reason"},
@@ -234,6 +237,14 @@ MUTANTS = {
     ),
     "incomplete threshold 2% instead of 1%": (") > 0.01\n", ") > 0.02\n"),
     "gateway down ignores the job": ('up{job="gateway"} == 0', "up == 0"),
+    "upstream ejected loses the upstream label": (
+        "max by (route, upstream) (gateway_upstream_ejected)",
+        "max by (route) (gateway_upstream_ejected)",
+    ),
+    "upstream ejected fires at once": (
+        "gateway_upstream_ejected) == 1\n        for: 10m",
+        "gateway_upstream_ejected) == 1\n        for: 1m",
+    ),
     "upstream unavailable is not critical": (
         "        for: 2m\n        labels:\n          severity: critical",
         "        for: 2m\n        labels:\n          severity: warning",

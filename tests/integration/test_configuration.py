@@ -22,7 +22,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gateway.settings import RouteConfig, Settings, describe_errors, load_settings
+from gateway.settings import RouteConfig, Settings, UpstreamConfig, describe_errors, load_settings
 from gateway.simulator._knobs import FAULTS, Knobs, knob_header
 from tests.conftest import ServerThread, free_port, gateway_process
 
@@ -254,8 +254,11 @@ def test_the_example_config_loads_as_shipped_without_any_credential() -> None:
     result = _gateway("check-config", "--config", str(EXAMPLE), env=_bare_env())
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
-    assert [r["name"] for r in shown["effective_routes"]] == ["openai", "anthropic"]
+    assert [r["name"] for r in shown["effective_routes"]] == ["openai", "anthropic", "pool"]
     assert all(r["credential"] is None for r in shown["effective_routes"])
+    pool = shown["effective_routes"][2]["upstreams"]
+    assert [u["name"] for u in pool] == ["primary", "fallback"]
+    assert all(u["credential"] is None for u in pool)
 
 
 def _example_with_commented_keys() -> dict[str, Any]:
@@ -277,17 +280,27 @@ def test_the_example_config_shows_every_key_with_its_default() -> None:
     shown = _example_with_commented_keys()
     # config names the file itself; credentials are resolved from credential_env.
     _check_shown_with_defaults(Settings, live, shown, "", {"config", "credentials", "routes"})
-    # The first example route shows every route key; any route's keys but name, prefix
-    # and upstream carry their defaults.
+    # The first example route shows every route key; any route's keys but name, prefix,
+    # upstream and upstreams carry their defaults.
     first_live, first_shown = live["routes"][0], shown["routes"][0]
     _check_shown_with_defaults(
         RouteConfig, first_live, first_shown, "routes[0].", {"name", "prefix", "upstream"}
     )
     for index, route in enumerate(live["routes"]):
         example = RouteConfig.model_validate(route)
-        defaults = RouteConfig(upstream=example.upstream)
-        for key in route.keys() - {"name", "prefix", "upstream"}:
+        defaults = RouteConfig(upstream="https://example.test/v1")
+        for key in route.keys() - {"name", "prefix", "upstream", "upstreams"}:
             assert getattr(example, key) == getattr(defaults, key), f"routes[{index}].{key}"
+    # The first pool's first upstream shows every upstream key, with its default.
+    index, pool = next((i, r) for i, r in enumerate(live["routes"]) if r.get("upstreams"))
+    shown_pool = shown["routes"][index]
+    _check_shown_with_defaults(
+        UpstreamConfig,
+        pool["upstreams"][0],
+        shown_pool["upstreams"][0],
+        f"routes[{index}].upstreams[0].",
+        {"name", "url"},
+    )
 
 
 def _check_shown_with_defaults(

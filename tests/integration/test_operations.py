@@ -171,7 +171,7 @@ def test_check_config_redacts_secrets(tmp_path: Path) -> None:
 
 def test_readme_configuration_reference_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
-    from gateway.settings import RouteConfig
+    from gateway.settings import RouteConfig, UpstreamConfig
 
     for name in Settings.model_fields:
         if name in ("credentials", "timeouts", "limits"):  # the sections are listed by key
@@ -183,6 +183,8 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
             assert f"`{section}.{key}`" in readme, f"README lacks {section}.{key}"
     for key in RouteConfig.model_fields:
         assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
+    for key in UpstreamConfig.model_fields:
+        assert f"`routes[].upstreams[].{key}`" in readme, f"README lacks routes[].upstreams[].{key}"
 
 
 # ---------------------------------------------------------------- credentials

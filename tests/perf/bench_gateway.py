@@ -32,6 +32,9 @@ What runs, all on 127.0.0.1:
   shipped: guard, metrics, access log to a file; ``--gateway-args`` adds
   flags and ``NAME=value`` environment), ``gateway-aiohttp`` /
   ``gateway-httpx`` (the same with ``GATEWAY_UPSTREAM_TRANSPORT`` set),
+  ``gateway-pool`` (the same upstream twice, as a route's pool of two: every
+  request's first attempt holds its head until the first event, the cost of
+  failover on the happy path; compare its scenario 6 with ``gateway``),
   and the floors, yardsticks for what the gateway's stack costs here with
   nothing of the gateway in it: ``minimal`` (``minimal_relay.py``: Starlette
   + aiohttp, no guard, metrics or log: issue 7's reference row),
@@ -965,13 +968,18 @@ class GatewayProxy(Proxy):
         return str(venv) if venv.exists() else sys.executable
 
     def command(self) -> list[str]:
+        # A pool comes from GATEWAY_ROUTES (make_proxy), not from --upstream.
+        upstream = (
+            []
+            if "GATEWAY_ROUTES" in self.env
+            else ["--upstream", f"http://127.0.0.1:{self.upstream_port}/v1"]
+        )
         return [
             self.python(),
             "-m",
             "gateway",
             "serve",
-            "--upstream",
-            f"http://127.0.0.1:{self.upstream_port}/v1",
+            *upstream,
             "--port",
             str(self.port),
             *self.args,
@@ -1542,6 +1550,7 @@ TARGETS = (
     "gateway",
     "gateway-aiohttp",
     "gateway-httpx",
+    "gateway-pool",
 )
 
 
@@ -1567,6 +1576,12 @@ def make_proxy(
     if target in FloorProxy.SCRIPTS:
         return FloorProxy(upstream_port, workdir, [], {}, target)
     args, env = _split_gateway_args(opts.gateway_args)
+    if target == "gateway-pool":
+        url = f"http://127.0.0.1:{upstream_port}/v1"
+        pool = [{"name": name, "url": url} for name in ("a", "b")]
+        route = {"name": "default", "prefix": "/v1", "upstreams": pool}
+        env["GATEWAY_ROUTES"] = json.dumps([route])
+        return GatewayProxy(upstream_port, workdir, args, env, target)
     if target.startswith("gateway-"):
         env["GATEWAY_UPSTREAM_TRANSPORT"] = target.split("-", 1)[1]
     return GatewayProxy(upstream_port, workdir, args, env, target)

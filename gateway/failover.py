@@ -1,0 +1,153 @@
+"""Failover: what one attempt's result is called, whether it may be retried, and what it
+says about its upstream's health.
+
+Every attempt ends as exactly one ``Result`` (the ``result`` label of
+``gateway_upstream_attempts_total``). Five of them are retry causes a route
+can list in ``retry_on``; a request is retried on another upstream only
+while nothing of the answer has reached the client (the relay's rule), so a
+result from an answer the client already has is never retried whatever it
+is. A 4xx other than 429 is the client's fault and travels back unchanged.
+
+``early_eof``: connected, but the upstream closed or broke before a valid
+head, or a held answer ended, broke or failed before its first event (a
+stream) or first byte (any other body). ``incomplete``: an answer the
+client was already getting broke.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+from collections.abc import Collection
+
+from gateway.attempt import AttemptFailure
+from gateway.guard import Reason, Verdict
+from gateway.pool import Health
+
+__all__ = [
+    "Result",
+    "health_of",
+    "result_of_answer",
+    "result_of_failure",
+    "result_of_held",
+    "result_of_status",
+    "retry_after_seconds",
+    "retryable",
+]
+
+
+class Result(enum.StrEnum):
+    OK = "ok"
+    CONNECT_ERROR = "connect_error"  # refused, DNS, TLS, connect timeout
+    TIMEOUT = "timeout"  # no head, or no first event (first byte) in time
+    STATUS_429 = "status_429"
+    STATUS_5XX = "status_5xx"
+    STATUS_4XX = "status_4xx"
+    EARLY_EOF = "early_eof"
+    INCOMPLETE = "incomplete"
+
+
+#: Result -> the ``retry_on`` name that allows retrying it.
+_CAUSES = {
+    Result.CONNECT_ERROR: "connect",
+    Result.TIMEOUT: "first_byte_timeout",
+    Result.STATUS_429: "429",
+    Result.STATUS_5XX: "5xx",
+    Result.EARLY_EOF: "early_eof",
+}
+
+#: Incomplete reasons that say nothing about the upstream: the client, the gateway,
+#: the request's own budget, or the operator's limits.
+_BLAMELESS = frozenset(
+    {
+        Reason.CLIENT_DISCONNECT,
+        Reason.CLIENT_STALLED,
+        Reason.GATEWAY_SHUTDOWN,
+        Reason.TOTAL_TIMEOUT,
+        Reason.LIMIT_EXCEEDED,
+    }
+)
+_TIMEOUTS = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
+
+
+def retryable(result: Result, retry_on: Collection[str]) -> bool:
+    """Whether a route with ``retry_on`` retries an attempt that ended as ``result``."""
+    cause = _CAUSES.get(result)
+    return cause is not None and cause in retry_on
+
+
+def result_of_failure(failure: AttemptFailure) -> Result:
+    """No response head came back."""
+    if failure.error in ("connect_error", "connect_timeout"):
+        return Result.CONNECT_ERROR
+    if failure.error is None:
+        return Result.TIMEOUT
+    return Result.EARLY_EOF  # connected, but no valid head
+
+
+def result_of_status(status: int) -> Result:
+    """A response head came back with ``status``."""
+    if status == 429:
+        return Result.STATUS_429
+    if status >= 500:
+        return Result.STATUS_5XX
+    if status >= 400:
+        return Result.STATUS_4XX
+    return Result.OK
+
+
+def result_of_held(reason: Reason) -> Result:
+    """A held answer failed for ``reason`` before anything of it was sent."""
+    if reason in _TIMEOUTS:
+        return Result.TIMEOUT
+    if reason in _BLAMELESS:
+        return Result.INCOMPLETE
+    return Result.EARLY_EOF
+
+
+def result_of_answer(status: int, verdict: Verdict | None, error: str | None) -> Result:
+    """An answer relayed to the client: its status, a stream's verdict, a body's error."""
+    result = result_of_status(status)
+    if result is not Result.OK:
+        return result
+    if verdict is not None and not verdict.complete:
+        # No first byte in time is a timeout, held or not.
+        if verdict.reason is Reason.FIRST_BYTE_TIMEOUT:
+            return Result.TIMEOUT
+        return Result.INCOMPLETE
+    if error in ("upstream_disconnect", "upstream_timeout", "client_stalled"):
+        return Result.INCOMPLETE
+    return Result.OK
+
+
+def health_of(result: Result, reason: Reason | None = None, error: str | None = None) -> Health:
+    """What an attempt says about its upstream (``reason``: the stream's or the failure's)."""
+    if result in (Result.OK, Result.STATUS_4XX):
+        return Health.OK
+    if reason is not None and reason in _BLAMELESS:
+        return Health.NEUTRAL
+    if result is Result.INCOMPLETE and reason is None and error == "client_stalled":
+        return Health.NEUTRAL
+    return Health.FAILED
+
+
+def retry_after_seconds(value: bytes | str | None, now: float, ceiling: float) -> float | None:
+    """A ``Retry-After`` header's wait in seconds (delta-seconds or an HTTP date, against
+    the wall-clock ``now``), at most ``ceiling``; None when absent, invalid or past."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if text.isdigit():
+        seconds = float(int(text[:12]))
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - now
+    if seconds <= 0:
+        return None
+    return min(seconds, ceiling)
