@@ -38,7 +38,7 @@ from gateway.headers import (
     strip_hop_by_hop,
 )
 from gateway.lifecycle import Lifecycle
-from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord
+from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.protocols import ContractOptions, CredentialStyle
 from gateway.routing import Route
 from gateway.settings import Settings
@@ -71,6 +71,7 @@ class Relay:
         observers: Observers,
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
+        tracer: TraceHook | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -82,6 +83,9 @@ class Relay:
             settings.limits, settings.client_key_sha256, settings.effective_routes()
         )
         self.forwarding = Forwarding(settings.trusted_proxies)
+        self.tracer = tracer
+        # With a trace hook, the client's trace headers give way to the hook's own.
+        self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
 
     # -- the request's life -------------------------------------------------------------
 
@@ -99,6 +103,8 @@ class Relay:
         agent = get_header(scope["headers"], b"user-agent")
         if agent is not None:
             record.user_agent = agent.decode("latin-1")
+        if self.tracer is not None:
+            self.tracer.start(record, scope["headers"])
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
@@ -155,6 +161,7 @@ class Relay:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
+        record.protocol = spec.name
         request_json = _parse_request(body, scope["headers"])
         if request_json is not None:
             model = request_json.get("model")
@@ -190,6 +197,7 @@ class Relay:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         timeouts = route.timeouts
         exchange.total_deadline = asyncio.get_running_loop().time() + timeouts.total
+        record.upstream = route.name  # a route's one upstream is named after it
         request = self.upstream.request(
             scope["method"], url, self._upstream_headers(route, scope, record), body
         )
@@ -214,7 +222,7 @@ class Relay:
                 await close_quietly(response)
 
     def _upstream_headers(self, route: Route, scope: Scope, record: RequestRecord) -> RawHeaders:
-        headers = strip_hop_by_hop(scope["headers"], _REQUEST_DROP)
+        headers = strip_hop_by_hop(scope["headers"], self._request_drop)
         if route.credential is not None:
             headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
             secret = route.credential.get_secret_value().encode()
@@ -232,6 +240,7 @@ class Relay:
             scope["headers"], _peer(scope), scope.get("scheme", "http")
         )
         headers.append((b"x-request-id", record.request_id.encode()))
+        headers.extend(record.trace_headers)  # the trace hook's (none without one)
         return headers
 
     # -- the answer -----------------------------------------------------------------------

@@ -53,6 +53,7 @@ __all__ = [
     "RouteConfig",
     "Settings",
     "Timeouts",
+    "Tracing",
     "check_environment",
     "describe_errors",
     "export_for_workers",
@@ -165,6 +166,31 @@ class Limits(_Strict):
     )
 
 
+class Tracing(_Strict):
+    """OpenTelemetry traces (the ``otel`` extra); the exporter, sampler and service name
+    come from the SDK's own ``OTEL_*`` variables."""
+
+    enabled: bool = Field(
+        False, description="One span per proxied request, exported over OTLP/HTTP."
+    )
+    upstream_host: bool = Field(
+        False, description="Put the upstream's host and port in server.address/server.port."
+    )
+
+    @field_validator("enabled")
+    @classmethod
+    def _extra_installed(cls, value: bool) -> bool:
+        if value:
+            try:
+                import opentelemetry.exporter.otlp.proto.http.trace_exporter
+                import opentelemetry.sdk.trace  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    "tracing needs the otel extra: pip install 'llm-stream-gateway[otel]'"
+                ) from None
+        return value
+
+
 class RouteConfig(_Strict):
     """One client path prefix mapped to one upstream."""
 
@@ -270,6 +296,11 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    tracing: Tracing = Tracing()
+    status_page: bool = Field(
+        False,
+        description="Serve GET /status: to loopback clients, or with a global client key.",
+    )
     credentials: dict[str, SecretStr] = Field(
         default_factory=dict, exclude=True, description="Resolved upstream credentials (internal)."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.guard.verdict import Usage, Verdict
 
@@ -40,3 +41,9 @@ class RequestRecord:
     chunk_gaps: list[float] = field(default_factory=list)
     rejected: str | None = None  # reason label when refused before reaching an upstream
     error: str | None = None  # short internal classification, never exception text
+    protocol: str | None = None  # the registry's name of the request's protocol, once known
+    upstream: str | None = None  # name of the upstream that answered (the last attempted)
+    # Set by a trace hook at the start (gateway.observe.hooks): its handle (a span), ended
+    # by its observer, and the headers that carry the request's trace context upstream.
+    trace: Any = None
+    trace_headers: tuple[tuple[bytes, bytes], ...] = ()

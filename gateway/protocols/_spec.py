@@ -68,6 +68,11 @@ class ProtocolSpec:
     make_contract: Callable[[ContractOptions], Contract] | None = None
     #: Rewrite a stream request's JSON body to ask for usage; True when it did (Chat only).
     ask_for_usage: Callable[[Json], bool] | None = None
+    #: ``gen_ai.operation.name`` of the OpenTelemetry GenAI semantic conventions.
+    genai_operation: str | None = None
+    #: ``gen_ai.provider.name``: the provider whose API this is (an OpenAI-compatible
+    #: server speaks ``openai``'s; the conventions name no better value for it).
+    genai_provider: str | None = None
 
     @property
     def name(self) -> str:

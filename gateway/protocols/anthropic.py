@@ -15,4 +15,6 @@ MESSAGES = ProtocolSpec(
     wants_stream=body_says_stream,
     answer_usage=lambda body: messages_usage(body.get("usage")),
     credential=CredentialStyle.X_API_KEY,
+    genai_operation="chat",
+    genai_provider="anthropic",
 )

@@ -28,4 +28,6 @@ GEMINI = ProtocolSpec(
     answer_usage=gemini_answer_usage,
     answer_model=_model_version,
     credential=CredentialStyle.X_GOOG_API_KEY,
+    genai_operation="generate_content",
+    genai_provider="gcp.gemini",
 )

@@ -37,6 +37,8 @@ CHAT = ProtocolSpec(
         require_finish_reason=o.require_finish_reason, withhold_usage=o.withhold_usage
     ),
     ask_for_usage=_ask_for_usage,
+    genai_operation="chat",
+    genai_provider="openai",
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -46,6 +48,8 @@ COMPLETIONS = ProtocolSpec(
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: CompletionsContract(require_finish_reason=o.require_finish_reason),
+    genai_operation="text_completion",
+    genai_provider="openai",
 )
 
 RESPONSES = ProtocolSpec(
@@ -54,4 +58,6 @@ RESPONSES = ProtocolSpec(
     matches=_ends_with("/responses"),
     wants_stream=body_says_stream,
     answer_usage=lambda body: responses_usage(body.get("usage")),
+    genai_operation="chat",
+    genai_provider="openai",
 )
