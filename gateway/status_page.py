@@ -97,10 +97,12 @@ def _duration(seconds: float) -> str:
 
 
 def _table(head: Iterable[str], rows: Iterable[Iterable[str]], numeric: set[int]) -> str:
-    """A table; every cell is already escaped HTML."""
-    parts = ["<table><thead><tr>"]
-    parts.extend(f"<th>{_e(title)}</th>" for title in head)
-    parts.append("</tr></thead><tbody>")
+    """A table (no head row when ``head`` is empty); every cell is already escaped HTML."""
+    parts = ["<table>"]
+    titles = [f"<th>{_e(title)}</th>" for title in head]
+    if titles:
+        parts.extend(["<thead><tr>", *titles, "</tr></thead>"])
+    parts.append("<tbody>")
     for row in rows:
         parts.append("<tr>")
         for index, cell in enumerate(row):
@@ -190,11 +192,7 @@ def _counts(view: StatusView) -> str:
 
 
 def _incomplete(view: StatusView) -> str:
-    parts = [
-        f'<section id="incomplete"><h2>Last {len(view.incomplete)} incomplete streams</h2>'
-        if view.incomplete
-        else '<section id="incomplete"><h2>Incomplete streams</h2>'
-    ]
+    parts = ['<section id="incomplete"><h2>Incomplete streams, newest first</h2>']
     if not view.incomplete:
         parts.append(_none("No incomplete stream since the gateway started."))
     else:
@@ -242,7 +240,7 @@ def _build(view: StatusView) -> str:
     config = json.dumps(view.config, indent=2, sort_keys=True, ensure_ascii=False)
     return (
         '<section id="build"><h2>Build and configuration</h2>'
-        + _table(["", ""], rows, set())
+        + _table([], rows, set())
         + "<p>Effective configuration, secrets redacted (as <code>gateway check-config</code>"
         " prints it):</p>" + f"<pre>{_e(config)}</pre></section>"
     )

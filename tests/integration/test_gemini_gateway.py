@@ -123,7 +123,9 @@ def test_the_route_credential_goes_as_x_goog_api_key(
 ) -> None:
     monkeypatch.setenv("GW_TEST_GEMINI_KEY", "upstream-secret")
     settings = load_settings(
-        routes=_routes(simulator.url + "/v1beta", credential_env="GW_TEST_GEMINI_KEY", protocol="gemini"),
+        routes=_routes(
+            simulator.url + "/v1beta", credential_env="GW_TEST_GEMINI_KEY", protocol="gemini"
+        ),
         access_log=False,
     )
     with running(create_app(settings)) as gw, _client(gw, **{"x-request-id": "gem-cred"}) as c:
