@@ -581,7 +581,7 @@ def test_compose_gateway_environment_loads_with_the_settings_model(
     for key, value in gateway["environment"].items():
         monkeypatch.setenv(key, str(value))
     args = _parser().parse_args(gateway["command"][1:])
-    settings = load_settings(**_overrides(args))
+    settings = load_settings(**_overrides(args)[0])
     assert settings.host == "0.0.0.0"
     demo_key = re.search(r'demo key "([^"]+)"', _compose_comments())
     assert demo_key, "compose.yaml does not name its demo client key"
