@@ -128,11 +128,10 @@ class OtelTracing:
 
     def _describe(self, record: RequestRecord) -> tuple[str, dict[str, Any]]:
         """The span's name and attributes, from the finished record."""
+        # gateway.route and http.request.method were given at the start (for samplers).
         attributes: dict[str, Any] = {
             "gateway.request_id": record.request_id,
-            "gateway.route": record.route,
             "gateway.stream": record.stream,
-            "http.request.method": record.method,
             "http.request.body.size": record.bytes_in,
             "http.response.body.size": record.bytes_out,
         }
