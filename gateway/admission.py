@@ -28,7 +28,7 @@ from gateway.headers import RawHeaders, get_header
 from gateway.routing import PathRejected, Route, Target, request_target
 from gateway.settings import Limits, RouteConfig
 
-__all__ = ["Admission", "ClientGone", "Refused"]
+__all__ = ["Admission", "ClientGone", "Refused", "presented_key"]
 
 
 class Refused(Exception):
@@ -136,15 +136,13 @@ class Admission:
         """A body of ``size`` bytes is no longer held."""
         self.buffered_bytes -= size
 
+    def has_global_key(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request presents one of the global client keys (the status page)."""
+        key = presented_key(headers)
+        return bool(key) and _listed(hashlib.sha256(key or b"").digest(), self._global_keys)
+
     def _check_key(self, accepted: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> None:
-        key = (
-            get_header(headers, b"x-api-key")
-            or get_header(headers, b"api-key")
-            or get_header(headers, b"x-goog-api-key")
-        )
-        auth = get_header(headers, b"authorization")
-        if key is None and auth is not None and auth[:7].lower() == b"bearer ":
-            key = auth[7:].strip()
+        key = presented_key(headers)
         if key:
             digest = hashlib.sha256(key).digest()
             if _listed(digest, accepted):
@@ -183,6 +181,20 @@ class Admission:
     def end_stream(self, route: Route) -> None:
         self.active_streams -= 1
         route.active -= 1
+
+
+def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The client key a request presents: ``x-api-key``, ``api-key``, ``x-goog-api-key``,
+    or an ``Authorization: Bearer`` token; None when it presents none."""
+    key = (
+        get_header(headers, b"x-api-key")
+        or get_header(headers, b"api-key")
+        or get_header(headers, b"x-goog-api-key")
+    )
+    auth = get_header(headers, b"authorization")
+    if key is None and auth is not None and auth[:7].lower() == b"bearer ":
+        key = auth[7:].strip()
+    return key
 
 
 def _over_budget() -> Refused:

@@ -1,10 +1,16 @@
-"""The ASGI application: routes, lifespan, health, metrics and the proxy dispatch.
+"""The ASGI application: routes, lifespan, health, metrics, status and the proxy dispatch.
 
 ``create_app(settings)`` builds a Starlette app. A request under a route's
 prefix goes straight to the relay (a plain ASGI call); no
 ``BaseHTTPMiddleware`` anywhere (it hides client disconnects). The lifespan
 creates the pooled upstream client (and, when ``simulator`` is set, an
-in-process simulator on a free loopback port), and closes them at shutdown.
+in-process simulator on a free loopback port), and closes them at shutdown,
+tracing's exporter last (bounded: a dead collector must not hold the exit).
+
+With ``tracing.enabled`` the OpenTelemetry hook (``gateway.observe.otel``,
+imported only then) starts a span per request and ends it as an observer.
+With ``status_page`` the status board observes every request and
+``GET /status`` shows it, to loopback clients or with a global client key.
 """
 
 from __future__ import annotations
@@ -12,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
 import os
+import platform
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import FrameType
 from typing import Any
@@ -23,7 +32,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -31,14 +40,18 @@ from gateway import __version__
 from gateway.capture.writer import CaptureWriter
 from gateway.edge import edge_state
 from gateway.errors import error_body, error_headers, send_error
-from gateway.headers import get_header, pick_request_id
+from gateway.exchange import Exchange
+from gateway.headers import Forwarding, get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
-from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers
+from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
+from gateway.observe.status import StatusBoard
 from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
 from gateway.routing import match_route
 from gateway.settings import RouteConfig, Settings
+from gateway.status_page import HEADERS as STATUS_HEADERS
+from gateway.status_page import LiveStream, StatusView, render
 from gateway.upstream import Upstream, create_upstream
 
 __all__ = ["create_app"]
@@ -111,15 +124,25 @@ class _Gateway:
             on_written=self.metrics.capture_written,
             on_dropped=self.metrics.capture_dropped,
         )
+        gateway_observers: list[Observer] = [self.metrics, self.access_log]
+        if self.captures is not None:
+            gateway_observers.append(self.captures)
+        self.tracing: TracingHook | None = None
+        if settings.tracing.enabled:
+            from gateway.observe.otel import OtelTracing
+
+            self.tracing = OtelTracing(
+                self._upstream_address if settings.tracing.upstream_host else None
+            )
+            gateway_observers.append(self.tracing)
+        self.status_board: StatusBoard | None = None
+        if settings.status_page:
+            self.status_board = StatusBoard()
+            gateway_observers.append(self.status_board)
+        self.forwarding = Forwarding(settings.trusted_proxies)
         # Each finished request goes to every observer; one's failure never reaches another.
         self.observers = Observers(
-            [
-                self.metrics,
-                self.access_log,
-                *([self.captures] if self.captures is not None else []),
-                *observers,
-            ],
-            on_error=self.metrics.observer_failed,
+            [*gateway_observers, *observers], on_error=self.metrics.observer_failed
         )
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
@@ -160,6 +183,7 @@ class _Gateway:
             observers=self.observers,
             model_labels=self.model_labels,
             lifecycle=self.lifecycle,
+            tracer=self.tracing,
         )
         previous = _chain_sigterm(self.lifecycle.begin_drain)
         # What exists now lives as long as the process: keep it out of every GC pass.
@@ -181,6 +205,8 @@ class _Gateway:
                 await asyncio.to_thread(self.captures.close)
             if simulator is not None:
                 await simulator.stop()
+            if self.tracing is not None:
+                await asyncio.to_thread(self.tracing.shutdown, _TRACING_SHUTDOWN_SECONDS)
             if self.metrics.multiprocess:
                 from prometheus_client import multiprocess
 
@@ -220,6 +246,85 @@ class _Gateway:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    def _upstream_address(
+        self, route_name: str, upstream_name: str | None
+    ) -> tuple[str, int | None] | None:
+        """Host and port of the upstream that served a request (for spans, when allowed)."""
+        for route in self.routes:
+            if route.name != route_name:
+                continue
+            for endpoint in route.endpoints:
+                if endpoint.name == upstream_name or upstream_name is None:
+                    url = httpx.URL(endpoint.url)
+                    return url.host, url.port or {"https": 443, "http": 80}.get(url.scheme)
+        return None
+
+    # -- the status page --------------------------------------------------------------------
+
+    async def status_page(self, request: Request) -> Response:
+        relay, board = self.relay, self.status_board
+        assert board is not None
+        request_id = str(request.scope.get(_REQUEST_ID_KEY) or pick_request_id(None))
+        if relay is None:
+            return _json_error(503, "The gateway is starting.", "not_ready", request_id)
+        refusal = self._status_refusal(relay, request.scope, request_id)
+        if refusal is not None:
+            return refusal
+        return HTMLResponse(render(self._status_view(board)), headers=STATUS_HEADERS)
+
+    def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
+        """None when the client may see the page: it is on loopback (behind trusted
+        proxies: the client they name), or presents a global client key."""
+        client = self.forwarding.client(scope["headers"], _peer(scope))
+        if _is_loopback(client):
+            return None
+        if self.settings.client_key_sha256:
+            if relay.admission.has_global_key(scope["headers"]):
+                return None
+            return _json_error(401, "Missing or invalid API key.", "unauthorized", request_id)
+        return _json_error(
+            403,
+            "The status page is served to loopback clients only "
+            "(or, with client_key_sha256 set, to clients with a key).",
+            "forbidden",
+            request_id,
+        )
+
+    def _status_view(self, board: StatusBoard) -> StatusView:
+        now = time.time()
+        live = []
+        for key in self.lifecycle.inflight_keys():
+            if isinstance(key, Exchange) and key.record.stream:
+                record = key.record
+                live.append(
+                    LiveStream(
+                        request_id=record.request_id,
+                        route=record.route,
+                        model=record.model,
+                        age=time.monotonic() - record.started,
+                        bytes_out=record.bytes_out,
+                        time_to_first_token=record.time_to_first_token,
+                    )
+                )
+        live.sort(key=lambda stream: -stream.age)
+        from gateway.cli import redacted
+
+        return StatusView(
+            now=now,
+            version=__version__,
+            python=f"{platform.python_implementation()} {platform.python_version()}",
+            pid=os.getpid(),
+            workers=self.settings.workers,
+            started=board.started,
+            tracing=self.tracing is not None,
+            minutes=board.minutes,
+            active=[(route.name, route.active) for route in self.routes],
+            live=live,
+            counts=board.counts(),
+            incomplete=list(reversed(board.incomplete)),
+            config=redacted(self.settings),
+        )
 
 
 def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
@@ -264,6 +369,35 @@ def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
     return previous
 
 
+_TRACING_SHUTDOWN_SECONDS = 5.0
+
+
+def _json_error(status: int, message: str, code: str, request_id: str) -> Response:
+    type_ = {401: "authentication_error", 403: "permission_error"}.get(
+        status, "service_unavailable"
+    )
+    body = error_body(message, type_, code, request_id)
+    return Response(
+        body,
+        status_code=status,
+        headers={k.decode(): v.decode() for k, v in error_headers(body, request_id)},
+    )
+
+
+def _peer(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+def _is_loopback(address: str | None) -> bool:
+    if address is None:
+        return False
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
 async def _not_ready(scope: Scope, send: Send) -> None:
     request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
     await send_error(
@@ -290,6 +424,8 @@ def create_app(
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
     ]
+    if settings.status_page:
+        routes.append(Route("/status", gateway.status_page, methods=["GET", "HEAD"]))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         gateway.metrics.reject("no_route")

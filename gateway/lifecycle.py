@@ -31,6 +31,10 @@ class Lifecycle:
     def inflight(self) -> int:
         return len(self._inflight)
 
+    def inflight_keys(self) -> list[object]:
+        """The keys of the requests in flight now (the relay's exchanges)."""
+        return list(self._inflight)
+
     def register(self, key: object, stop: Callable[[], None]) -> None:
         self._inflight[key] = stop
         self._idle.clear()

@@ -60,7 +60,7 @@ from gateway.headers import (
     strip_hop_by_hop,
 )
 from gateway.lifecycle import Lifecycle
-from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord
+from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.pool import Change, Health, Lease
 from gateway.protocols import ContractOptions, CredentialStyle
 from gateway.routing import Endpoint, Route, Target
@@ -105,6 +105,7 @@ class Relay:
         observers: Observers,
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
+        tracer: TraceHook | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -116,6 +117,9 @@ class Relay:
             settings.limits, settings.client_key_sha256, settings.effective_routes()
         )
         self.forwarding = Forwarding(settings.trusted_proxies)
+        self.tracer = tracer
+        # With a trace hook, the client's trace headers give way to the hook's own.
+        self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
 
     # -- the request's life -------------------------------------------------------------
 
@@ -133,6 +137,8 @@ class Relay:
         agent = get_header(scope["headers"], b"user-agent")
         if agent is not None:
             record.user_agent = agent.decode("latin-1")
+        if self.tracer is not None:
+            self.tracer.start(record, scope["headers"])
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
@@ -189,6 +195,7 @@ class Relay:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
+        record.protocol = spec.name
         request_json = _parse_request(body, scope["headers"])
         if request_json is not None:
             model = request_json.get("model")
@@ -389,7 +396,7 @@ class Relay:
 
     def _upstream_headers(self, scope: Scope, record: RequestRecord) -> RawHeaders:
         """The request's headers for any upstream (each one's credential is added later)."""
-        headers = strip_hop_by_hop(scope["headers"], _REQUEST_DROP)
+        headers = strip_hop_by_hop(scope["headers"], self._request_drop)
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
@@ -397,6 +404,7 @@ class Relay:
             scope["headers"], _peer(scope), scope.get("scheme", "http")
         )
         headers.append((b"x-request-id", record.request_id.encode()))
+        headers.extend(record.trace_headers)  # the trace hook's (none without one)
         return headers
 
     # -- the answer -----------------------------------------------------------------------

@@ -55,6 +55,7 @@ __all__ = [
     "RouteConfig",
     "Settings",
     "Timeouts",
+    "Tracing",
     "UpstreamConfig",
     "UpstreamTimeouts",
     "check_environment",
@@ -235,6 +236,31 @@ class UpstreamConfig(_Strict):
     def _models(cls, value: dict[str, str]) -> dict[str, str]:
         if any(not name or not mapped for name, mapped in value.items()):
             raise ValueError("model names must not be empty")
+        return value
+
+
+class Tracing(_Strict):
+    """OpenTelemetry traces (the ``otel`` extra); the exporter, sampler and service name
+    come from the SDK's own ``OTEL_*`` variables."""
+
+    enabled: bool = Field(
+        False, description="One span per proxied request, exported over OTLP/HTTP."
+    )
+    upstream_host: bool = Field(
+        False, description="Put the upstream's host and port in server.address/server.port."
+    )
+
+    @field_validator("enabled")
+    @classmethod
+    def _extra_installed(cls, value: bool) -> bool:
+        if value:
+            try:
+                import opentelemetry.exporter.otlp.proto.http.trace_exporter
+                import opentelemetry.sdk.trace  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    "tracing needs the otel extra: pip install 'llm-stream-gateway[otel]'"
+                ) from None
         return value
 
 
@@ -419,6 +445,11 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    tracing: Tracing = Tracing()
+    status_page: bool = Field(
+        False,
+        description="Serve GET /status: to loopback clients, or with a global client key.",
+    )
     credentials: dict[str, dict[str, SecretStr]] = Field(
         default_factory=dict,
         exclude=True,

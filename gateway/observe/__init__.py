@@ -1,6 +1,7 @@
 """Observation: what each finished request becomes (metrics and one access-log line)."""
 
 from gateway.observe.accesslog import AccessLog
+from gateway.observe.hooks import TraceHook, TracingHook
 from gateway.observe.metrics import Metrics, ModelLabels
 from gateway.observe.observers import Observer, Observers
 from gateway.observe.record import Attempt, RequestRecord
@@ -13,4 +14,6 @@ __all__ = [
     "Observer",
     "Observers",
     "RequestRecord",
+    "TraceHook",
+    "TracingHook",
 ]

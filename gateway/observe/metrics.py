@@ -213,7 +213,7 @@ class Metrics:
         )
         self.observer_errors = Counter(
             "gateway_observer_errors_total",
-            "Failures of an observer (metrics, access log) on a finished request.",
+            "Failures of an observer (metrics, access log, tracing, status) on a finished request.",
             ["observer"],
             registry=reg,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.guard.verdict import Usage, Verdict
 
@@ -56,3 +56,8 @@ class RequestRecord:
     rejected: str | None = None  # reason label when refused before reaching an upstream
     error: str | None = None  # short internal classification, never exception text
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
+    protocol: str | None = None  # the registry's name of the request's protocol, once known
+    # Set by a trace hook at the start (gateway.observe.hooks): its handle (a span), ended
+    # by its observer, and the headers that carry the request's trace context upstream.
+    trace: Any = None
+    trace_headers: tuple[tuple[bytes, bytes], ...] = ()

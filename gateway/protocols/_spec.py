@@ -106,6 +106,11 @@ class ProtocolSpec:
     ask_for_usage: Callable[[Json], bool] | None = None
     #: How a client speaks it (None: no answer shape to ask for, e.g. bare SSE).
     requests: ClientRequests | None = None
+    #: ``gen_ai.operation.name`` of the OpenTelemetry GenAI semantic conventions.
+    genai_operation: str | None = None
+    #: ``gen_ai.provider.name``: the provider whose API this is (an OpenAI-compatible
+    #: server speaks ``openai``'s; the conventions name no better value for it).
+    genai_provider: str | None = None
 
     @property
     def name(self) -> str:

@@ -46,4 +46,6 @@ MESSAGES = ProtocolSpec(
         headers={"anthropic-version": "2023-06-01"},
         tool=_tool,
     ),
+    genai_operation="chat",
+    genai_provider="anthropic",
 )

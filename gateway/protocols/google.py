@@ -55,4 +55,6 @@ GEMINI = ProtocolSpec(
     answer_model=_model_version,
     credential=CredentialStyle.X_GOOG_API_KEY,
     requests=ClientRequests(path=_path, text=_text, tool=_tool),
+    genai_operation="generate_content",
+    genai_provider="gcp.gemini",
 )

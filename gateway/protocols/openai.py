@@ -88,6 +88,8 @@ CHAT = ProtocolSpec(
         tool=_chat_tool,
         choices=_choices,
     ),
+    genai_operation="chat",
+    genai_provider="openai",
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -100,6 +102,8 @@ COMPLETIONS = ProtocolSpec(
     requests=ClientRequests(
         path=lambda model, stream: "/completions", text=_completions_text, choices=_choices
     ),
+    genai_operation="text_completion",
+    genai_provider="openai",
 )
 
 RESPONSES = ProtocolSpec(
@@ -111,4 +115,6 @@ RESPONSES = ProtocolSpec(
     requests=ClientRequests(
         path=lambda model, stream: "/responses", text=_responses_text, tool=_responses_tool
     ),
+    genai_operation="chat",
+    genai_provider="openai",
 )

@@ -1,0 +1,164 @@
+"""The ``/status`` page on a real gateway: who may see it, and what a browser shows.
+
+Access is driven for real: a client that is not on loopback is made with a
+trusted proxy on 127.0.0.1 and an ``X-Forwarded-For`` naming a remote
+address (the gateway then judges that address, as it would behind a real
+proxy). The page itself is loaded by a real headless Chromium while streams
+run through the gateway: its rendered text must show the live stream, the
+cut stream's request id and reason, and a model name with HTML in it as the
+text it is; a screenshot is kept (``status.png`` in the test's tmp_path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ServerThread
+from tests.integration.browser import chromium
+from tests.integration.helpers import annotation, gateway_for
+
+KEY = "sk-status-test-key"
+REMOTE = {"x-forwarded-for": "203.0.113.7"}
+HTML_MODEL = '<img src=x onerror="window.__pwned=1"><b>bold</b>&amp;'
+CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def test_the_status_page_is_off_by_default(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1") as gw:
+        response = httpx.get(gw.url + "/status")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "no_route"
+
+
+def test_loopback_only_without_client_keys(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", status_page=True, trusted_proxies=["127.0.0.1"]) as gw:
+        local = httpx.get(gw.url + "/status")
+        remote = httpx.get(gw.url + "/status", headers=REMOTE)
+        local_behind_proxy = httpx.get(gw.url + "/status", headers={"x-forwarded-for": "::1"})
+    assert local.status_code == 200
+    assert local.headers["content-type"].startswith("text/html")
+    assert local.headers["cache-control"] == "no-store"
+    assert "script-src" not in local.headers["content-security-policy"]
+    assert local.headers["content-security-policy"].startswith("default-src 'none'")
+    assert "llm-stream-gateway status" in local.text
+    assert remote.status_code == 403
+    assert remote.json()["error"]["code"] == "forbidden"
+    assert "llm-stream-gateway status" not in remote.text
+    assert local_behind_proxy.status_code == 200
+
+
+def test_with_client_keys_a_remote_client_needs_one(simulator: ServerThread) -> None:
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    with gateway_for(
+        simulator.url + "/v1",
+        status_page=True,
+        trusted_proxies=["127.0.0.1"],
+        client_key_sha256=[digest],
+    ) as gw:
+        without = httpx.get(gw.url + "/status", headers=REMOTE)
+        wrong = httpx.get(gw.url + "/status", headers=REMOTE | {"x-api-key": "sk-wrong"})
+        bearer = httpx.get(gw.url + "/status", headers=REMOTE | {"authorization": f"Bearer {KEY}"})
+        local = httpx.get(gw.url + "/status")
+    assert (without.status_code, wrong.status_code) == (401, 401)
+    assert without.json()["error"]["code"] == "unauthorized"
+    assert bearer.status_code == 200
+    assert local.status_code == 200
+    # the key never shows, its digest only cut short (check-config's redaction)
+    assert KEY not in bearer.text
+    assert digest not in bearer.text
+    assert digest[:8] in bearer.text
+
+
+@contextlib.contextmanager
+def slow_stream(base: str, request_id: str) -> Iterator[None]:
+    """A slow stream through the gateway, read in a thread until the block ends."""
+    stop = threading.Event()
+
+    def read() -> None:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "POST",
+                base + "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-request-id": request_id, "x-sim-tps": "5", "x-sim-tokens": "300"},
+            ) as response,
+        ):
+            for _ in response.iter_raw():
+                if stop.is_set():
+                    return  # closing the response is the client leaving
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def _wait_for_text(url: str, text: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in httpx.get(url, timeout=5).text:
+        assert time.monotonic() < deadline, f"{text!r} never appeared on {url}"
+        time.sleep(0.05)
+
+
+def test_a_browser_shows_live_and_cut_streams_and_escapes_what_it_shows(
+    simulator: ServerThread, tmp_path: Path
+) -> None:
+    with gateway_for(simulator.url + "/v1", status_page=True) as gw:
+        with httpx.Client(base_url=gw.url, timeout=15) as client:
+            for index in range(3):
+                body = client.post(
+                    "/v1/chat/completions",
+                    json=CHAT,
+                    headers={"x-request-id": f"status-ok-{index}"},
+                ).content
+                assert annotation(body)["outcome"] == "complete"
+            cut = client.post(
+                "/v1/chat/completions",
+                json=CHAT | {"model": HTML_MODEL},
+                headers={"x-request-id": "status-cut-1", "x-sim-fault": "drop_before_done"},
+            ).content
+            assert annotation(cut)["reason"] == "missing_done"
+            invalid = client.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-request-id": "status-invalid-1", "x-sim-fault": "invalid_json"},
+            ).content
+            assert annotation(invalid)["reason"] == "invalid_json"
+        with slow_stream(gw.url, "status-live"), chromium() as page:
+            _wait_for_text(gw.url + "/status", "status-live")
+            page.open(gw.url + "/status")
+            text = page.text()
+            shot = page.screenshot(tmp_path / "status.png")
+            pwned = page.evaluate("typeof window.__pwned")
+            elements = page.evaluate("document.querySelectorAll('img, script, b').length")
+
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(shot) > 10_000
+    # the live stream, while it runs
+    assert "Active streams: 1" in text
+    assert "status-live" in text
+    # the cut stream's row: its request id and reason, its model as plain text
+    cut_row = next(line for line in text.splitlines() if "status-cut-1" in line)
+    assert "missing_done" in cut_row
+    assert HTML_MODEL in cut_row
+    assert "invalid_json" in next(line for line in text.splitlines() if "status-invalid-1" in line)
+    # nothing of the model name became markup, nothing ran
+    assert pwned == "undefined"
+    assert elements == 0
+    # the counts, and the build and configuration summary
+    assert "Requests in the last 15 minutes" in text
+    counts_row = next(line for line in text.splitlines() if line.startswith("default\tdefault\t"))
+    assert counts_row.split("\t")[2:5] == ["3", "2", "40.0 %"]
+    assert "Build and configuration" in text
+    assert '"status_page": true' in text
