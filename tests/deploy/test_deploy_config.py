@@ -1050,8 +1050,13 @@ def test_real_prometheus_scrapes_the_gateway_and_loads_the_alerts(
 
     with background(args, log, clean_env()):
         logs = [*logs, log]
-        up = wait_until(lambda: query('up{job="gateway"}'), "a scrape of the gateway", logs)
-        assert up[0]["value"][1] == "1", up
+        # A scrape can time out (1 s) on a loaded machine: wait for one that worked
+        # (up == 1); none within the wait fails the test.
+        wait_until(
+            lambda: [s for s in query('up{job="gateway"}') if s["value"][1] == "1"],
+            "a successful scrape of the gateway",
+            logs,
+        )
         assert query("gateway_build_info"), "gateway metrics not ingested"
         health = wait_until(rules_evaluated, "the first rule evaluation", logs)
         assert health == dict.fromkeys(alert_rules(), "ok")
