@@ -687,8 +687,12 @@ def test_disconnect_during_stall_is_recorded(sim: Sim) -> None:
         for chunk in response.iter_raw():
             received += chunk
             if received.count(b"\n\n") >= 4:
+                # leaving starts with the break: it ends the iterator, which closes
+                # the connection (the body was not read to its end)
+                leaving = time.monotonic()
                 break
-        leaving = time.monotonic()
+        else:
+            pytest.fail("the stream ended instead of stalling")
     record = _wait_for(sim, "stall-1", lambda r: r["disconnected"])
     assert record["ended"] is not None
     assert record["ended"] >= leaving
