@@ -48,7 +48,7 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # generous: a loaded machine starts slowly
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("server did not start")
@@ -99,7 +99,7 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 20) -> GatewayProcess:
+    def wait_ready(self, timeout: float = 60) -> GatewayProcess:
         import httpx
 
         deadline = time.monotonic() + timeout

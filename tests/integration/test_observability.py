@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerThread, free_port, gateway_process
+from tests.integration.control import settled_metrics
 from tests.integration.helpers import annotation, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -86,7 +87,7 @@ def test_counters_and_histograms_equal_what_was_sent(simulator: ServerThread) ->
         # own endpoints are not proxied requests
         for path in ("/healthz", "/readyz", "/metrics"):
             httpx.get(gw.url + path)
-        text = httpx.get(gw.url + "/metrics").text
+        text = settled_metrics(gw.url, requests=requests + 1)
 
     for (outcome, reason), count in verdicts.items():
         got = metric_value(text, "gateway_streams_total", outcome=outcome, reason=reason)
@@ -199,6 +200,7 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
                 for i in range(100):
                     fault = "none" if i % 2 else "drop_before_done"
                     client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-fault": fault})
+            settled_metrics(gw.url, requests=100)
             pids = set()
             for _ in range(6):
                 with httpx.Client(timeout=5) as fresh:  # new connections may hit either worker

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -19,6 +18,7 @@ import pytest
 
 from gateway.settings import Settings, load_settings
 from tests.conftest import ServerThread, gateway_process
+from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -323,78 +323,79 @@ def test_upstream_is_fixed_by_the_route(simulator: ServerThread) -> None:
 # ---------------------------------------------------------------- admission and drain
 
 
-def test_concurrency_limit_gives_503_with_retry_after(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", limits={"max_concurrent_streams": 2}) as gw:
-
-        async def main() -> list[httpx.Response]:
-            async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
-                slow = [
-                    client.post(
-                        "/v1/chat/completions",
-                        json=CHAT,
-                        headers={"x-sim-tokens": "10", "x-sim-tps": "10"},
-                    )
-                    for _ in range(2)
-                ]
-                tasks = [asyncio.ensure_future(s) for s in slow]
-                await asyncio.sleep(0.3)
-                extra = await client.post("/v1/chat/completions", json=CHAT)
-                return [*(await asyncio.gather(*tasks)), extra]
-
-        first, second, extra = asyncio.run(main())
-        assert first.status_code == second.status_code == 200
+def test_concurrency_limit_gives_503_with_retry_after() -> None:
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 2}) as gw,
+        httpx.Client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
+    ):
+        with (
+            client.stream("POST", "/v1/chat/completions", json=CHAT, headers={"x-gate": "a"}) as a,
+            client.stream("POST", "/v1/chat/completions", json=CHAT, headers={"x-gate": "b"}) as b,
+        ):
+            # both answers have started, and neither ends before its gate opens
+            extra = client.post("/v1/chat/completions", json=CHAT)
+            upstream.open_all()
+            bodies = [a.read(), b.read()]
+        assert a.status_code == b.status_code == 200
+        assert [annotation(body)["outcome"] for body in bodies] == ["complete", "complete"]
         assert extra.status_code == 503
         assert extra.headers["retry-after"]
         assert extra.json()["error"]["code"] == "overloaded"
-        metrics = httpx.get(gw.url + "/metrics").text
+        # the two streams are over once they are counted
+        metrics = settled_metrics(gw.url, requests=3)
         assert metric_value(metrics, "gateway_rejected_requests_total", reason="overloaded") == 1
         # capacity returns once the streams end
-        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
-def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
-    simulator: ServerThread,
-) -> None:
-    with gateway_process(
-        ["--upstream", simulator.url + "/v1", "--drain-timeout", "2"],
-        env={"GATEWAY_ACCESS_LOG": "false"},
-    ) as gw:
+def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
+    drain = 3.0
+    with (
+        gated_upstream() as upstream,
+        gateway_process(
+            ["--upstream", upstream.url + "/v1", "--drain-timeout", str(drain)],
+            env={"GATEWAY_ACCESS_LOG": "false"},
+        ) as gw,
+    ):
         results: dict[str, bytes] = {}
         statuses: dict[str, int] = {}
+        ended: dict[str, float] = {}
 
         def stream(name: str, headers: dict[str, str]) -> None:
             with httpx.Client(timeout=30) as client:
                 response = client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+                ended[name] = time.monotonic()
                 results[name] = response.content
                 statuses[name] = response.status_code
 
-        short = threading.Thread(
-            target=stream, args=("short", {"x-sim-tokens": "10", "x-sim-tps": "10"})
-        )
-        long = threading.Thread(
-            target=stream,
-            args=("long", {"x-sim-fault": "stall_mid_stream", "x-sim-stall-seconds": "60"}),
-        )
-        waiting = threading.Thread(
-            target=stream,
-            args=("waiting", {"x-sim-fault": "stall_before_headers", "x-sim-stall-seconds": "60"}),
-        )
-        short.start()
-        long.start()
-        waiting.start()
-        time.sleep(0.4)
+        gates = {
+            "short": {"x-gate": "short"},  # a stream that ends when the test says so
+            "long": {"x-gate": "long"},  # a stream that would outlive the drain
+            "waiting": {"x-gate": "waiting", "x-gate-at": "headers"},  # no answer yet
+        }
+        threads = {
+            name: threading.Thread(target=stream, args=(name, headers))
+            for name, headers in gates.items()
+        }
+        for thread in threads.values():
+            thread.start()
+        for name in gates:  # all three are in flight
+            assert upstream.gate(name).reached.wait(WAIT_SECONDS), name
         signalled = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
-        ready = httpx.get(gw.url + "/readyz", timeout=5)
-        assert ready.status_code == 503
+        # not ready, and refusing new work, while the streams are still in flight
+        wait_until(lambda: httpx.get(gw.url + "/readyz", timeout=5).status_code == 503, "not ready")
         refused = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
         assert refused.status_code == 503
-        short.join(30)
-        long.join(30)
-        waiting.join(30)
+        assert ended == {}
+        # a stream that ends during the drain ends normally, while the others wait
+        upstream.gate("short").open()
+        threads["short"].join(30)
+        assert set(ended) == {"short"}
+        for thread in threads.values():
+            thread.join(30)
         gw.proc.wait(timeout=30)
-        elapsed = time.monotonic() - signalled
     assert annotation(results["short"])["outcome"] == "complete"
     note = annotation(results["long"])
     assert (note["outcome"], note["reason"]) == ("incomplete", "gateway_shutdown")
@@ -404,4 +405,7 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown(
     assert json.loads(results["waiting"])["error"]["code"] == "gateway_shutdown"
     # the signal was handled by the drain: a clean exit, not a death by SIGTERM
     assert gw.proc.returncode == 0
-    assert 1.8 < elapsed < 10
+    # the rest were stopped by the drain timeout, not before it (a lower bound only:
+    # the stalled upstreams would hold them for ever)
+    assert ended["long"] - signalled >= drain * 0.9
+    assert ended["waiting"] - signalled >= drain * 0.9

@@ -11,12 +11,25 @@ import openai
 import pytest
 
 from tests.conftest import ServerThread
+from tests.integration.control import settled_metrics
 from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
 
 
 @pytest.fixture(scope="module")
 def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for(simulator.url + "/v1", timeouts={"idle": 1.0, "total": 5.0}) as server:
+    # deadlines that no stream of these tests comes near, even on a loaded machine
+    with gateway_for(
+        simulator.url + "/v1", timeouts={"first_byte": 30.0, "idle": 30.0, "total": 60.0}
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def strict_gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    # a short idle deadline for the stall test (the stall lasts an hour)
+    with gateway_for(
+        simulator.url + "/v1", timeouts={"first_byte": 30.0, "idle": 1.0, "total": 60.0}
+    ) as server:
         yield server
 
 
@@ -60,15 +73,18 @@ def test_responses_complete_stream(gateway: ServerThread, simulator: ServerThrea
         ("stall_mid_stream", "idle_timeout"),
     ],
 )
-def test_responses_truncated_streams_raise(gateway: ServerThread, fault: str, reason: str) -> None:
+def test_responses_truncated_streams_raise(
+    gateway: ServerThread, strict_gateway: ServerThread, fault: str, reason: str
+) -> None:
+    via = strict_gateway if reason == "idle_timeout" else gateway
     with pytest.raises(openai.APIError) as caught:
-        _responses_text(_oa(gateway.url), fault)
+        _responses_text(_oa(via.url), fault)
     # the SDK raised on our event itself (its body is the nested error object)
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == reason
     assert caught.value.code == reason
     body = httpx.post(
-        gateway.url + "/v1/responses",
+        via.url + "/v1/responses",
         json={"model": "sim-1", "input": "hi", "stream": True},
         headers={"x-sim-fault": fault},
         timeout=10,
@@ -255,7 +271,7 @@ def test_usage_injection_both_ways(simulator: ServerThread) -> None:
         )
         usage = [chunk.usage for chunk in asked if chunk.usage is not None]
         assert len(usage) == 1
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = settled_metrics(gw.url, requests=2)
         assert metric_value(metrics, "gateway_usage_unknown_total") == 0
         assert metric_value(metrics, "gateway_tokens_total", type="input") == 2 * (
             usage[0].prompt_tokens

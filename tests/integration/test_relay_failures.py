@@ -16,6 +16,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.conftest import ServerThread, running
+from tests.integration.control import (
+    WAIT_SECONDS,
+    access_log,
+    gated_upstream,
+    settled_metrics,
+    wait_until,
+)
 from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -74,34 +81,51 @@ def _dechunk(raw: bytes) -> bytes:
     return out
 
 
-def test_terminator_stuck_behind_a_slow_client_is_not_reported_complete(
-    scripted: ServerThread,
-) -> None:
-    # An 8 MB event, a pause, then finish and [DONE]. The client does not read: the
-    # 8 MB sit in the gateway's write buffer and the send of the terminator waits.
-    # The total deadline stops the stream during that wait: the terminator never
-    # reached the client, so the stream is incomplete (once it was reported complete).
-    with gateway_for(scripted.url + "/v1", timeouts={"total": 1.5, "idle": 60}) as gw:
+def test_terminator_stuck_behind_a_slow_client_is_not_reported_complete() -> None:
+    # An 8 MB event, then finish and [DONE] in a chunk of their own. The client does
+    # not read: the 8 MB sit in the gateway's write buffer and the send of the
+    # terminator waits. The total deadline stops the stream during that wait: the
+    # terminator never reached the client, so the stream is incomplete (once it was
+    # reported complete).
+    total = 2.5
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", timeouts={"total": total, "idle": 60}) as gw,
+    ):
         conn = _raw_request(
             gw.port,
-            {},
+            {"x-gate": "big", "x-first-event-bytes": "8000000"},
             json.dumps(CHAT).encode(),
             rcvbuf=64 * 1024,
-            path="/v1/big/chat/completions",
         )
+        sent = time.monotonic()
         with conn:
-            time.sleep(3.0)
+            conn.settimeout(WAIT_SECONDS)
+            # The gateway has written the whole 8 MB event (it forwards whole events
+            # only) when its first bytes are at the client; only then may the
+            # terminator come, so that it is a send of its own, waiting behind them.
+            wait_until(lambda: _body_started(conn), "the big event's first bytes at the client")
+            gate = upstream.gate("big")
+            gate.open()
+            assert gate.passed.wait(WAIT_SECONDS)
+            # the scenario: the terminator was on its way before the deadline
+            assert time.monotonic() < sent + total, "the terminator came after the deadline"
+            # The elapsed time is the behaviour here: read only once the deadline is
+            # long past, and long before the gateway gives up on the trailer (5 s).
+            time.sleep(max(0.0, sent + total + 2.5 - time.monotonic()))
             payload = _dechunk(_read_all(conn))
         note = annotation(payload)
         assert (note["outcome"], note["reason"]) == ("incomplete", "total_timeout")
         assert b"[DONE]" not in payload
         assert_whole_events(payload)
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = settled_metrics(gw.url, requests=1)
         assert metric_value(metrics, "gateway_streams_total", outcome="complete") == 0
+        assert metric_value(metrics, "gateway_streams_total", reason="total_timeout") == 1
 
 
 def test_a_slow_client_is_not_an_idle_upstream(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", timeouts={"idle": 1.0}) as gw:
+    idle = 1.0
+    with gateway_for(simulator.url + "/v1", timeouts={"idle": idle}) as gw:
         conn = _raw_request(
             gw.port,
             {"x-sim-tokens": "2000", "x-sim-chunk-bytes": "5000"},
@@ -109,13 +133,23 @@ def test_a_slow_client_is_not_an_idle_upstream(simulator: ServerThread) -> None:
             rcvbuf=64 * 1024,
         )
         with conn:
-            time.sleep(3.0)  # stop reading for three idle periods
+            conn.settimeout(WAIT_SECONDS)
+            wait_until(lambda: _body_started(conn), "the first bytes of the stream at the client")
+            # The client stops reading for three idle periods while the gateway still
+            # has megabytes to send it. The elapsed time is the behaviour under test:
+            # it is a lower bound, which a loaded machine can only lengthen.
+            time.sleep(3 * idle)
             payload = _dechunk(_read_all(conn))
         assert annotation(payload)["outcome"] == "complete"
 
 
-def test_a_client_that_never_reads_does_not_hold_the_request(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", timeouts={"total": 1.0, "client_send": 2.0}) as gw:
+def test_a_client_that_never_reads_does_not_hold_the_request(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 s: time enough for the 8 MB event to be forwarded before the deadline
+    with gateway_for(
+        simulator.url + "/v1", timeouts={"total": 2.0, "client_send": 2.0}, access_log=True
+    ) as gw:
         conn = _raw_request(
             gw.port,
             {"x-sim-fault": "huge_event", "x-sim-chunk-bytes": str(8 * 1024 * 1024)},
@@ -123,15 +157,19 @@ def test_a_client_that_never_reads_does_not_hold_the_request(simulator: ServerTh
             rcvbuf=64 * 1024,
         )
         with conn:
-            deadline = time.monotonic() + 10
-            active = 1.0
-            while time.monotonic() < deadline:
-                time.sleep(0.25)
-                active = metric_value(httpx.get(gw.url + "/metrics").text, "gateway_active_streams")
-                if active == 0:
-                    break
-            # total deadline (1 s) plus the trailer's bounded wait (client_send), not forever
-            assert active == 0
+            # the total deadline (2 s) or the trailer's bounded wait (client_send, 2 s) ends it:
+            # the request is over while the client still has not read
+            metrics = settled_metrics(gw.url, requests=1)
+            (line,) = access_log(capsys, 1)
+        assert metric_value(metrics, "gateway_active_streams") == 0
+        # the gateway gave up on the client: it dropped the connection
+        assert line["error"] == "client_stalled"
+
+
+def _body_started(conn: socket.socket) -> bool:
+    """Whether response body bytes are waiting at the client (looked at, not read)."""
+    _head, end, body = conn.recv(65536, socket.MSG_PEEK).partition(b"\r\n\r\n")
+    return bool(end) and b"data: " in body
 
 
 # ---------------------------------------------------------------- a scripted upstream
@@ -146,29 +184,11 @@ async def _sse(request: Request) -> Response:
         broken = gzip.compress(DONE_STREAM)[:12] + b"\x00garbage-not-deflate" * 4
         return Response(broken, headers=headers | {"content-encoding": "gzip"})
 
-    if kind == "big":
-
-        async def big() -> AsyncIterator[bytes]:
-            yield b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % (
-                b"x" * 8_000_000
-            )
-            await _sleep(0.3)
-            yield DONE_STREAM[61:]  # finish and [DONE]
-
-        return StreamingResponse(big(), headers=headers)
-
     async def body() -> AsyncIterator[bytes]:
         yield DONE_STREAM[:60]
-        await _sleep(float(request.query_params.get("hold", "0")))
         yield DONE_STREAM[60:]
 
     return StreamingResponse(body(), headers=headers)
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +219,7 @@ def test_broken_content_encoding_is_an_incomplete_stream(scripted: ServerThread)
         response = httpx.post(gw.url + "/v1/badgzip/chat/completions", json=CHAT)
         note = annotation(response.content)
         assert (note["outcome"], note["reason"]) == ("incomplete", "invalid_shape")
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = settled_metrics(gw.url, requests=1)
         assert metric_value(metrics, "gateway_streams_total", reason="invalid_shape") == 1
 
 
@@ -208,51 +228,45 @@ def test_head_on_an_event_stream_path_is_not_a_stream(scripted: ServerThread) ->
         response = httpx.head(gw.url + "/v1/plain/chat/completions")
         assert response.status_code == 200
         assert response.content == b""
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = settled_metrics(gw.url, requests=1)
         assert metric_value(metrics, "gateway_streams_total") == 0
 
 
-def test_an_unannounced_stream_is_counted_while_it_runs(scripted: ServerThread) -> None:
-    import threading
-
-    with gateway_for(scripted.url + "/v1") as gw:
-        result: dict[str, bytes] = {}
-
-        def fetch() -> None:
-            # a GET: no JSON body announces the stream
-            result["body"] = httpx.get(
-                gw.url + "/v1/plain/chat/completions", params={"hold": "1.0"}, timeout=10
-            ).content
-
-        thread = threading.Thread(target=fetch)
-        thread.start()
-        time.sleep(0.5)
-        during = httpx.get(gw.url + "/metrics").text
-        thread.join(10)
-        after = httpx.get(gw.url + "/metrics").text
-        assert metric_value(during, "gateway_active_streams") == 1
-        assert metric_value(after, "gateway_active_streams") == 0
-        assert annotation(result["body"])["outcome"] == "complete"
-        assert metric_value(after, "gateway_streams_total", outcome="complete") == 1
+def test_an_unannounced_stream_is_counted_while_it_runs() -> None:
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1") as gw,
+        httpx.Client(timeout=WAIT_SECONDS) as client,
+    ):
+        # a GET: no JSON body announces the stream; the upstream holds it open
+        with client.stream(
+            "GET", gw.url + "/v1/chat/completions", headers={"x-gate": "held"}
+        ) as response:
+            # its answer has started, and the stream is not over until the gate opens
+            during = client.get(gw.url + "/metrics").text
+            upstream.gate("held").open()
+            body = response.read()
+        after = settled_metrics(gw.url, requests=1)
+    assert metric_value(during, "gateway_active_streams") == 1
+    assert metric_value(after, "gateway_active_streams") == 0
+    assert annotation(body)["outcome"] == "complete"
+    assert metric_value(after, "gateway_streams_total", outcome="complete") == 1
 
 
-def test_refused_streams_are_not_counted_as_unknown_usage(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", limits={"max_concurrent_streams": 1}) as gw:
-        import threading
-
-        slow = threading.Thread(
-            target=lambda: httpx.post(
-                gw.url + "/v1/chat/completions",
-                json=CHAT,
-                headers={"x-sim-tokens": "10", "x-sim-tps": "10"},
-                timeout=10,
-            )
-        )
-        slow.start()
-        time.sleep(0.3)
-        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 503
-        slow.join(10)
-        metrics = httpx.get(gw.url + "/metrics").text
+def test_refused_streams_are_not_counted_as_unknown_usage() -> None:
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 1}) as gw,
+        httpx.Client(timeout=WAIT_SECONDS) as client,
+    ):
+        with client.stream(
+            "POST", gw.url + "/v1/chat/completions", json=CHAT, headers={"x-gate": "slow"}
+        ) as slow:
+            # its answer has started: it holds the only stream slot until the gate opens
+            assert client.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 503
+            upstream.gate("slow").open()
+            assert annotation(slow.read())["outcome"] == "complete"
+        metrics = settled_metrics(gw.url, requests=2)
         assert metric_value(metrics, "gateway_streams_total") == 1
         assert metric_value(metrics, "gateway_usage_unknown_total") == 1
 
