@@ -35,8 +35,11 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy --strict gateway
 
+# Three workers on two cores: most tests wait on sockets and subprocesses, not the CPU.
+PYTEST_WORKERS ?= 3
+
 test: lint typecheck
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
 bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_sse.py
