@@ -162,8 +162,10 @@ def test_a_client_that_never_reads_does_not_hold_the_request(
             metrics = settled_metrics(gw.url, requests=1)
             (line,) = access_log(capsys, 1)
         assert metric_value(metrics, "gateway_active_streams") == 0
-        # the gateway gave up on the client: it dropped the connection
+        # the gateway gave up on the client: it dropped the connection, and what it had
+        # queued for it (even a terminator) does not make the stream complete
         assert line["error"] == "client_stalled"
+        assert (line["outcome"], line["reason"]) == ("incomplete", "client_stalled")
 
 
 def _body_started(conn: socket.socket) -> bool:
