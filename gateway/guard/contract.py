@@ -89,7 +89,7 @@ def int_or_none(value: object) -> int | None:
     return None
 
 
-def data_line(payload: dict[str, object], event: str | None = None) -> bytes:
+def data_line(payload: Mapping[str, object], event: str | None = None) -> bytes:
     """One SSE event: an optional ``event:`` line and one compact ``data:`` line."""
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
     head = f"event: {event}\n" if event else ""

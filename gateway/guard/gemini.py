@@ -55,7 +55,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from gateway.guard.contract import Action, Contract, Protocol, int_or_none, parse_json_object
+from gateway.guard.contract import (
+    Action,
+    Contract,
+    Protocol,
+    data_line,
+    int_or_none,
+    parse_json_object,
+)
 from gateway.guard.sse import Event
 from gateway.guard.verdict import Outcome, Reason, Usage, Verdict
 
@@ -224,8 +231,7 @@ def gemini_error_event(reason: Reason, message: str, request_id: str) -> bytes:
             ],
         }
     }
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
-    return f"data: {body}\n\n".encode()
+    return data_line(payload)  # no event: line: the SDK reads only data: lines
 
 
 # -- the contract ------------------------------------------------------------------------
