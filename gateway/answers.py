@@ -23,7 +23,6 @@ is the only honest signal left for a failure the body cannot carry.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from gateway.deadlines import Watchdog
 from gateway.edge import abort_connection
 from gateway.exchange import AbortConnection, Exchange
 from gateway.guard import Reason, StreamGuard
+from gateway.guard.jsonparse import loads
 from gateway.headers import RawHeaders, strip_hop_by_hop
 from gateway.observe import RequestRecord
 from gateway.upstream import ReadChunk, chunk_reader, drain_for_reuse
@@ -212,7 +212,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
     """
     record = exchange.record
     try:
-        obj = json.loads(body)
+        obj = loads(body)
     except (ValueError, RecursionError):
         record.error = "invalid_json"
         return

@@ -51,6 +51,7 @@ from gateway.failover import (
     retryable,
 )
 from gateway.guard import Reason, SSEDecoder, StreamGuard
+from gateway.guard.jsonparse import loads
 from gateway.headers import (
     FORWARDING_HEADERS,
     Forwarding,
@@ -551,7 +552,7 @@ def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str,
     if ctype and b"json" not in ctype:
         return None
     try:
-        obj = json.loads(body)
+        obj = loads(body)
     except (ValueError, RecursionError):
         # Anything the gateway cannot parse is "not JSON": forwarded unchanged.
         return None

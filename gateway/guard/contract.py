@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from gateway.guard.jsonparse import loads
 from gateway.guard.sse import Event
 from gateway.guard.verdict import FINISH_REASONS, Outcome, Reason, Usage, Verdict
 
@@ -60,7 +61,7 @@ class _Rejected(Exception):
 def parse_json_object(data: str) -> dict[str, Any]:
     """Parse an event's data as a JSON object, or reject it with a stable reason."""
     try:
-        obj = json.loads(data)
+        obj = loads(data)
     except ValueError:
         raise _Rejected(Reason.INVALID_JSON, "event data is not valid JSON") from None
     except RecursionError:
@@ -76,7 +77,7 @@ def valid_tool_arguments(arguments: str) -> bool:
     if not arguments.strip():
         return True
     try:
-        json.loads(arguments)
+        loads(arguments)
     except ValueError:
         return False
     return True
