@@ -259,3 +259,32 @@ def test_request_ids_and_forwarding_headers() -> None:
         assert sent.headers["x-forwarded-for"].startswith("6.6.6.6, ")
 
     run(test)
+
+
+def test_each_read_that_carries_output_after_the_first_is_one_chunk_gap() -> None:
+    """Four content reads: one time to first token and three gaps, bucketed once per stream."""
+
+    def event(content: str | None, finish: str | None = None) -> bytes:
+        delta = {"content": content} if content is not None else {}
+        return _event(
+            {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        )
+
+    async def reads() -> AsyncIterator[bytes]:
+        for piece in ("a", "b", "c", "d"):
+            yield event(piece)
+        yield event(None, "stop") + b"data: [DONE]\n\n"  # carries no output: no gap
+
+    upstream = Upstream(lambda r: httpx.Response(200, headers=SSE, content=reads()))
+
+    async def test() -> None:
+        async with gateway(upstream) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            metrics = (await client.get("/metrics")).text
+        assert annotation(response.content)["outcome"] == "complete"
+        gaps = "gateway_time_per_output_chunk_seconds"
+        assert metric_value(metrics, gaps + "_count", route="default", model="m") == 3
+        assert metric_value(metrics, gaps + "_bucket", route="default", le="+Inf") == 3
+        assert metric_value(metrics, "gateway_time_to_first_token_seconds_count", model="m") == 1
+
+    run(test)
