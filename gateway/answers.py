@@ -283,20 +283,22 @@ async def relay_plain(
 
 
 class _Timing:
-    """Time to first byte and first token, and the gaps between output-carrying reads."""
+    """Time to first byte and first token, and the gaps between output-carrying reads.
 
-    __slots__ = ("_last", "_record", "_seen")
+    ``seen`` is public so that the relay's per-chunk loop can compare it with the
+    contract's count itself and call ``content`` only when a read carried output.
+    """
+
+    __slots__ = ("_last", "_record", "seen")
 
     def __init__(self, record: RequestRecord) -> None:
         self._record = record
         self._last: float | None = None
-        self._seen = 0
+        self.seen = 0
 
     def content(self, content_events: int) -> None:
-        """Called after each read: a read that carried output is a token time."""
-        if content_events == self._seen:
-            return
-        self._seen = content_events
+        """A read carried output (``content_events`` grew): a token time."""
+        self.seen = content_events
         now = time.monotonic()
         record = self._record
         if self._last is None:
@@ -367,13 +369,17 @@ async def relay_stream(
     # only when it fires: cheaper than rescheduling a timeout on every chunk.
     watchdog = Watchdog(loop, exchange.stop, exchange.timeouts, exchange.total_deadline)
     sender = _Sender(exchange, watchdog, loop)
+    contract = guard.contract
     try:
         if held is not None:
             watchdog.first_chunk()
-            timing.content(guard.content_events)
+            if contract.content_events != timing.seen:
+                timing.content(contract.content_events)
             if held.out:
                 timing.first_byte()
                 await sender.body(held.out)
+        # Once per upstream read: the contract's counters are read directly, and the
+        # timing is called only when a read carried output.
         while True:
             chunk = await read()
             if not chunk:
@@ -387,11 +393,13 @@ async def relay_stream(
             else:
                 watchdog.first_chunk()
             out = guard.feed(chunk)
-            timing.content(guard.content_events)
+            if contract.content_events != timing.seen:
+                timing.content(contract.content_events)
             if out:
-                timing.first_byte()
+                if record.time_to_first_byte is None:
+                    timing.first_byte()
                 await sender.body(out)
-            if guard.done:
+            if contract.verdict is not None:
                 break
     except httpx.DecodingError:
         guard.abort(Reason.INVALID_SHAPE, "the upstream's content encoding is broken")
