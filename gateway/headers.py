@@ -15,8 +15,8 @@ trusted address, to the first untrusted one: the client.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
-import uuid
 from collections.abc import Iterable
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Forwarding",
     "RawHeaders",
     "get_header",
+    "new_request_id",
     "pick_request_id",
     "strip_hop_by_hop",
 ]
@@ -74,7 +75,15 @@ def pick_request_id(client_value: bytes | None) -> str:
     """The client's X-Request-ID when it is 1-128 of [A-Za-z0-9._-], else a new one."""
     if client_value is not None and _REQUEST_ID.match(client_value):
         return client_value.decode("ascii")
-    return uuid.uuid4().hex
+    return new_request_id()
+
+
+def new_request_id() -> str:
+    """A random version-4 UUID as 32 hex digits (``uuid4().hex``), at a third of its cost."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    return raw.hex()
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

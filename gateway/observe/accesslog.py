@@ -15,6 +15,9 @@ from typing import Any, TextIO
 
 from gateway.observe.record import RequestRecord
 
+# json.dumps with options builds a new encoder per call; one encoder serves every line.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
 __all__ = ["AccessLog", "log_fields"]
 
 
@@ -105,7 +108,7 @@ class AccessLog:
     def write(self, record: RequestRecord) -> None:
         if not self.enabled:
             return
-        self._lines.append(json.dumps(log_fields(record), separators=(",", ":")))
+        self._lines.append(_encode(log_fields(record)))
         if len(self._lines) >= self._max:
             self.flush()
         elif not self._scheduled:
