@@ -23,9 +23,11 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
 - An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
   what follows it on the connection is parsed on (stock uvicorn drops it).
-- Every request's scope carries the ``gateway.abort`` extension
-  (``{"abort": callable}``, as ASGI extensions are dicts), which resets its
-  connection: ``abort_connection(scope)``.
+- Every request's scope carries the ``gateway.abort`` extension (a dict, as
+  ASGI extensions are), which resets its connection (``abort_connection``)
+  and tells of its loss (``watch_connection``): a callback, called once when
+  the client's connection is lost, in place of a task per request waiting on
+  ``receive()`` for ``http.disconnect``.
 
 A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
 ``gateway_rejected_requests_total``; the app never sees the request (or sees a
@@ -68,6 +70,7 @@ __all__ = [
     "abort_connection",
     "edge_state",
     "uvicorn_options",
+    "watch_connection",
 ]
 
 STATE_KEY: Final = "gateway.edge"
@@ -132,6 +135,22 @@ def abort_connection(scope: MutableMapping[str, Any]) -> bool:
     return True
 
 
+def watch_connection(
+    scope: MutableMapping[str, Any], callback: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Have ``callback`` called once when this request's client connection is lost
+    (at once if it already is); returns the function that stops the watch.
+
+    None when the server offers no way to (not running under ``EdgeProtocol``):
+    then only ``receive()`` tells of a disconnect.
+    """
+    extension = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
+    if not extension:
+        return None
+    watch: Callable[[Callable[[], None]], Callable[[], None]] = extension["watch"]
+    return watch(callback)
+
+
 class _Refusal(NamedTuple):
     status: int
     reason: str  # the rejection's metric label, and the error's code
@@ -147,6 +166,10 @@ _BODY_TIMEOUT = _Refusal(408, "client_timeout", "The request body stalled.")
 _METHOD = _Refusal(
     405, "method_not_allowed", "CONNECT and TRACE are not served.", ((b"allow", _ALLOW),)
 )
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Stop(Exception):
@@ -182,7 +205,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._discard = False  # refused: what still comes is dropped
         self._pending: bytes | None = None  # a refusal waiting for the response in progress
         self._linger: asyncio.TimerHandle | None = None
-        self._abort_extension: dict[object, object] = {"abort": self.abort}
+        self._lost = False
+        self._on_lost: list[Callable[[], None]] = []  # ``watch_connection`` callbacks
+        self._abort_extension: dict[object, object] = {"abort": self.abort, "watch": self._watch}
 
     # -- connection -------------------------------------------------------------
 
@@ -204,6 +229,23 @@ class EdgeProtocol(HttpToolsProtocol):
                 handle.cancel()
         self._timer = self._linger = None
         super().connection_lost(exc)
+        self._lost = True
+        callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            callback()
+
+    def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        if self._lost:
+            callback()
+            return _nothing
+        on_lost = self._on_lost
+        on_lost.append(callback)
+
+        def unwatch() -> None:
+            with contextlib.suppress(ValueError):  # called already: the list was swapped
+                on_lost.remove(callback)
+
+        return unwatch
 
     def data_received(self, data: bytes) -> None:
         if self._discard:

@@ -56,6 +56,10 @@ class Exchange:
             self.stop_reason = reason
             self.task.cancel()
 
+    def client_gone(self) -> None:
+        """The client's connection was lost."""
+        self.stop(Reason.CLIENT_DISCONNECT)
+
     def claim_stop(self) -> bool:
         """Call in ``except CancelledError``: True when the cancellation was this
         exchange's own ``stop`` (the task is un-cancelled, the caller finishes the

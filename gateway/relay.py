@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -38,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.admission import Admission, ClientGone, Refused
 from gateway.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.attempt import AttemptFailure, attempt
+from gateway.edge import watch_connection
 from gateway.errors import send_error
 from gateway.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.failover import (
@@ -144,6 +146,7 @@ class Relay:
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
         watcher: asyncio.Task[None] | None = None
+        unwatch: Callable[[], None] | None = None
         held = 0  # request body bytes counted in the admission's buffered budget
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
@@ -163,9 +166,13 @@ class Relay:
                 await self._stopped_before_response(exchange)
                 return
             held = len(body)
-            watcher = asyncio.get_running_loop().create_task(
-                self._watch_disconnect(receive, exchange)
-            )
+            # A lost client connection stops the exchange: told by the edge when the
+            # server is ours (no task per request), else by a task on ``receive()``.
+            unwatch = watch_connection(scope, exchange.client_gone)
+            if unwatch is None:
+                watcher = asyncio.get_running_loop().create_task(
+                    self._watch_disconnect(receive, exchange)
+                )
             await self._proxy(exchange, target, body)
         except AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
@@ -174,6 +181,8 @@ class Relay:
         finally:
             exchange.response_done = True
             self.admission.release(held)
+            if unwatch is not None:
+                unwatch()
             if watcher is not None:
                 watcher.cancel()
             self.lifecycle.unregister(exchange)
@@ -187,7 +196,7 @@ class Relay:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                exchange.stop(Reason.CLIENT_DISCONNECT)
+                exchange.client_gone()
                 return
 
     # -- what the request is ------------------------------------------------------------

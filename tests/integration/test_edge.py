@@ -24,7 +24,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.edge import abort_connection, uvicorn_options
+from gateway.edge import abort_connection, uvicorn_options, watch_connection
 from gateway.settings import Settings
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import gateway_for, metric_value
@@ -570,3 +570,50 @@ def _drain(sock: socket.socket) -> tuple[int, bool]:
 def test_abort_connection_is_false_outside_the_edge() -> None:
     assert abort_connection({"type": "http", "extensions": {}}) is False
     assert abort_connection({"type": "http"}) is False
+
+
+# ------------------------------------------------------------------ the loss hook
+
+
+def test_watch_connection_tells_of_a_lost_client_once_and_unwatch_stops_it() -> None:
+    """The relay's disconnect signal: a callback per request instead of a task on receive()."""
+    calls: list[str] = []
+    lost = threading.Event()
+    done = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        gone = asyncio.Event()
+
+        def on_lost(name: str) -> None:
+            calls.append(name)
+            gone.set()
+
+        unwatch = watch_connection(scope, lambda: on_lost("kept"))
+        dropped = watch_connection(scope, lambda: on_lost("unwatched"))
+        assert unwatch is not None
+        assert dropped is not None
+        dropped()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await asyncio.wait_for(gone.wait(), DEADLINE)
+        lost.set()
+        # Once lost, a new watch is told at once.
+        late = watch_connection(scope, lambda: calls.append("late"))
+        assert late is not None
+        late()  # unwatching after the call is harmless
+        unwatch()
+        done.set()
+
+    options = {**uvicorn_options(), "lifespan": "off"}
+    with running(app, **options) as server:
+        with _connect(server) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        assert lost.wait(DEADLINE)
+        assert done.wait(DEADLINE)
+    assert calls == ["kept", "late"]
+
+
+def test_watch_connection_is_none_outside_the_edge() -> None:
+    assert watch_connection({"type": "http", "extensions": {}}, lambda: None) is None
+    assert watch_connection({"type": "http"}, lambda: None) is None
