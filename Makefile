@@ -7,21 +7,24 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run test test-guard-python lint typecheck bench clean
+
+# setup.py compiles the guard with mypyc at install: a change to its source reinstalls.
+INSTALL_INPUTS := pyproject.toml setup.py $(wildcard gateway/guard/*.py)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-run: $(INSTALL_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: $(INSTALL_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed-run
 
-$(VENV)/.installed-perf: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-perf: $(INSTALL_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,perf]'
 	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
 
@@ -41,9 +44,14 @@ PYTEST_WORKERS ?= 3
 test: lint typecheck
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
+# The guard's own tests against its Python source (the fallback where nothing compiles).
+test-guard-python: $(VENV)/.installed-test
+	PURE_PYTHON_GUARD=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(ARGS)
+
 bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_sse.py
 	$(BIN)/python tests/perf/bench_gateway.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis \
+		gateway/guard/*.so gateway_guard__mypyc*.so

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
-from gateway import __version__
+from gateway import __version__, guard_build
 from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
 __all__ = ["main"]
@@ -329,6 +329,8 @@ def _prepare_metrics_dir(settings: Settings) -> None:
 
 def _log_start(settings: Settings) -> None:
     """What an operator should see at start: each route, and risky settings."""
+    if guard_build() == "python":
+        log.info("guard: pure Python (not compiled: no C compiler at install, or not asked to)")
     for route in settings.effective_routes():
         if route.upstreams:
             pool = ", ".join(f"{u.name} {_origin(u.url)}" for u in route.upstreams)

@@ -13,6 +13,19 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests import guard_source
+
+guard_source.install()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    stale = [] if guard_source.PURE else guard_source.stale_compiled_modules()
+    if stale:
+        raise pytest.UsageError(
+            f"the compiled guard is older than its source ({', '.join(sorted(stale))}): "
+            "run `make test` (it rebuilds it), or set PURE_PYTHON_GUARD=1"
+        )
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -124,7 +124,7 @@ class Contract(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "protocol" in cls.__dict__:
+        if "protocol" in vars(cls):
             _BY_PROTOCOL[cls.protocol] = cls
 
     @classmethod

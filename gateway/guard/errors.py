@@ -7,11 +7,13 @@ into a verdict without a table.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class GuardError(Exception):
     """Base class of everything the guard raises on bad input."""
 
-    reason: str = "invalid_shape"
+    reason: ClassVar[str] = "invalid_shape"
 
 
 class BudgetExceeded(GuardError):

@@ -29,7 +29,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gateway import __version__
+from gateway import __version__, guard_build
 from gateway.observe.record import RequestRecord
 
 __all__ = [
@@ -265,12 +265,12 @@ class Metrics:
         )
         self.build_info = Gauge(
             "gateway_build_info",
-            "Build information; the value is always 1.",
-            ["version"],
+            "Build information; the value is always 1. guard: compiled or python.",
+            ["version", "guard"],
             registry=reg,
             multiprocess_mode="max",
         )
-        self.build_info.labels(__version__).set(1)
+        self.build_info.labels(__version__, guard_build()).set(1)
 
     def stream_started(self, route: str) -> None:
         self._child(self.active_streams, route).inc()

@@ -98,7 +98,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_observer_errors_total": {"observer"},
     "gateway_captures_written_total": {"route"},
     "gateway_captures_dropped_total": {"route", "reason"},
-    "gateway_build_info": {"version"},
+    "gateway_build_info": {"version", "guard"},
 }
 # Seconds beyond the drain timeout that a stop must allow: the server gives
 # itself drain_timeout + 5 s to shut down (uvicorn's timeout_graceful_shutdown).
@@ -507,16 +507,24 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     for private in (".venv/bin/python", ".git/HEAD", "tests/deploy/test_deploy_config.py"):
         assert docker_context_excludes(private, patterns), f"{private} sent to the daemon"
     assert docker_context_excludes("gateway/__pycache__/x.cpython-312.pyc", patterns)
+    # This machine's compiled guard stays here: the image compiles its own.
+    assert docker_context_excludes("gateway/guard/sse.cpython-311-x86_64-linux-gnu.so", patterns)
+    assert not docker_context_excludes("setup.py", patterns)
     assert not docker_context_excludes("gateway/guard/sse.py", patterns)
 
 
-def test_docker_build_context_builds_the_wheel(tmp_path: Path) -> None:
+def test_docker_build_context_builds_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What `pip wheel .` does in the builder stage, on the filtered context.
 
     No Docker engine is needed: the context is copied as .dockerignore lets
     Docker send it, and the wheel is built from it with pip (which fetches the
     build backend from the package index, as the image build does).
     """
+    # The pure-Python build: compiling the guard is what every install here does
+    # already (tests/unit/test_guard_build.py); this test is about the context.
+    monkeypatch.setenv("PURE_PYTHON_GUARD", "1")
     context = tmp_path / "context"
     for path in docker_context_files():
         target = context / path.relative_to(REPO)

@@ -1,0 +1,43 @@
+"""The tests run the guard the install built: compiled where setup.py compiled it, else source.
+
+``make test`` runs the compiled guard (when the machine has a C compiler),
+``make test-guard-python`` its Python source; both must pass the same tests.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+from pathlib import Path
+
+import gateway.guard
+from gateway import guard_build
+from tests import guard_source
+
+
+def _guard_modules() -> dict[str, str]:
+    return {
+        name: getattr(module, "__file__", "") or ""
+        for name, module in sys.modules.items()
+        if name == "gateway.guard" or name.startswith("gateway.guard.")
+    }
+
+
+def test_every_guard_module_comes_from_one_kind_of_build() -> None:
+    files = _guard_modules()
+    assert "gateway.guard.sse" in files
+    kinds = {"python" if path.endswith(".py") else "compiled" for path in files.values()}
+    assert kinds == {guard_build()}, files
+
+
+def test_the_build_is_the_one_installed_or_the_source_when_asked() -> None:
+    guard = Path(gateway.guard.__path__[0])
+    compiled = any(
+        (guard / ("sse" + suffix)).exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
+    expected = "compiled" if compiled and not guard_source.PURE else "python"
+    assert guard_build() == expected
+
+
+def test_no_compiled_module_is_older_than_its_source() -> None:
+    assert guard_source.PURE or guard_source.stale_compiled_modules() == []
