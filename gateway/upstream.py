@@ -195,8 +195,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
         content = request.content
         target: bytes = request.extensions.get("target") or request.url.raw_path
-        # encoded=True: yarl takes the target as it is (it would decode %2F, %3F...).
-        url = yarl.URL(_origin(request.url) + target.decode("ascii"), encoded=True)
+        url = _aiohttp_url(_origin(request.url), target)
         try:
             response = await session.request(
                 request.method,
@@ -205,9 +204,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 data=content or None,
                 allow_redirects=False,
                 compress=None,
-                timeout=aiohttp.ClientTimeout(
-                    total=None, connect=timeout.get("pool", connect), sock_connect=connect
-                ),
+                timeout=_client_timeout(timeout.get("pool", connect), connect),
             )
         except Exception as exc:
             raise _translate(exc) from exc
@@ -224,6 +221,31 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+_CACHED_TARGET_BYTES = 256  # longer targets (long queries) are built every time
+
+
+def _aiohttp_url(origin: str, target: bytes) -> yarl.URL:
+    """The URL aiohttp sends to; built once per origin and short target (a gateway sees
+    few), so that the cache stays small whatever clients send.
+
+    ``encoded=True``: yarl takes the target as it is (it would decode %2F, %3F...).
+    """
+    if len(target) > _CACHED_TARGET_BYTES:
+        return yarl.URL(origin + target.decode("ascii"), encoded=True)
+    return _cached_url(origin, target)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_url(origin: str, target: bytes) -> yarl.URL:
+    return yarl.URL(origin + target.decode("ascii"), encoded=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(pool: float | None, connect: float | None) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts (only connecting; the relay keeps the other clocks), built once."""
+    return aiohttp.ClientTimeout(total=None, connect=pool, sock_connect=connect)
 
 
 @functools.lru_cache(maxsize=256)

@@ -112,6 +112,8 @@ TARGETS = [
     "/v1/files/a;b=c/x%7Ey?q=%7e~&r=a+b&s=%zz&t=%20&u=%E2%82%AC",
     '/v1/x{y}|z^?q="<>`',
     "/v1/x?a=1&a=2&&b=&=c",
+    # Longer than the 256 bytes whose aiohttp URL is cached: built per request.
+    "/v1/models?long=" + "a%2Fb" * 60,
 ]
 
 
