@@ -1453,6 +1453,8 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
                 for cell, (_, width, align) in zip(cells, cols, strict=True)
             )
         )
+        if r.get("label"):
+            lines.append(f"    {r['label']}")
         if r["failure_reasons"]:
             lines.append(f"    {target} failures: {r['failure_reasons']}")
         if r.get("late_starts"):
@@ -1500,6 +1502,8 @@ def render_checks(gw: str, checks: list[dict[str, Any]], info: bool = False) -> 
     lines = []
     for c in checks:
         if info:
+            if c["value"] is None:
+                continue
             lines.append(
                 f"  (issue 7, info) {gw}: {c['check']} = {_shown(c['value'])}"
                 f"  (was: {c['op']} {c['limit']}, {c['result']})"
@@ -2147,12 +2151,20 @@ def render_summary(sid: int, summary: dict[str, Any]) -> str:
     ]
     for target, metrics in summary["targets"].items():
         cells = [_cell(metrics.get(key), spec) for _, key, spec in cols]
-        lines.append(f"{target:16}  " + "  ".join(f"{cell:>{width}}" for cell in cells))
+        line = f"{target:16}  " + "  ".join(f"{cell:>{width}}" for cell in cells)
+        harness_bound = sum(1 for b in metrics.get("bounds", []) if b == "harness")
+        if harness_bound:
+            line += f"  (harness-bound in {harness_bound} of {len(metrics['bounds'])} runs)"
+        lines.append(line)
+        if metrics.get("label"):
+            lines.append(f"    {metrics['label']}")
     for gw, checks in summary["checks"].items():
         if checks:
             lines.append(render_checks(gw, checks))
     for gw, checks in summary["issue7_checks"].items():
         for c in checks:
+            if c.get("median") is None:
+                continue
             lines.append(
                 f"  (issue 7, info) {gw}: {c['check']} = {_shown(c['median'])}"
                 f" [{_shown(c.get('min'))}-{_shown(c.get('max'))}]  (was: {c['op']} {c['limit']})"

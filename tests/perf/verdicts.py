@@ -199,12 +199,19 @@ def issue7_checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
 
 def capacity_ratios(results: Results, gw: str) -> list[dict[str, Any]]:
     """Scenario 7, information: the target's streams per core over each yardstick's."""
-    mine = results.get(gw, {}).get("capacity")
+    mine = results.get(gw, {})
     out = []
     for base in ("minimal", "minimal-raw", "nginx", "litellm"):
         if base in results and base != gw:
-            value = ratio(mine, results[base].get("capacity"))
-            out.append({"check": f"capacity / {base}", "value": value, "result": "INFO"})
+            theirs = results[base]
+            name = f"capacity / {base}"
+            # a harness-bound capacity is a lower bound: the ratio over it an upper one
+            if theirs.get("bound") == "harness" and mine.get("bound") != "harness":
+                name += " (at most: its capacity is harness-bound)"
+            elif mine.get("bound") == "harness" and theirs.get("bound") != "harness":
+                name += f" (at least: {gw}'s capacity is harness-bound)"
+            value = ratio(mine.get("capacity"), theirs.get("capacity"))
+            out.append({"check": name, "value": value, "result": "INFO"})
     return out
 
 
@@ -266,6 +273,11 @@ def summarize_runs(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
                     value = spread(r.get(key) for r in rows)
                     if value is not None:
                         metrics[key] = value
+            if any("bound" in r for r in rows):  # scenario 7: what bounded each run's answer
+                metrics["bounds"] = [r.get("bound") for r in rows]
+            labels = [r["label"] for r in rows if r.get("label")]
+            if labels:
+                metrics["label"] = labels[0]
             targets[target] = metrics
         out[sid] = {
             "title": per_run[0]["title"],
