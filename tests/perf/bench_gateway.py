@@ -409,6 +409,7 @@ class Tally:
     ok: int = 0
     started: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    failure_samples: dict[str, str] = field(default_factory=dict)  # reason: end of the body
     first_send: int = 0
     last_end: int = 0
     late_starts: int = 0  # paced streams whose first byte came > 1 s after their schedule
@@ -443,6 +444,7 @@ class ClientConn(asyncio.Protocol):
         self.rbuf = b""
         self.pending = b""
         self.last_done = False
+        self.last_complete = b""
         self.events = 0
         self.nbytes = 0
         self.sent = 0
@@ -479,6 +481,9 @@ class ClientConn(asyncio.Protocol):
             tally.ok += 1
         else:
             tally.failures[reason] += 1
+            if reason not in tally.failure_samples and self.head_done:
+                tail = (self.last_complete + self.pending)[-160:]
+                tally.failure_samples[reason] = tail.decode("utf-8", "replace")
             self.reusable = False
         fut, self.fut = self.fut, None
         if fut is not None and not fut.done():
@@ -600,6 +605,7 @@ class ClientConn(asyncio.Protocol):
             if self.tally.keep_latency:
                 self.tally.latencies.extend([now - int(s) for s in stamps])
         self.last_done = complete.endswith(_DONE_BLOCK)
+        self.last_complete = complete  # a reference, for a failure's sample
 
     def _protocol_error(self, reason: str) -> None:
         self.finish(False, reason)
@@ -1359,6 +1365,7 @@ def summarize(sid: int, scale: Scale, tally: Tally, extra: dict[str, Any]) -> di
         "ok": tally.ok,
         "failures": tally.failed,
         "failure_reasons": dict(tally.failures),
+        "failure_samples": tally.failure_samples,
         "events": tally.events,
         "seconds": round(span, 3),
         "events_per_s": tally.events / span if span else None,
@@ -1457,6 +1464,8 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
             lines.append(f"    {r['label']}")
         if r["failure_reasons"]:
             lines.append(f"    {target} failures: {r['failure_reasons']}")
+            for reason, sample in r.get("failure_samples", {}).items():
+                lines.append(f"      {reason}: the body ended with {sample!r}")
         if r.get("late_starts"):
             lines.append(
                 f"    {target}: {r['late_starts']} late starts (first byte > {LATE_START_S:g} s"
@@ -1920,6 +1929,7 @@ _TRIAL_KEYS = (
     "streams",
     "failures",
     "failure_reasons",
+    "failure_samples",
     "aborted",
     "late_starts",
     "start_lag_max_ms",

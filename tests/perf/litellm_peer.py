@@ -17,6 +17,16 @@ Settings, from LiteLLM's "Best Practices for Production" page:
   info log), ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (no download of the cost map at start:
   this machine reaches no such host). Telemetry: this version has none to turn off (its
   ``--telemetry`` flag is a documented no-op), and ``LITELLM_TELEMETRY=False`` is set anyway.
+* one setting differs from the defaults, for the bench's sake, not LiteLLM's:
+  ``REPEATED_STREAMING_CHUNK_LIMIT``. The bench upstream sends the same token over and
+  over, and LiteLLM ends a stream with an error event after 100 identical content chunks
+  in a row (a guard against a looping model), which would end every 150-event stream.
+  The limit is raised past any stream's length; the check still runs on every chunk.
+
+Everything else is LiteLLM's default, including what bounds it: uvicorn with h11 (its
+requirements have no httptools, neither in the package nor in its Docker image), uvloop,
+and at most 500 upstream connections per host (``AIOHTTP_CONNECTOR_LIMIT_PER_HOST``): in
+scenario 5 the streams past 500 wait for a connection and time out.
 
 LiteLLM does not forward the client's query string, by which the bench upstream is told
 which stream to send (``mode=paced&n=150&rate=50``). For this target the load generator
@@ -144,6 +154,10 @@ def environment(home: Path) -> dict[str, str]:
         "LITELLM_LOG": "ERROR",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_TELEMETRY": "False",
+        # The bench upstream repeats one token; LiteLLM ends a stream with a 500 error event
+        # after 100 identical content chunks in a row (its guard against a looping model).
+        # Raised above any stream's length: the check still runs on every chunk.
+        "REPEATED_STREAMING_CHUNK_LIMIT": "1000000000",
         "NO_PROXY": "127.0.0.1,localhost",
     }
     for name in ("LANG", "LC_ALL", "TZ"):
