@@ -9,6 +9,10 @@ Run it as a script (it is not a pytest test)::
     .venv/bin/python tests/perf/bench_gateway.py \\
         --targets direct,nginx,splice,push,minimal-raw,minimal,gateway  # with the floors
     .venv/bin/python tests/perf/bench_gateway.py --profile        # scenario 1 under py-spy
+    .venv/bin/python tests/perf/bench_gateway.py --scenarios 1,4,5,6 --repeat 3 \\
+        --targets direct,nginx,minimal-raw,minimal,gateway        # medians of 3, issue 17
+    .venv/bin/python tests/perf/bench_gateway.py --capacity \\
+        --targets nginx,minimal-raw,minimal,gateway,litellm       # streams per core
 
 What runs, all on 127.0.0.1:
 
@@ -43,9 +47,13 @@ What runs, all on 127.0.0.1:
   httpx, no metrics, log or deadlines: the best case for a guarded Python
   relay) and ``splice`` (``splice_relay.py``: a uvloop TCP splice that parses
   nothing). ``push`` is verified like the gateway (it appends the same
-  annotation line). Each
-  proxy runs pinned to CPU 1, is started fresh for each scenario and warmed
-  up with a few short streams before measuring.
+  annotation line). ``litellm`` is LiteLLM's proxy with its documented
+  production settings, installed on demand into its own virtualenv
+  (``litellm_peer.py``); it drops the query string, so the stream is named in
+  the request's model, and it is verified like nginx. Each proxy runs pinned
+  to CPU 1 (``--proxy-cpus``; a gateway with ``--workers N`` > 1 runs on every
+  CPU, labelled "harness shares a core"), is started fresh for each scenario
+  and warmed up with a few short streams before measuring.
 
 Scenarios: (1) 1,000 concurrent streams x 150 events at 50 events/s; (2) 200
 of the same; (3) one unpaced 50 MB stream of 16 KiB events (MB/s); (4) 32
@@ -53,15 +61,24 @@ keep-alive connections issuing 5-event unpaced streams back to back for 10 s
 (streams/s); (5) 5,000 idle open streams (headers and one event, then held:
 proxy RSS per stream, all must be held); (6) 300 sequential requests on one
 keep-alive connection (time to first byte = request written to first body
-byte received).
+byte received); (7) the capacity search, ``--capacity``: the largest N of
+scenario 1's streams a target carries with +p99 <= 50 ms over direct at the
+same N, no stream's first byte more than 1 s after its scheduled start, and no
+failure (exponential growth, then bisection to 5 %; a fresh process per trial;
+rules and "harness-bound" in ``capacity.py``). In the paced scenarios a stream
+whose first byte comes more than 1 s after its scheduled start is counted as a
+late start.
 
 Proxy CPU is psutil's user+system time of the proxy's processes (nginx:
 master and worker) over the measured load, divided by the events delivered.
 
-Results: one table per scenario, the gateway / nginx ratios with PASS/FAIL
-against the targets of issue 7, and the same as JSON in
-``tests/perf/results/latest.json``. Exit status: 0 all checks pass, 1 some
-check failed, 2 the harness could not run.
+Results: one table per scenario, PASS/FAIL against issue 17's targets
+(``verdicts.py``: the gateway against ``minimal`` and ``minimal-raw`` of the
+same run), issue 7's gateway / nginx ratios as information, and the same as
+JSON in ``tests/perf/results/latest.json``. ``--repeat K`` runs everything K
+times and reports medians and [min-max] ranges, judging on the medians
+(failures: on the worst run). Exit status: 0 all checks pass, 1 some check
+failed, 2 the harness could not run.
 """
 
 from __future__ import annotations
