@@ -381,6 +381,7 @@ async def relay_stream(
         # Once per upstream read: the contract's counters are read directly, and the
         # timing is called only when a read carried output.
         while True:
+            chunk = out = b""  # an idle stream keeps no chunk while it waits
             chunk = await read()
             if not chunk:
                 guard.eof()

@@ -277,13 +277,6 @@ class Relay:
         endpoint = route.endpoints[lease.index]
         exchange.timeouts = timeouts = endpoint.timeouts
         content = _body_for(endpoint, body, request_json)
-        request = self.upstream.request(
-            exchange.scope["method"],
-            endpoint.url_for(target),
-            _with_credential(headers, endpoint),
-            content,
-            timeouts.connect,
-        )
         record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
         started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
@@ -294,8 +287,18 @@ class Relay:
         retry: Lease | None = None  # the next attempt's upstream, once claimed
         response: httpx.Response | None = None
         try:
+            # Built in the call: no local keeps the request alive while a stream lasts.
             outcome = await attempt(
-                self.upstream, request, timeouts.first_byte, exchange.total_deadline
+                self.upstream,
+                self.upstream.request(
+                    exchange.scope["method"],
+                    endpoint.url_for(target),
+                    _with_credential(headers, endpoint),
+                    content,
+                    timeouts.connect,
+                ),
+                timeouts.first_byte,
+                exchange.total_deadline,
             )
             if isinstance(outcome, AttemptFailure):
                 result, reason = result_of_failure(outcome), outcome.reason

@@ -41,6 +41,7 @@ import aiohttp
 import httpx
 import yarl
 from aiohttp.http_exceptions import HttpProcessingError
+from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = [
     "READ_CHUNK",
@@ -57,6 +58,8 @@ __all__ = [
 READ_CHUNK = "gateway.read_chunk"
 
 ReadChunk = Callable[[], Awaitable[bytes]]
+
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 # aiohttp's exceptions -> httpx's, most specific first; the first match wins.
 # Only connect timeouts are set on aiohttp (the relay keeps the other clocks).
@@ -208,12 +211,23 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             )
         except Exception as exc:
             raise _translate(exc) from exc
+        # aiohttp keeps the request's headers (and our decoded copy of them) in the
+        # response for its error messages, which the gateway never raises: for the
+        # whole life of a stream. Its method and URL are all it needs. (A private
+        # field and its cached property: tests/integration/test_upstream_edges.py
+        # pins both.)
+        info = response.request_info
+        response._request_info = aiohttp.RequestInfo(
+            info.url, info.method, _NO_HEADERS, info.real_url
+        )
+        response._cache.pop("request_info", None)
         body = _AiohttpBody(response, self._watch)
+        # No ``request=``: the relay never reads the request back from the response,
+        # and a stream would otherwise keep it (headers, body) until its end.
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
             stream=body,
-            request=request,
             extensions={"http_version": b"HTTP/1.1", READ_CHUNK: body.read_chunk},
         )
 

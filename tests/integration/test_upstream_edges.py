@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.upstream import create_upstream
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import (
@@ -309,3 +310,36 @@ def test_sigterm_exits_0_after_an_in_flight_stream_finishes_in_the_drain(
         note = annotation(body)
         assert (note["outcome"], note["reason"]) == ("complete", "stop")
         assert gw.proc.wait(timeout=30) == 0
+
+
+def test_a_response_in_flight_keeps_neither_its_request_nor_the_request_headers() -> None:
+    """An idle stream holds its response for minutes: the request (its headers, the
+    credential among them, and its body) is not kept alive through it."""
+
+    async def exchange(url: str) -> None:
+        upstream = create_upstream("aiohttp", 10, 5.0)
+        request = upstream.request(
+            "POST",
+            url + "/v1/chat/completions",
+            [(b"authorization", b"Bearer sk-secret"), (b"content-type", b"application/json")],
+            b'{"stream": true}',
+        )
+        response = await upstream.send(request)
+        try:
+            with pytest.raises(RuntimeError):
+                _ = response.request  # httpx: no request was attached
+            info = response.stream._response.request_info  # type: ignore[attr-defined]
+            assert info.method == "POST"
+            assert info.url.path == "/v1/chat/completions"
+            assert len(info.headers) == 0
+            body = b"".join([chunk async for chunk in response.aiter_raw()])
+            assert body.startswith(b"data: ")
+            assert body.endswith(b"data: [DONE]\n\n")
+        finally:
+            await response.aclose()
+            await upstream.aclose()
+
+    with raw_upstream() as up:
+        asyncio.run(exchange(up.url))
+        (seen,) = up.requests
+        assert (b"authorization", b"Bearer sk-secret") in seen.headers  # it was sent
