@@ -2,8 +2,9 @@
 
 No silent simulator, no ignored variable, no traceback: every mistake is exit 2
 with a message naming the key, where it came from and what is wrong. Driven
-through the real CLI (``python -m gateway ...`` in a controlled environment),
-through ``load_settings``, or against a real server.
+through the CLI's ``main`` in-process in a controlled environment (tests/cli.py),
+through ``load_settings``, or against a real server; the first two refusals below
+run ``python -m gateway`` as a real process, to prove the interpreter's path to them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.settings import RouteConfig, Settings, UpstreamConfig, describe_errors, load_settings
 from gateway.simulator._knobs import FAULTS, Knobs, knob_header
+from tests.cli import environment, run_cli, run_cli_process
 from tests.conftest import ServerThread, free_port, gateway_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,21 +34,19 @@ UPSTREAM = "http://upstream.test/v1"
 
 def _bare_env(**extra: str) -> dict[str, str]:
     """An environment with no GATEWAY_ variable and no credential of any kind."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    env.update(extra)
-    return env
+    return environment(extra, inherit=False)
 
 
 def _gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        env=env if env is not None else _bare_env(),
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    """``gateway ARGS`` in-process under ``env`` (by default a bare one): see tests/cli.py."""
+    return run_cli(*args, env=env if env is not None else {}, inherit=False)
+
+
+def _gateway_process(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m gateway ARGS`` as a real process: the interpreter's path to ``main``."""
+    return run_cli_process(*args, env=env if env is not None else {}, inherit=False)
 
 
 def _refused(result: subprocess.CompletedProcess[str], *expected: str) -> None:
@@ -69,7 +68,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_serve_with_nothing_to_front_exits_2_and_says_what_to_set() -> None:
-    result = _gateway("serve", "--port", str(free_port()))
+    result = _gateway_process("serve", "--port", str(free_port()))
     _refused(
         result,
         "no upstream configured",
@@ -84,7 +83,7 @@ def test_serve_with_nothing_to_front_exits_2_and_says_what_to_set() -> None:
 def test_a_misspelt_upstream_variable_never_starts_a_server() -> None:
     """The dangerous case: once, this served made-up answers with HTTP 200."""
     env = _bare_env(GATEWAY_UPSTREAM_ULR="https://api.openai.com/v1")
-    result = _gateway("serve", "--port", str(free_port()), env=env)
+    result = _gateway_process("serve", "--port", str(free_port()), env=env)
     _refused(result, "GATEWAY_UPSTREAM_ULR is not a setting", "did you mean GATEWAY_UPSTREAM_URL?")
 
 
