@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.helpers import gateway_for, metric_value
 from tests.integration.raw_upstream import RawUpstream, raw_upstream
@@ -198,16 +197,8 @@ def test_a_scoped_key_is_accepted_in_every_header_a_client_may_use(
 def _cli(
     command: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", command, *args],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-        check=False,
-    )
+    """``gateway COMMAND ARGS`` in-process (tests/cli.py), without the runner's GATEWAY_ ones."""
+    return run_cli(command, *args, env=env)
 
 
 ROUTE_WITH_CREDENTIAL = (

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings, load_settings
+from tests.cli import run_cli, run_cli_process
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
@@ -28,15 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _check_config(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", *args],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-    )
+    """``gateway check-config ARGS`` in-process (tests/cli.py), runner's GATEWAY_ ones unset."""
+    return run_cli("check-config", *args, env=env)
 
 
 # ---------------------------------------------------------------- configuration
@@ -134,14 +127,8 @@ def test_missing_config_file_is_refused() -> None:
 def test_a_bad_config_never_starts_a_server(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[timeouts]\nidle = 0\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-    )
+    # A real process: that `serve` exits at load is the interpreter's exit status.
+    result = run_cli_process("serve", "--config", str(config), "--port", "0")
     assert result.returncode == 2
     assert "timeouts.idle" in result.stderr
 
