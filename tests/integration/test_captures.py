@@ -13,7 +13,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from gateway.capture.writer import CaptureWriter
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
 from gateway.settings import Limits, RouteConfig, load_settings
+from tests.cli import run_cli
 from tests.conftest import ServerThread, running
 from tests.integration.helpers import gateway_for, metric_value
 from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
@@ -418,14 +418,8 @@ def test_only_a_capturing_route_taps_its_streams(simulator: ServerThread, tmp_pa
 
 
 def _gateway(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    """``gateway ARGS`` in-process (tests/cli.py)."""
+    return run_cli(*args)
 
 
 def test_replay_exits_0_when_verdicts_hold_1_when_one_differs_2_for_no_capture(

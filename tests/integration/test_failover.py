@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ import pytest
 from gateway.app import create_app
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
+from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, gateway_process, running
 from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
 from tests.integration.raw_upstream import (
@@ -824,16 +824,9 @@ def test_a_single_upstream_is_a_pool_of_one_that_never_retries(unavailable: Serv
 
 
 def _check_config(routes: Any, **env: str) -> subprocess.CompletedProcess[str]:
-    """``gateway check-config`` with ``GATEWAY_ROUTES`` (JSON), as an operator runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config"],
-        capture_output=True,
-        text=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GATEWAY_ROUTES": json.dumps(routes)}
-        | env,
-        timeout=60,
-        check=False,
-    )
+    """``gateway check-config`` with ``GATEWAY_ROUTES`` (JSON), as an operator runs it
+    (in-process, tests/cli.py; nothing else in the environment but PATH)."""
+    return run_cli("check-config", env={"GATEWAY_ROUTES": json.dumps(routes)} | env, inherit=False)
 
 
 def test_a_pool_through_gateway_routes_with_its_keys_and_credentials_redacted() -> None:
