@@ -62,6 +62,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cli import run_cli
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config"
 K8S = CONFIG / "kubernetes"
@@ -855,7 +857,7 @@ def quantity_bytes(quantity: str) -> int:
 
 
 def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> None:
-    """`gateway check-config` (the real CLI) with exactly the pod's environment."""
+    """`gateway check-config` (the CLI's main) with exactly the pod's environment."""
     objects = manifests()
     env = dict(objects["ConfigMap/gateway-env"]["data"])
     config_file = tmp_path / Path(env["GATEWAY_CONFIG"]).name
@@ -863,15 +865,7 @@ def test_gateway_check_config_accepts_the_pod_environment(tmp_path: Path) -> Non
     env["GATEWAY_CONFIG"] = str(config_file)
     env["GATEWAY_METRICS_DIR"] = str(tmp_path / "gateway-metrics")  # /run: the pod's emptyDir
     env.update(secret_env(objects["Deployment/gateway"]))
-    env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_cli("check-config", env=env, inherit=False)  # in-process: tests/cli.py
     assert result.returncode == 0, result.stderr
     effective = json.loads(result.stdout)
     assert effective["drain_timeout"] == float(env["GATEWAY_DRAIN_TIMEOUT"])
