@@ -15,7 +15,7 @@ import pytest
 
 from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, gateway_process
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, gateway_for, metric_value
 from tests.integration.raw_upstream import RawUpstream, raw_upstream
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -25,10 +25,9 @@ def _sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _access_log(stdout: bytes) -> dict[str, dict[str, Any]]:
-    """The access-log lines of a stopped gateway process, by request id."""
-    entries = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
-    return {entry["request_id"]: entry for entry in entries}
+def _access_log(stdout: str | bytes) -> dict[str, dict[str, Any]]:
+    """The access-log lines of a stopped gateway, by request id."""
+    return {entry["request_id"]: entry for entry in access_log_lines(stdout)}
 
 
 # ------------------------------------------------------------ forwarding headers
@@ -78,15 +77,17 @@ def test_no_client_is_trusted_by_default() -> None:
         (["::1/128", "10.0.0.0/8"], "127.0.0.1"),  # the peer is not one of them
     ],
 )
-def test_a_trusted_proxy_is_believed(trusted: list[str], client: str) -> None:
-    env = {"GATEWAY_TRUSTED_PROXIES": json.dumps(trusted)}
+def test_a_trusted_proxy_is_believed(
+    trusted: list[str], client: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process, uvicorn configured as ``serve`` does (the test above runs the real
+    command line; the one below reads ``GATEWAY_TRUSTED_PROXIES`` through it)."""
     with (
         raw_upstream() as upstream,
-        gateway_process(["--upstream", upstream.url + "/v1"], env=env) as gw,
+        gateway_for(upstream.url + "/v1", trusted_proxies=trusted, access_log=True) as gw,
     ):
         seen = _send_spoofed(gw.url, upstream, "xff-trusted")
-        out, _ = gw.stop()
-    assert _access_log(out)["xff-trusted"]["client"] == client
+    assert _access_log(capsys.readouterr().out)["xff-trusted"]["client"] == client
     # Appended in every case: the last entry is always the one the gateway saw.
     assert seen[b"x-forwarded-for"] == [b"198.51.100.9, 203.0.113.7, 127.0.0.1"]
     peer_trusted = client != "127.0.0.1"
