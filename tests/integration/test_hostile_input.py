@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from gateway.observe import Observers, RequestRecord
 from tests.conftest import ServerThread, gateway_process, running
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
 # A lone surrogate, as JSON text: valid JSON, but not encodable as UTF-8 once decoded.
 SURROGATE = "\\ud800"
@@ -103,20 +103,17 @@ def _post(base: str, kind: str, content: bytes, **headers: str) -> httpx.Respons
     )
 
 
-def _log_lines(out: bytes) -> list[dict[str, Any]]:
-    lines = []
-    for line in out.decode("ascii").splitlines():  # the access log is ASCII JSON
-        if line.startswith("{"):
-            lines.append(json.loads(line))
-    return lines
+def _log_lines(out: str) -> list[dict[str, Any]]:
+    out.encode("ascii")  # the access log is ASCII JSON
+    return access_log_lines(out)
 
 
 def test_poison_strings_leave_metrics_log_and_other_requests_working(
-    upstream: tuple[ServerThread, Upstream],
+    upstream: tuple[ServerThread, Upstream], capsys: pytest.CaptureFixture[str]
 ) -> None:
     server, _ = upstream
     poison_body = ('{"model":"' + SURROGATE + '","stream":true,"messages":[]}').encode()
-    with gateway_process(["--upstream", server.url + "/v1"]) as gw:
+    with gateway_for(server.url + "/v1", access_log=True) as gw:
         # The client's model is a lone surrogate; then the upstream's finish reason is one.
         first = _post(gw.url, "echo", poison_body, **{"user-agent": "u" * 5000})
         assert annotation(first.content)["outcome"] == "complete"
@@ -131,8 +128,7 @@ def test_poison_strings_leave_metrics_log_and_other_requests_working(
         assert metric_value(scrape.text, "gateway_observer_errors_total") == 0
         after = _post(gw.url, "echo", b'{"model":"m","stream":true}', **{"x-request-id": "after"})
         assert annotation(after.content)["outcome"] == "complete"
-        out, _err = gw.stop()
-    lines = _log_lines(out)
+    lines = _log_lines(capsys.readouterr().out)
     assert [line["request_id"] for line in lines][-1] == "after"
     assert len(lines) == 3
     poisoned = lines[0]
@@ -367,18 +363,22 @@ def test_a_client_that_stops_reading_a_plain_answer_is_aborted(
     ("kind", "error"), [("short", "upstream_disconnect"), ("badjson", "invalid_json")]
 )
 def test_a_broken_plain_answer_is_recorded_not_a_clean_200(
-    upstream: tuple[ServerThread, Upstream], kind: str, error: str
+    upstream: tuple[ServerThread, Upstream],
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    error: str,
 ) -> None:
     server, _ = upstream
-    with gateway_process(["--upstream", server.url + "/v1"]) as gw:
+    with gateway_for(server.url + "/v1", access_log=True) as gw:
         try:
             _post(gw.url, kind, b'{"model":"m"}', **{"x-request-id": "broken"})
         except httpx.HTTPError:
             assert kind == "short"  # the connection is dropped: the client sees the cut
         metrics = httpx.get(gw.url + "/metrics").text
         assert metric_value(metrics, "gateway_request_errors_total", error=error) == 1
-        out, _err = gw.stop()
-    (line,) = [line for line in _log_lines(out) if line["request_id"] == "broken"]
+    (line,) = [
+        line for line in _log_lines(capsys.readouterr().out) if line["request_id"] == "broken"
+    ]
     assert line["error"] == error
 
 
