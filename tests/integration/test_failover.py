@@ -24,11 +24,18 @@ import openai
 import pytest
 
 from gateway.app import create_app
+from gateway.edge import uvicorn_options
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
 from tests.cli import run_cli
-from tests.conftest import ServerThread, free_port, gateway_process, running
-from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
+from tests.conftest import ServerThread, free_port, running
+from tests.integration.helpers import (
+    access_log_lines,
+    annotation,
+    assert_whole_events,
+    gateway_for,
+    metric_value,
+)
 from tests.integration.raw_upstream import (
     CHAT_STREAM,
     RawRequest,
@@ -776,7 +783,11 @@ def test_anthropic_sdk_gets_a_whole_answer_when_the_first_upstream_answers_503(
 
 
 def test_the_access_log_lists_every_attempt_and_the_upstream_that_served(
-    unavailable: ServerThread, healthy: ServerThread, tmp_path: Any
+    unavailable: ServerThread,
+    healthy: ServerThread,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = tmp_path / "pool.toml"
     config.write_text(
@@ -794,11 +805,14 @@ name = "fallback"
 url = "{healthy.url}/v1"
 """
     )
-    with gateway_process(["--config", str(config)]) as gw:
-        response = first_on(gw, "primary", lambda rid: stream(gw, rid), "log")  # type: ignore[arg-type]
+    for name in list(os.environ):
+        if name.upper().startswith("GATEWAY_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(config=str(config))  # as serve loads it
+    with running(create_app(settings), **uvicorn_options()) as gw:
+        response = first_on(gw, "primary", lambda rid: stream(gw, rid), "log")
         assert_complete_from(response, "fallback")
-        out, _ = gw.stop()
-    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    lines = access_log_lines(capsys.readouterr().out)
     (line,) = [x for x in lines if x["request_id"] == response.headers["x-request-id"]]
     assert line["upstream"] == "fallback"
     assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
