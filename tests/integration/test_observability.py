@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.control import settled_metrics
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 USAGE_CHAT = CHAT | {"stream_options": {"include_usage": True}}
@@ -217,34 +217,35 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
 
 
 def test_access_log_is_one_json_line_per_request_without_secrets(
-    simulator: ServerThread,
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
     secret_prompt = "my-very-secret-prompt-text"
     api_key = "sk-supersecretkey123"
-    with gateway_process(["--upstream", simulator.url + "/v1"]) as gw:
-        with httpx.Client(base_url=gw.url, timeout=15) as client:
-            for fault in ("none", "invalid_json"):
-                client.post(
-                    "/v1/chat/completions",
-                    json=CHAT | {"messages": [{"role": "user", "content": secret_prompt}]},
-                    headers={
-                        "x-sim-fault": fault,
-                        "authorization": f"Bearer {api_key}",
-                        "x-request-id": f"log-{fault}",
-                    },
-                )
-            completion = client.post(
+    with (
+        gateway_for(simulator.url + "/v1", access_log=True) as gw,
+        httpx.Client(base_url=gw.url, timeout=15) as client,
+    ):
+        for fault in ("none", "invalid_json"):
+            client.post(
                 "/v1/chat/completions",
-                json={"model": "sim-1", "messages": []},
-                headers={"x-request-id": "log-plain"},
-            ).json()
-        out, _ = gw.stop()
-    text = out.decode()
+                json=CHAT | {"messages": [{"role": "user", "content": secret_prompt}]},
+                headers={
+                    "x-sim-fault": fault,
+                    "authorization": f"Bearer {api_key}",
+                    "x-request-id": f"log-{fault}",
+                },
+            )
+        completion = client.post(
+            "/v1/chat/completions",
+            json={"model": "sim-1", "messages": []},
+            headers={"x-request-id": "log-plain"},
+        ).json()
+    text = capsys.readouterr().out  # everything written to stdout while it ran
     assert secret_prompt not in text
     assert api_key not in text
     answer = completion["choices"][0]["message"]["content"]
     assert answer[:20] not in text
-    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    lines = access_log_lines(text)
     by_id = {line["request_id"]: line for line in lines}
     assert set(by_id) >= {"log-none", "log-invalid_json", "log-plain"}
     assert len([x for x in lines if x["request_id"].startswith("log-")]) == 3
