@@ -38,6 +38,12 @@ typecheck: $(VENV)/.installed-test
 # Three workers on two cores: most tests wait on sockets and subprocesses, not the CPU.
 PYTEST_WORKERS ?= 3
 
+# An environment with PYTHONDONTWRITEBYTECODE set (as some containers have) makes every
+# interpreter the suite starts (each worker, each gateway process, each tool) compile
+# gateway/ and tests/ again, and pytest rewrite the asserts of every test module again in
+# each worker. The tests run with bytecode written: the first process writes what the
+# others read (__pycache__ is ignored by git).
+test: export PYTHONDONTWRITEBYTECODE :=
 test: lint typecheck
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
 
