@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import web
 from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.helpers import access_log_lines, gateway_for, metric_value
@@ -42,7 +42,7 @@ SPOOFING = {
 
 def _send_spoofed(gw_url: str, upstream: RawUpstream, rid: str) -> dict[bytes, list[bytes]]:
     upstream.requests.clear()
-    response = httpx.post(
+    response = web.post(
         gw_url + "/v1/chat/completions",
         json=CHAT,
         headers={**SPOOFING, "x-request-id": rid},
@@ -157,11 +157,11 @@ def test_a_key_works_only_on_the_routes_that_accept_it(
     gw, upstream = scoped
     upstream.requests.clear()
     headers = {"authorization": f"Bearer {KEYS[key]}"} if key else {}
-    before = httpx.get(gw.url + "/metrics").text
-    response = httpx.post(
+    before = web.get(gw.url + "/metrics").text
+    response = web.post(
         gw.url + prefix + "/chat/completions", json=CHAT, headers=headers, timeout=20
     )
-    after = httpx.get(gw.url + "/metrics").text
+    after = web.get(gw.url + "/metrics").text
     assert response.status_code == status
     if status == 200:
         assert len(upstream.requests) == 1
@@ -182,11 +182,11 @@ def test_a_scoped_key_is_accepted_in_every_header_a_client_may_use(
 ) -> None:
     gw, _ = scoped
     for header in ("x-api-key", "api-key"):
-        good = httpx.post(
+        good = web.post(
             gw.url + "/alpha/v1/chat/completions", json=CHAT, headers={header: KEYS["alpha"]}
         )
         assert good.status_code == 200, header
-        wrong = httpx.post(
+        wrong = web.post(
             gw.url + "/beta/v1/chat/completions", json=CHAT, headers={header: KEYS["alpha"]}
         )
         assert wrong.status_code == 403, header

@@ -18,12 +18,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 
 from gateway.settings import RouteConfig, Settings, UpstreamConfig, describe_errors, load_settings
 from gateway.simulator._knobs import FAULTS, Knobs, knob_header
+from tests import web
 from tests.cli import environment, run_cli, run_cli_process
 from tests.conftest import ServerThread, free_port, gateway_process
 
@@ -437,7 +437,7 @@ def test_serve_logs_each_route_with_its_origin_only_and_warns_without_annotation
         'upstream = "http://[::1]:9/v1"\nprotocol = "messages"\n'
     )
     with gateway_process(["--config", str(config)]) as gw:
-        assert httpx.get(gw.url + "/healthz").status_code == 200
+        assert web.get(gw.url + "/healthz").status_code == 200
         out, err = gw.stop()
     output = (out + err).decode()
     assert output.count("route oa: /v1 -> http://<redacted>@127.0.0.1:9 (protocol auto)\n") == 1
@@ -484,8 +484,8 @@ def test_the_readme_uses_the_one_model_the_simulator_lists(simulator: ServerThre
     readme = (ROOT / "README.md").read_text()
     sent = set(re.findall(r'"model": "([^".]+)"', readme))
     sent |= set(re.findall(r'model="([^"]+)"', readme))
-    listed = {m["id"] for m in httpx.get(simulator.url + "/v1/models").json()["data"]}
-    anthropic = httpx.get(simulator.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    listed = {m["id"] for m in web.get(simulator.url + "/v1/models").json()["data"]}
+    anthropic = web.get(simulator.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
     assert {m["id"] for m in anthropic.json()["data"]} == listed
     assert len(listed) == 1
     assert sent == listed, (sent, listed)

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from gateway.edge import abort_connection, uvicorn_options
 from gateway.settings import Settings
+from tests import web
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import gateway_for, metric_value
 
@@ -170,7 +171,7 @@ def _assert_refusal(raw: bytes, status: int, code: str) -> http.client.HTTPRespo
 
 
 def _rejected(server: ServerThread, reason: str) -> float:
-    text = httpx.get(server.url + "/metrics").text
+    text = web.get(server.url + "/metrics").text
     return metric_value(text, "gateway_rejected_requests_total", reason=reason)
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -27,8 +28,10 @@ from gateway.app import create_app
 from gateway.edge import uvicorn_options
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
+from tests import web
 from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, running
+from tests.integration.control import WAIT_SECONDS
 from tests.integration.helpers import (
     access_log_lines,
     annotation,
@@ -118,7 +121,7 @@ def pair(primary: Any, fallback: ServerThread, weight: int = 100) -> list[dict[s
 
 def sim_saw(server: ServerThread, request_id: str) -> dict[str, Any] | None:
     """What a simulator recorded of one request, or None when it never got it."""
-    response = httpx.get(f"{server.url}/_sim/requests/{request_id}")
+    response = web.get(f"{server.url}/_sim/requests/{request_id}")
     return response.json() if response.status_code == 200 else None
 
 
@@ -129,22 +132,29 @@ def raw_saw(upstream: RawUpstream, request_id: str) -> list[RawRequest]:
 
 
 def metrics(gateway: ServerThread) -> str:
-    return httpx.get(gateway.url + "/metrics").text
+    return web.get(gateway.url + "/metrics").text
 
 
 def first_on(gateway: ServerThread, upstream: str, send: Callable[[str], T], tag: str) -> T:
     """Send fresh requests (``send(request_id)``) until one was attempted on ``upstream``
-    (the pool picks at random by weight); return what that one's ``send`` returned."""
-    for i in range(40):
+    (the pool picks at random by weight); return what that one's ``send`` returned.
+
+    Bounded by time, not by a count: an upstream that a ``Retry-After`` keeps out gets
+    requests again only once that has passed, however fast the requests go."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    sent = 0
+    while True:
         before = metric_value(metrics(gateway), ATTEMPTS, upstream=upstream)
-        result = send(f"{tag}-{i}")
+        result = send(f"{tag}-{sent}")
+        sent += 1
         if metric_value(metrics(gateway), ATTEMPTS, upstream=upstream) > before:
             return result
-    pytest.fail(f"no request was attempted on {upstream}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"none of {sent} requests was attempted on {upstream}")
 
 
 def stream(gateway: ServerThread, request_id: str, body: Any = CHAT) -> httpx.Response:
-    return httpx.post(
+    return web.post(
         gateway.url + "/v1/chat/completions",
         json=body,
         headers={"x-request-id": request_id},
@@ -401,7 +411,7 @@ def test_a_client_that_leaves_while_the_head_is_held_frees_its_upstream(
     ):
         for _ in range(40):  # until one request went to the silent upstream first
             try:
-                response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
+                response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
             except httpx.ReadTimeout:  # the client leaves: nothing came in 0.3 s
                 break
             assert_complete_from(response, "fallback")
@@ -678,7 +688,7 @@ def test_the_model_map_rewrites_only_a_mapped_model_and_only_for_its_upstream(
             odd = b'{ "model" : "gpt-y",\n "stream": true, "messages": [ ] , "n": 1}'
 
             def send_odd(rid: str) -> httpx.Response:
-                return httpx.post(
+                return web.post(
                     gw.url + "/v1/chat/completions",
                     content=odd,
                     headers={"x-request-id": rid, "content-type": "application/json"},
@@ -704,7 +714,7 @@ def test_each_upstream_gets_its_own_credential_and_never_another(
     with running(create_app(settings)) as gw:
 
         def send(rid: str) -> httpx.Response:
-            return httpx.post(
+            return web.post(
                 gw.url + "/v1/chat/completions",
                 json=CHAT,
                 headers={"x-request-id": rid, "authorization": "Bearer sk-client"},
@@ -915,10 +925,10 @@ def test_a_bad_pool_is_refused_at_start_naming_the_key(route: dict[str, Any], me
 def test_the_simulators_default_fault_applies_unless_a_request_names_one(
     unavailable: ServerThread,
 ) -> None:
-    response = httpx.post(unavailable.url + "/v1/chat/completions", json=CHAT)
+    response = web.post(unavailable.url + "/v1/chat/completions", json=CHAT)
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
-    response = httpx.post(
+    response = web.post(
         unavailable.url + "/v1/chat/completions", json=CHAT, headers={"x-sim-fault": "none"}
     )
     assert response.status_code == 200

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.observe import Observers, RequestRecord
+from tests import web
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
@@ -95,7 +96,7 @@ def upstream() -> Iterator[tuple[ServerThread, Upstream]]:
 
 
 def _post(base: str, kind: str, content: bytes, **headers: str) -> httpx.Response:
-    return httpx.post(
+    return web.post(
         f"{base}/v1/{kind}/chat/completions",
         content=content,
         headers={"content-type": "application/json", **headers},
@@ -120,7 +121,7 @@ def test_poison_strings_leave_metrics_log_and_other_requests_working(
         second = _post(gw.url, "surrogate", b'{"model":"m","stream":true}')
         assert annotation(second.content)["outcome"] == "complete"
         for _ in range(3):  # every later scrape still works
-            scrape = httpx.get(gw.url + "/metrics")
+            scrape = web.get(gw.url + "/metrics")
             assert scrape.status_code == 200
         # The label never comes from the poison: the answer's model, or the safe 'other'.
         assert metric_value(scrape.text, "gateway_streams_total", model=ANSWER_MODEL) == 1
@@ -149,7 +150,7 @@ def test_deeply_nested_json_is_not_json_and_is_forwarded_unchanged(
         stream = _post(gw.url, "deep", b'{"stream":true}')
         note = annotation(stream.content)
         assert (note["outcome"], note["reason"]) == ("incomplete", "limit_exceeded")
-        assert httpx.get(gw.url + "/metrics").status_code == 200
+        assert web.get(gw.url + "/metrics").status_code == 200
 
 
 def test_made_up_model_names_cannot_squat_the_model_labels(
@@ -160,7 +161,7 @@ def test_made_up_model_names_cannot_squat_the_model_labels(
         for i in range(20):
             body = json.dumps({"model": f"made-up-{i}", "stream": i % 2 == 0}).encode()
             assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert "made-up" not in metrics
     assert metric_value(metrics, "gateway_streams_total", model=ANSWER_MODEL) == 10
     assert metric_value(metrics, "gateway_requests_total") == 20
@@ -174,7 +175,7 @@ def test_an_allow_listed_model_is_labelled_by_the_client_claim(
         for model in ("gpt-x", "made-up"):
             body = json.dumps({"model": model, "stream": True}).encode()
             assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert metric_value(metrics, "gateway_streams_total", model="gpt-x") == 1
     assert metric_value(metrics, "gateway_streams_total", model="other") == 1
 
@@ -192,7 +193,7 @@ def test_a_failing_access_log_is_counted_and_breaks_nothing_else(
         deadline = time.monotonic() + 10
         errors = 0.0
         while time.monotonic() < deadline and errors == 0:
-            metrics = httpx.get(gw.url + "/metrics").text
+            metrics = web.get(gw.url + "/metrics").text
             errors = metric_value(metrics, "gateway_observer_errors_total", observer="access_log")
             time.sleep(0.05)
         assert errors >= 1
@@ -290,7 +291,7 @@ def test_buffered_request_bodies_are_bounded_all_together(
         assert head.startswith(b"HTTP/1.1 200"), head
         assert script.bodies[-1] == body
         assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert metric_value(metrics, "gateway_rejected_requests_total", reason="memory_budget") >= 1
 
 
@@ -324,7 +325,7 @@ def test_a_client_that_stops_reading_a_stream_is_stalled_and_aborted(
             deadline = time.monotonic() + 30
             stalled = 0.0
             while time.monotonic() < deadline and not stalled:
-                metrics = httpx.get(gw.url + "/metrics").text
+                metrics = web.get(gw.url + "/metrics").text
                 stalled = metric_value(metrics, "gateway_streams_total", reason="client_stalled")
                 time.sleep(0.05)
             assert stalled == 1
@@ -334,7 +335,7 @@ def test_a_client_that_stops_reading_a_stream_is_stalled_and_aborted(
             )
             assert _read_until_reset(conn) == "reset"
         # Other requests are unaffected.
-        ok = httpx.post(gw.url + "/v1/chat/completions", content=body, timeout=30)
+        ok = web.post(gw.url + "/v1/chat/completions", content=body, timeout=30)
         assert annotation(ok.content)["outcome"] == "complete"
 
 
@@ -350,7 +351,7 @@ def test_a_client_that_stops_reading_a_plain_answer_is_aborted(
             deadline = time.monotonic() + 30
             stalled = 0.0
             while time.monotonic() < deadline and not stalled:
-                metrics = httpx.get(gw.url + "/metrics").text
+                metrics = web.get(gw.url + "/metrics").text
                 stalled = metric_value(
                     metrics, "gateway_request_errors_total", error="client_stalled"
                 )
@@ -374,7 +375,7 @@ def test_a_broken_plain_answer_is_recorded_not_a_clean_200(
             _post(gw.url, kind, b'{"model":"m"}', **{"x-request-id": "broken"})
         except httpx.HTTPError:
             assert kind == "short"  # the connection is dropped: the client sees the cut
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
         assert metric_value(metrics, "gateway_request_errors_total", error=error) == 1
     (line,) = [
         line for line in _log_lines(capsys.readouterr().out) if line["request_id"] == "broken"
@@ -399,4 +400,4 @@ def test_many_poison_requests_at_once_leave_the_gateway_healthy(
         for thread in threads:
             thread.join(30)
         assert results == [200] * 20
-        assert httpx.get(gw.url + "/metrics").status_code == 200
+        assert web.get(gw.url + "/metrics").status_code == 200

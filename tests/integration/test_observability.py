@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import web
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.control import settled_metrics
 from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
@@ -68,7 +69,7 @@ def _send_mix(base: str, repeat: int = 1) -> tuple[Counter[tuple[str, str]], int
 def test_counters_and_histograms_equal_what_was_sent(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1") as gw:
         # direct call to learn the usage the simulator reports for one stream
-        direct = httpx.post(
+        direct = web.post(
             simulator.url + "/v1/chat/completions",
             json=USAGE_CHAT,
             headers={"x-sim-tokens": "8"},
@@ -82,11 +83,11 @@ def test_counters_and_histograms_equal_what_was_sent(simulator: ServerThread) ->
 
         verdicts, body_bytes, requests = _send_mix(gw.url, repeat=2)
         # refused before any upstream: a traversal and an unknown path
-        assert httpx.get(gw.url + "/v1/%2e%2e/x").status_code == 400
-        assert httpx.get(gw.url + "/elsewhere").status_code == 404
+        assert web.get(gw.url + "/v1/%2e%2e/x").status_code == 400
+        assert web.get(gw.url + "/elsewhere").status_code == 404
         # own endpoints are not proxied requests
         for path in ("/healthz", "/readyz", "/metrics"):
-            httpx.get(gw.url + path)
+            web.get(gw.url + path)
         text = settled_metrics(gw.url, requests=requests + 1)
 
     for (outcome, reason), count in verdicts.items():
@@ -128,7 +129,7 @@ def test_promtool_accepts_a_real_scrape(simulator: ServerThread) -> None:
     promtool = _require("promtool")
     with gateway_for(simulator.url + "/v1") as gw:
         _send_mix(gw.url)
-        scrape = httpx.get(gw.url + "/metrics").content
+        scrape = web.get(gw.url + "/metrics").content
     result = subprocess.run(
         [promtool, "check", "metrics"], input=scrape, capture_output=True, timeout=30
     )
@@ -164,7 +165,7 @@ def test_prometheus_scrapes_the_gateway(simulator: ServerThread, tmp_path: Path)
             deadline = time.monotonic() + 40
             while time.monotonic() < deadline:
                 try:
-                    answer = httpx.get(
+                    answer = web.get(
                         f"http://127.0.0.1:{port}/api/v1/query", params={"query": query}, timeout=2
                     ).json()
                 except (httpx.HTTPError, ValueError):

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings, load_settings
+from tests import web
 from tests.cli import run_cli, run_cli_process
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
@@ -178,7 +179,7 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
 
 
 def _sim_headers(simulator: ServerThread, rid: str) -> dict[str, Any]:
-    record = httpx.get(f"{simulator.url}/_sim/requests/{rid}").json()
+    record = web.get(f"{simulator.url}/_sim/requests/{rid}").json()
     headers: dict[str, Any] = record["headers"]
     return headers
 
@@ -232,7 +233,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
             "x-api-key": "sk-client-x",
             "api-key": "sk-client-azure",
         }
-        httpx.post(
+        web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers=client_headers | {"x-request-id": "cred-oa"},
@@ -242,7 +243,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
         assert _seen(seen, "x-api-key") is None
         assert _seen(seen, "api-key") is None
 
-        httpx.post(
+        web.post(
             gw.url + "/anthropic/v1/messages",
             json={"model": "c", "max_tokens": 5, "messages": [], "stream": True},
             headers=client_headers | {"x-request-id": "cred-an"},
@@ -251,7 +252,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
         assert _seen(seen, "x-api-key") == _sha("sk-route-anthropic")
         assert _seen(seen, "authorization") is None
 
-        httpx.post(
+        web.post(
             gw.url + "/open/v1/chat/completions",
             json=CHAT,
             headers={"authorization": "Bearer sk-client", "x-request-id": "cred-open"},
@@ -266,21 +267,21 @@ def test_client_keys_are_checked(simulator: ServerThread) -> None:
         simulator.url + "/v1", client_key_sha256=[hashlib.sha256(good.encode()).hexdigest()]
     ) as gw:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "nope"}):
-            response = httpx.post(
+            response = web.post(
                 gw.url + "/v1/chat/completions", json=CHAT, headers=headers | {"x-request-id": "k0"}
             )
             assert response.status_code == 401
             assert response.json()["error"]["type"] == "authentication_error"
             assert "wrong" not in response.text
             assert "nope" not in response.text
-        assert httpx.get(f"{simulator.url}/_sim/requests/k0").status_code == 404
-        ok = httpx.post(
+        assert web.get(f"{simulator.url}/_sim/requests/k0").status_code == 404
+        ok = web.post(
             gw.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {good}"}
         )
         assert ok.status_code == 200
-        ok = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": good})
+        ok = web.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": good})
         assert ok.status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
         assert metric_value(metrics, "gateway_rejected_requests_total", reason="unauthorized") == 3
         assert good not in metrics
 
@@ -291,7 +292,7 @@ def test_upstream_is_fixed_by_the_route(simulator: ServerThread) -> None:
             "http://127.0.0.1:1/v1/models",
             "//127.0.0.1:1/v1/models",
         ):
-            response = httpx.get(gw.url + "/v1/models", headers={"host": target})
+            response = web.get(gw.url + "/v1/models", headers={"host": target})
             assert response.status_code == 200  # still the route's upstream
         # an absolute-form request target does not pick the upstream either
         import socket
@@ -372,8 +373,8 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
         signalled = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         # not ready, and refusing new work, while the streams are still in flight
-        wait_until(lambda: httpx.get(gw.url + "/readyz", timeout=5).status_code == 503, "not ready")
-        refused = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
+        wait_until(lambda: web.get(gw.url + "/readyz", timeout=5).status_code == 503, "not ready")
+        refused = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
         assert refused.status_code == 503
         assert ended == {}
         # a stream that ends during the drain ends normally, while the others wait

@@ -17,7 +17,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 
@@ -27,6 +26,7 @@ from gateway.probe.checks import COUNT_PROMPT, TEXT_PROMPT, TOOL_PROMPT, checks_
 from gateway.protocols import REGISTRY
 from gateway.settings import Settings, load_settings
 from gateway.simulator import UNKNOWN_MODEL
+from tests import web
 from tests.cli import run_cli, run_cli_process
 from tests.conftest import ServerThread
 from tests.integration.raw_upstream import raw_upstream
@@ -197,7 +197,7 @@ def test_a_configured_route_is_probed_with_its_credential_through_the_same_path(
         'credential_style = "x-api-key"\n'
     )
     out = tmp_path / "probe.json"
-    httpx.delete(simulator.url + "/_sim/requests")
+    web.delete(simulator.url + "/_sim/requests")
     result = _gateway(
         "probe", "--config", str(config), "--model", "sim-model", "--json", str(out),
         # Paced, as a real model's long answer is: the probe leaves before its end.
@@ -211,7 +211,7 @@ def test_a_configured_route_is_probed_with_its_credential_through_the_same_path(
         ("anthropic", "messages"),
     }
     assert key not in out.read_text() + result.stdout
-    seen = httpx.get(simulator.url + "/_sim/requests?limit=100").json()["data"]
+    seen = web.get(simulator.url + "/_sim/requests?limit=100").json()["data"]
     assert len(seen) == len(rows)
     bearer = hashlib.sha256(f"Bearer {key}".encode()).hexdigest()
     plain = hashlib.sha256(key.encode()).hexdigest()
@@ -294,13 +294,13 @@ def test_the_simulator_refuses_the_probes_invalid_model_like_a_provider(
     simulator: ServerThread,
 ) -> None:
     assert INVALID_MODEL.startswith(UNKNOWN_MODEL)
-    refused = httpx.post(
+    refused = web.post(
         simulator.url + "/v1/messages",
         json={"model": INVALID_MODEL, "max_tokens": 5, "messages": []},
     )
     assert refused.status_code == 404
     assert refused.json()["error"]["type"] == "not_found_error"
-    scripted = httpx.post(
+    scripted = web.post(
         simulator.url + "/v1/messages",
         json={"model": INVALID_MODEL, "max_tokens": 5, "messages": []},
         headers={"x-sim-fault": "length"},

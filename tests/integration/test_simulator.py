@@ -37,6 +37,7 @@ from gateway.simulator import (
     tool_arguments,
 )
 from gateway.simulator._script import HEARTBEAT_INTERVAL
+from tests import web
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -913,7 +914,7 @@ def test_disconnect_during_stall_is_recorded(sim: Sim) -> None:
 
     leaving = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
+        web.post(
             f"{sim.base_url}/v1/messages",
             json=MESSAGES,
             headers={"x-sim-fault": "stall_before_headers", "x-request-id": "stall-2"},
