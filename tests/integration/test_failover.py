@@ -19,9 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from gateway.app import create_app
@@ -47,6 +45,7 @@ from tests.integration.raw_upstream import (
     raw_upstream,
     sse_head,
 )
+from tests.sdk import anthropic, openai
 
 T = TypeVar("T")
 

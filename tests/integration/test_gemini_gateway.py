@@ -13,9 +13,6 @@ import hashlib
 from collections.abc import Iterator
 
 import pytest
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types as genai_types
 
 from gateway.app import create_app
 from gateway.settings import load_settings
@@ -23,6 +20,7 @@ from gateway.simulator import expected_text
 from tests import web
 from tests.conftest import ServerThread, free_port, running
 from tests.integration.helpers import gateway_for, metric_value
+from tests.sdk import genai, genai_errors, genai_types
 
 pytestmark = pytest.mark.timeout(120)
 

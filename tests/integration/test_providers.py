@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import anthropic
-import openai
 import pytest
 
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.control import settled_metrics
 from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
+from tests.sdk import anthropic, openai
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import socket
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
 from tests import web
 from tests.conftest import ServerThread, free_port
 from tests.integration.control import WAIT_SECONDS, access_log, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
 from tests import web
@@ -19,6 +18,7 @@ from tests.integration.helpers import (
     gateway_for,
     metric_value,
 )
+from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

@@ -18,13 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types as genai_types
 from starlette.testclient import TestClient
 
 from gateway.guard import GeminiContract, Reason, StreamGuard
@@ -38,6 +33,7 @@ from gateway.simulator import (
 )
 from gateway.simulator._script import HEARTBEAT_INTERVAL
 from tests import web
+from tests.sdk import anthropic, genai, genai_errors, genai_types, openai
 
 pytestmark = pytest.mark.timeout(60)
 
