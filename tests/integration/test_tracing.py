@@ -339,7 +339,11 @@ def test_tracing_without_the_extra_is_a_configuration_error(command: str) -> Non
     assert "Traceback" not in result.stderr
     assert "tracing.enabled (environment variable GATEWAY_TRACING__ENABLED)" in result.stderr
     assert "pip install 'llm-stream-gateway[otel]'" in result.stderr
-    # The same command without the variable is fine: the extra is needed only for tracing.
+
+
+def test_without_the_extra_and_without_tracing_the_configuration_loads() -> None:
+    """The refusal above is for tracing only: without the variable, the same command
+    (opentelemetry blocked as above) loads the configuration."""
     fine = subprocess.run(
         [
             sys.executable,
