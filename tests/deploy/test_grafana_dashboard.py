@@ -272,7 +272,7 @@ USAGE = {"stream_options": {"include_usage": True}}
 def _traffic(base: str) -> None:
     """A mix that feeds every exported metric: usage and none, paced streams (output
     gaps), cut and broken streams, an upstream that refuses connections, a refusal."""
-    with httpx.Client(base_url=base, timeout=15) as client:
+    with web.client(base_url=base, timeout=15) as client:
         for fault, extra, headers in (
             ("none", USAGE, {}),
             ("none", {}, {"x-sim-tps": "200", "x-sim-tokens": "6"}),

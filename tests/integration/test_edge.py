@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -301,7 +300,7 @@ def test_a_flood_of_oversized_heads_does_not_delay_a_concurrent_request(
     head = b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n" + b"X-F: v\r\n" * 32_768 + b"\r\n"
     with (
         gateway_process(["--upstream", server.url + "/v1"], {"GATEWAY_ACCESS_LOG": "false"}) as gw,
-        httpx.Client(base_url=gw.url) as client,
+        web.client(base_url=gw.url) as client,
     ):
 
         def latency() -> float:

@@ -617,7 +617,7 @@ async def _streams(base: str, total: int, concurrency: int) -> list[str]:
     """``total`` short streams, ``concurrency`` at a time; the upstream of each."""
     served: list[str] = []
     queue = iter(range(total))
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with web.async_client(base_url=base, timeout=30) as client:
 
         async def worker() -> None:
             for _ in queue:

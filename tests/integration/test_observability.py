@@ -50,7 +50,7 @@ def _send_mix(base: str, repeat: int = 1) -> tuple[Counter[tuple[str, str]], int
     verdicts: Counter[tuple[str, str]] = Counter()
     body_bytes = 0
     requests = 0
-    with httpx.Client(base_url=base, timeout=15) as client:
+    with web.client(base_url=base, timeout=15) as client:
         for _ in range(repeat):
             for fault, usage, outcome, reason, _content in MIX:
                 response = client.post(
@@ -197,14 +197,14 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
         ) as gw:
             assert not stale.exists()
             assert unrelated.read_text() == "not a metrics file: must survive"
-            with httpx.Client(base_url=gw.url, timeout=15) as client:
+            with web.client(base_url=gw.url, timeout=15) as client:
                 for i in range(100):
                     fault = "none" if i % 2 else "drop_before_done"
                     client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-fault": fault})
             settled_metrics(gw.url, requests=100)
             pids = set()
             for _ in range(6):
-                with httpx.Client(timeout=5) as fresh:  # new connections may hit either worker
+                with web.client(timeout=5) as fresh:  # new connections may hit either worker
                     text = fresh.get(gw.url + "/metrics").text
                 assert metric_value(text, "gateway_streams_total") == 100
                 assert metric_value(text, "gateway_streams_total", reason="missing_done") == 50
@@ -224,7 +224,7 @@ def test_access_log_is_one_json_line_per_request_without_secrets(
     api_key = "sk-supersecretkey123"
     with (
         gateway_for(simulator.url + "/v1", access_log=True) as gw,
-        httpx.Client(base_url=gw.url, timeout=15) as client,
+        web.client(base_url=gw.url, timeout=15) as client,
     ):
         for fault in ("none", "invalid_json"):
             client.post(

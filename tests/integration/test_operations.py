@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.settings import Settings, load_settings
@@ -315,7 +314,7 @@ def test_concurrency_limit_gives_503_with_retry_after() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 2}) as gw,
-        httpx.Client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
+        web.client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
     ):
         with (
             client.stream("POST", "/v1/chat/completions", json=CHAT, headers={"x-gate": "a"}) as a,
@@ -351,7 +350,7 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
         ended: dict[str, float] = {}
 
         def stream(name: str, headers: dict[str, str]) -> None:
-            with httpx.Client(timeout=30) as client:
+            with web.client(timeout=30) as client:
                 response = client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
                 ended[name] = time.monotonic()
                 results[name] = response.content

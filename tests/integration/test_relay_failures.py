@@ -8,7 +8,6 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -239,7 +238,7 @@ def test_an_unannounced_stream_is_counted_while_it_runs() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1") as gw,
-        httpx.Client(timeout=WAIT_SECONDS) as client,
+        web.client(timeout=WAIT_SECONDS) as client,
     ):
         # a GET: no JSON body announces the stream; the upstream holds it open
         with client.stream(
@@ -260,7 +259,7 @@ def test_refused_streams_are_not_counted_as_unknown_usage() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 1}) as gw,
-        httpx.Client(timeout=WAIT_SECONDS) as client,
+        web.client(timeout=WAIT_SECONDS) as client,
     ):
         with client.stream(
             "POST", gw.url + "/v1/chat/completions", json=CHAT, headers={"x-gate": "slow"}

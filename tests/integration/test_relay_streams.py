@@ -237,7 +237,7 @@ def test_two_hundred_concurrent_streams_get_the_right_verdicts(simulator: Server
 
     async def main(url: str) -> list[tuple[str, int, str]]:
         limits = httpx.Limits(max_connections=250)
-        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=90) as client:
+        async with web.async_client(base_url=url, limits=limits, timeout=90) as client:
             return await asyncio.gather(*(one(client, i) for i in range(200)))
 
     with gateway_for(simulator.url + "/v1", timeouts=RELAXED) as gw:

@@ -81,7 +81,7 @@ def sim() -> Iterator[Sim]:
     assert "running" in started, "the simulator failed to start"
     running: RunningSimulator = started["running"]
     assert running.port > 0
-    with httpx.Client(timeout=10) as http:
+    with web.client(timeout=10) as http:
         yield Sim(base_url=running.base_url, loop=started["loop"], running=running, http=http)
     asyncio.run_coroutine_threadsafe(running.stop(), started["loop"]).result(10)
     thread.join(10)
@@ -885,7 +885,7 @@ def test_disconnect_during_stall_is_recorded(sim: Sim) -> None:
     # requests, so a record that ended after the client began to leave, while the
     # stall still had most of an hour to run, ended because the client left.
     with (
-        httpx.Client(timeout=10) as client,
+        web.client(timeout=10) as client,
         client.stream(
             "POST",
             f"{sim.base_url}/v1/chat/completions",

@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.browser import chromium
@@ -84,7 +82,7 @@ def slow_stream(base: str, request_id: str) -> Iterator[None]:
 
     def read() -> None:
         with (
-            httpx.Client(timeout=60) as client,
+            web.client(timeout=60) as client,
             client.stream(
                 "POST",
                 base + "/v1/chat/completions",
@@ -116,7 +114,7 @@ def test_a_browser_shows_live_and_cut_streams_and_escapes_what_it_shows(
     simulator: ServerThread, tmp_path: Path
 ) -> None:
     with gateway_for(simulator.url + "/v1", status_page=True) as gw:
-        with httpx.Client(base_url=gw.url, timeout=15) as client:
+        with web.client(base_url=gw.url, timeout=15) as client:
             for index in range(3):
                 body = client.post(
                     "/v1/chat/completions",
