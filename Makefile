@@ -38,11 +38,19 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy --strict gateway
 
-# Three workers on two cores: most tests wait on sockets and subprocesses, not the CPU.
-PYTEST_WORKERS ?= 3
+# Four workers on two cores: many tests wait (on deadlines, a drain, a real Prometheus, a
+# wheel build) rather than compute. worksteal hands a worker that ran out of tests part of
+# another's, so that no worker is left with a long tail of them at the end.
+PYTEST_WORKERS ?= 4
 
+# An environment with PYTHONDONTWRITEBYTECODE set (as some containers have) makes every
+# interpreter the suite starts (each worker, each gateway process, each tool) compile
+# gateway/ and tests/ again, and pytest rewrite the asserts of every test module again in
+# each worker. The tests run with bytecode written: the first process writes what the
+# others read (__pycache__ is ignored by git).
+test: export PYTHONDONTWRITEBYTECODE :=
 test: lint typecheck
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(ARGS)
 
 # The guard's own tests against its Python source (the fallback where nothing compiles).
 test-guard-python: $(VENV)/.installed-test

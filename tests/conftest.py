@@ -115,13 +115,15 @@ class GatewayProcess:
     def wait_ready(self, timeout: float = 60) -> GatewayProcess:
         import httpx
 
+        from tests import web
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 _out, err = self.proc.communicate()
                 raise RuntimeError(f"gateway exited: {err.decode(errors='replace')[-2000:]}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                if web.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

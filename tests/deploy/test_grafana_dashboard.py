@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests import web
 from tests.conftest import ServerThread, free_port
 from tests.deploy.test_deploy_config import METRIC_LABELS, REPO, _tool, promtool
 from tests.integration.helpers import annotation, gateway_for
@@ -271,7 +272,7 @@ USAGE = {"stream_options": {"include_usage": True}}
 def _traffic(base: str) -> None:
     """A mix that feeds every exported metric: usage and none, paced streams (output
     gaps), cut and broken streams, an upstream that refuses connections, a refusal."""
-    with httpx.Client(base_url=base, timeout=15) as client:
+    with web.client(base_url=base, timeout=15) as client:
         for fault, extra, headers in (
             ("none", USAGE, {}),
             ("none", {}, {"x-sim-tps": "200", "x-sim-tokens": "6"}),
@@ -289,7 +290,7 @@ def _traffic(base: str) -> None:
 
 def _query(api: str, promql: str) -> list[dict[str, Any]]:
     try:
-        answer = httpx.get(f"{api}/query", params={"query": promql}, timeout=5).json()
+        answer = web.get(f"{api}/query", params={"query": promql}, timeout=5).json()
     except (httpx.HTTPError, ValueError):
         return []
     assert answer.get("status") == "success", (promql, answer)
@@ -312,7 +313,7 @@ def test_every_panel_returns_data_from_a_real_prometheus(
     with gateway_for("", routes=routes) as gw:
         exported = {
             line.split()[2]
-            for line in httpx.get(gw.url + "/metrics").text.splitlines()
+            for line in web.get(gw.url + "/metrics").text.splitlines()
             if line.startswith("# TYPE ")
         }
         port = free_port()
@@ -360,10 +361,10 @@ def test_every_panel_returns_data_from_a_real_prometheus(
                 assert metrics_in(expr) <= set(PENDING), key
                 assert _query(api, substituted(expr, "30s")) == [], key
             # The variables' queries find the route and the model.
-            route_values = httpx.get(
+            route_values = web.get(
                 f"{api}/label/route/values", params={"match[]": "gateway_requests_total"}
             ).json()["data"]
-            models = httpx.get(
+            models = web.get(
                 f"{api}/label/model/values", params={"match[]": "gateway_streams_total"}
             ).json()["data"]
             assert sorted(route_values) == ["dead", "default"]

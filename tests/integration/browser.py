@@ -26,9 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
+
+from tests import web
 
 FLAGS = (
     "--headless",
@@ -129,7 +130,7 @@ def chromium() -> Iterator[Page]:
                     raise RuntimeError("chromium did not open its DevTools port")
                 time.sleep(0.05)
             port = int(port_file.read_text().splitlines()[0])
-            targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+            targets = web.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
             page = next(t for t in targets if t["type"] == "page")
             with connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024) as socket:
                 yield Page(socket)

@@ -24,13 +24,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from tests import web
 from tests.conftest import running
 from tests.integration.helpers import metric_value
 
@@ -60,7 +60,7 @@ def settled_metrics(base_url: str, requests: float, timeout: float = WAIT_SECOND
 
     def counted() -> bool:
         nonlocal text
-        text = httpx.get(base_url + "/metrics", timeout=10).text
+        text = web.get(base_url + "/metrics", timeout=10).text
         return metric_value(text, "gateway_requests_total") >= requests
 
     wait_until(counted, f"{requests:g} finished requests in the metrics", timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +29,16 @@ def gateway_for(upstream: str, **settings: Any) -> Iterator[ServerThread]:
     options.update(settings)
     with running(create_app(Settings(**options)), **uvicorn_options()) as server:
         yield server
+
+
+def access_log_lines(out: str | bytes) -> list[dict[str, Any]]:
+    """The access-log lines (one JSON object each) in a gateway's stdout, in order.
+
+    An in-process gateway writes them to ``sys.stdout`` (read it with ``capsys``); it
+    flushes what it holds when it stops, so after ``with gateway_for(...)`` all are there.
+    """
+    text = out.decode() if isinstance(out, bytes) else out
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def annotation(body: bytes) -> dict[str, str]:

@@ -6,9 +6,9 @@ import json
 import socket
 import time
 
-import httpx
 import psutil
 
+from tests import web
 from tests.conftest import ServerThread, gateway_process
 
 MiB = 1024 * 1024
@@ -20,7 +20,7 @@ def test_slow_client_keeps_gateway_memory_bounded(simulator: ServerThread) -> No
     ) as gw:
         # warm up: imports, pools, first-request allocations
         for _ in range(3):
-            httpx.post(
+            web.post(
                 gw.url + "/v1/chat/completions",
                 json={"model": "m", "messages": [], "stream": True},
                 timeout=10,
@@ -45,7 +45,7 @@ def test_slow_client_keeps_gateway_memory_bounded(simulator: ServerThread) -> No
                 received += len(conn.recv(16 * 1024))
                 time.sleep(0.01)
                 peak = max(peak, process.memory_info().rss)
-            sent = httpx.get(f"{simulator.url}/_sim/requests/bp-1").json()["bytes_sent"]
+            sent = web.get(f"{simulator.url}/_sim/requests/bp-1").json()["bytes_sent"]
         growth = (peak - baseline) / MiB
         assert received > 100_000  # the client did get data
         # the upstream was held back: far less than the 200 MB it could have sent

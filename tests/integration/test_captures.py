@@ -13,13 +13,11 @@ import asyncio
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 
 from gateway.app import create_app
@@ -28,6 +26,8 @@ from gateway.capture.writer import CaptureWriter
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
 from gateway.settings import Limits, RouteConfig, load_settings
+from tests import web
+from tests.cli import run_cli
 from tests.conftest import ServerThread, running
 from tests.integration.helpers import gateway_for, metric_value
 from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
@@ -59,7 +59,7 @@ def _files(directory: Path) -> list[Path]:
 
 
 def _written(gateway: ServerThread, route: str) -> float:
-    text = httpx.get(gateway.url + "/metrics").text
+    text = web.get(gateway.url + "/metrics").text
     return metric_value(text, "gateway_captures_written_total", route=route)
 
 
@@ -157,7 +157,7 @@ def test_a_cut_stream_carrying_secrets_leaves_none_of_them_in_its_capture(
         ]
         with running(create_app(settings)) as gw:
             for path, body in requests:
-                response = httpx.post(
+                response = web.post(
                     gw.url + path,
                     json={"model": "m", "stream": True, **body},
                     headers={"authorization": "Bearer " + CLIENT_KEY},
@@ -203,20 +203,20 @@ def test_incomplete_captures_the_upstreams_failures_only_and_all_captures_every_
     chat = {"model": "sim-model", "stream": True, "messages": []}
     with gateway_for("", routes=routes) as gw:
         url = gw.url + "/v1/chat/completions"
-        assert httpx.post(url, json=chat, headers={"x-request-id": "whole"}).status_code == 200
+        assert web.post(url, json=chat, headers={"x-request-id": "whole"}).status_code == 200
         paced = {"x-request-id": "left", "x-sim-tps": "20"}
-        with httpx.stream("POST", url, json=chat, headers=paced) as response:
+        with web.stream("POST", url, json=chat, headers=paced) as response:
             next(response.iter_raw())  # the first bytes, then leave
 
         def left() -> float:
-            text = httpx.get(gw.url + "/metrics").text
+            text = web.get(gw.url + "/metrics").text
             return metric_value(text, "gateway_streams_total", reason="client_disconnect")
 
         _eventually(left)
         cut = {"x-request-id": "cut", "x-sim-fault": "drop_before_done"}
-        assert httpx.post(url, json=chat, headers=cut).status_code == 200
+        assert web.post(url, json=chat, headers=cut).status_code == 200
         _eventually(lambda: _written(gw, "inc") == 1)
-        assert httpx.post(gw.url + "/all/v1/chat/completions", json=chat).status_code == 200
+        assert web.post(gw.url + "/all/v1/chat/completions", json=chat).status_code == 200
         _eventually(lambda: _written(gw, "all") == 1)
     (only,) = _files(failures)
     assert only.name.endswith("-inc-cut" + SUFFIX)
@@ -267,7 +267,7 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
                     "x-sim-seed": str(seed),
                     "x-request-id": f"{protocol}-{fault}",
                 }
-                httpx.post(gw.url + path, json={"model": "sim-model", **body}, headers=headers)
+                web.post(gw.url + path, json={"model": "sim-model", **body}, headers=headers)
                 count += 1
         _eventually(lambda: _written(gw, "v1") + _written(gw, "gem") == count)
     reasons = set()
@@ -297,7 +297,7 @@ def test_a_stall_is_captured_with_its_timing(simulator: ServerThread, tmp_path: 
     routes = [_route("v1", "/v1", simulator.url + "/v1", tmp_path, timeouts={"idle": 0.3})]
     with gateway_for("", routes=routes) as gw:
         headers = {"x-sim-fault": "stall_mid_stream", "x-sim-stall-seconds": "30"}
-        httpx.post(gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers)
+        web.post(gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers)
         (path,) = _eventually(lambda: _files(tmp_path))
     capture = load(path)
     assert (capture.reason, capture.ending) == ("idle_timeout", "stopped")
@@ -318,7 +318,7 @@ def test_the_count_cap_keeps_the_newest_files_and_touches_no_other(
     with gateway_for("", routes=routes) as gw:
         for number in range(1, 6):
             headers = {"x-sim-fault": "drop_before_done", "x-request-id": f"cap-{number}"}
-            httpx.post(
+            web.post(
                 gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers
             )
             _eventually(lambda n=number: _written(gw, "v1") == n)
@@ -333,7 +333,7 @@ def test_the_byte_cap_cuts_a_long_stream_and_says_so(
     routes = [_route("v1", "/v1", simulator.url + "/v1", tmp_path, capture_max_bytes=4096)]
     with gateway_for("", routes=routes) as gw:
         headers = {"x-sim-fault": "drop_before_done", "x-sim-tokens": "400"}
-        httpx.post(gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers)
+        web.post(gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers)
         (path,) = _eventually(lambda: _files(tmp_path))
     assert path.stat().st_size <= 4096
     capture = load(path)
@@ -409,7 +409,7 @@ def test_only_a_capturing_route_taps_its_streams(simulator: ServerThread, tmp_pa
     settings = load_settings(routes=routes, access_log=False)
     with running(create_app(settings, observers=[Taps()])) as gw:
         for prefix in ("/v1", "/c/v1"):
-            httpx.post(gw.url + prefix + "/chat/completions", json=PROTOCOL_PATHS["chat"][1])
+            web.post(gw.url + prefix + "/chat/completions", json=PROTOCOL_PATHS["chat"][1])
         _eventually(lambda: len(taps) == 2)
     assert taps == {"plain": False, "captured": True}
 
@@ -418,14 +418,8 @@ def test_only_a_capturing_route_taps_its_streams(simulator: ServerThread, tmp_pa
 
 
 def _gateway(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    """``gateway ARGS`` in-process (tests/cli.py)."""
+    return run_cli(*args)
 
 
 def test_replay_exits_0_when_verdicts_hold_1_when_one_differs_2_for_no_capture(

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import web
+from tests.cli import run_cli
 from tests.conftest import ServerThread, free_port, gateway_process
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, gateway_for, metric_value
 from tests.integration.raw_upstream import RawUpstream, raw_upstream
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -26,10 +25,9 @@ def _sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _access_log(stdout: bytes) -> dict[str, dict[str, Any]]:
-    """The access-log lines of a stopped gateway process, by request id."""
-    entries = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
-    return {entry["request_id"]: entry for entry in entries}
+def _access_log(stdout: str | bytes) -> dict[str, dict[str, Any]]:
+    """The access-log lines of a stopped gateway, by request id."""
+    return {entry["request_id"]: entry for entry in access_log_lines(stdout)}
 
 
 # ------------------------------------------------------------ forwarding headers
@@ -44,7 +42,7 @@ SPOOFING = {
 
 def _send_spoofed(gw_url: str, upstream: RawUpstream, rid: str) -> dict[bytes, list[bytes]]:
     upstream.requests.clear()
-    response = httpx.post(
+    response = web.post(
         gw_url + "/v1/chat/completions",
         json=CHAT,
         headers={**SPOOFING, "x-request-id": rid},
@@ -79,15 +77,17 @@ def test_no_client_is_trusted_by_default() -> None:
         (["::1/128", "10.0.0.0/8"], "127.0.0.1"),  # the peer is not one of them
     ],
 )
-def test_a_trusted_proxy_is_believed(trusted: list[str], client: str) -> None:
-    env = {"GATEWAY_TRUSTED_PROXIES": json.dumps(trusted)}
+def test_a_trusted_proxy_is_believed(
+    trusted: list[str], client: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process, uvicorn configured as ``serve`` does (the test above runs the real
+    command line; the one below reads ``GATEWAY_TRUSTED_PROXIES`` through it)."""
     with (
         raw_upstream() as upstream,
-        gateway_process(["--upstream", upstream.url + "/v1"], env=env) as gw,
+        gateway_for(upstream.url + "/v1", trusted_proxies=trusted, access_log=True) as gw,
     ):
         seen = _send_spoofed(gw.url, upstream, "xff-trusted")
-        out, _ = gw.stop()
-    assert _access_log(out)["xff-trusted"]["client"] == client
+    assert _access_log(capsys.readouterr().out)["xff-trusted"]["client"] == client
     # Appended in every case: the last entry is always the one the gateway saw.
     assert seen[b"x-forwarded-for"] == [b"198.51.100.9, 203.0.113.7, 127.0.0.1"]
     peer_trusted = client != "127.0.0.1"
@@ -157,11 +157,11 @@ def test_a_key_works_only_on_the_routes_that_accept_it(
     gw, upstream = scoped
     upstream.requests.clear()
     headers = {"authorization": f"Bearer {KEYS[key]}"} if key else {}
-    before = httpx.get(gw.url + "/metrics").text
-    response = httpx.post(
+    before = web.get(gw.url + "/metrics").text
+    response = web.post(
         gw.url + prefix + "/chat/completions", json=CHAT, headers=headers, timeout=20
     )
-    after = httpx.get(gw.url + "/metrics").text
+    after = web.get(gw.url + "/metrics").text
     assert response.status_code == status
     if status == 200:
         assert len(upstream.requests) == 1
@@ -182,11 +182,11 @@ def test_a_scoped_key_is_accepted_in_every_header_a_client_may_use(
 ) -> None:
     gw, _ = scoped
     for header in ("x-api-key", "api-key"):
-        good = httpx.post(
+        good = web.post(
             gw.url + "/alpha/v1/chat/completions", json=CHAT, headers={header: KEYS["alpha"]}
         )
         assert good.status_code == 200, header
-        wrong = httpx.post(
+        wrong = web.post(
             gw.url + "/beta/v1/chat/completions", json=CHAT, headers={header: KEYS["alpha"]}
         )
         assert wrong.status_code == 403, header
@@ -198,16 +198,8 @@ def test_a_scoped_key_is_accepted_in_every_header_a_client_may_use(
 def _cli(
     command: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", command, *args],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-        check=False,
-    )
+    """``gateway COMMAND ARGS`` in-process (tests/cli.py), without the runner's GATEWAY_ ones."""
+    return run_cli(command, *args, env=env)
 
 
 ROUTE_WITH_CREDENTIAL = (

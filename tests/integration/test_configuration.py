@@ -2,8 +2,9 @@
 
 No silent simulator, no ignored variable, no traceback: every mistake is exit 2
 with a message naming the key, where it came from and what is wrong. Driven
-through the real CLI (``python -m gateway ...`` in a controlled environment),
-through ``load_settings``, or against a real server.
+through the CLI's ``main`` in-process in a controlled environment (tests/cli.py),
+through ``load_settings``, or against a real server; the first two refusals below
+run ``python -m gateway`` as a real process, to prove the interpreter's path to them.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 
 from gateway.settings import RouteConfig, Settings, UpstreamConfig, describe_errors, load_settings
 from gateway.simulator._knobs import FAULTS, Knobs, knob_header
+from tests import web
+from tests.cli import environment, run_cli, run_cli_process
 from tests.conftest import ServerThread, free_port, gateway_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,21 +34,19 @@ UPSTREAM = "http://upstream.test/v1"
 
 def _bare_env(**extra: str) -> dict[str, str]:
     """An environment with no GATEWAY_ variable and no credential of any kind."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    env.update(extra)
-    return env
+    return environment(extra, inherit=False)
 
 
 def _gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        env=env if env is not None else _bare_env(),
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    """``gateway ARGS`` in-process under ``env`` (by default a bare one): see tests/cli.py."""
+    return run_cli(*args, env=env if env is not None else {}, inherit=False)
+
+
+def _gateway_process(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m gateway ARGS`` as a real process: the interpreter's path to ``main``."""
+    return run_cli_process(*args, env=env if env is not None else {}, inherit=False)
 
 
 def _refused(result: subprocess.CompletedProcess[str], *expected: str) -> None:
@@ -69,7 +68,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_serve_with_nothing_to_front_exits_2_and_says_what_to_set() -> None:
-    result = _gateway("serve", "--port", str(free_port()))
+    result = _gateway_process("serve", "--port", str(free_port()))
     _refused(
         result,
         "no upstream configured",
@@ -84,7 +83,7 @@ def test_serve_with_nothing_to_front_exits_2_and_says_what_to_set() -> None:
 def test_a_misspelt_upstream_variable_never_starts_a_server() -> None:
     """The dangerous case: once, this served made-up answers with HTTP 200."""
     env = _bare_env(GATEWAY_UPSTREAM_ULR="https://api.openai.com/v1")
-    result = _gateway("serve", "--port", str(free_port()), env=env)
+    result = _gateway_process("serve", "--port", str(free_port()), env=env)
     _refused(result, "GATEWAY_UPSTREAM_ULR is not a setting", "did you mean GATEWAY_UPSTREAM_URL?")
 
 
@@ -438,7 +437,7 @@ def test_serve_logs_each_route_with_its_origin_only_and_warns_without_annotation
         'upstream = "http://[::1]:9/v1"\nprotocol = "messages"\n'
     )
     with gateway_process(["--config", str(config)]) as gw:
-        assert httpx.get(gw.url + "/healthz").status_code == 200
+        assert web.get(gw.url + "/healthz").status_code == 200
         out, err = gw.stop()
     output = (out + err).decode()
     assert output.count("route oa: /v1 -> http://<redacted>@127.0.0.1:9 (protocol auto)\n") == 1
@@ -485,8 +484,8 @@ def test_the_readme_uses_the_one_model_the_simulator_lists(simulator: ServerThre
     readme = (ROOT / "README.md").read_text()
     sent = set(re.findall(r'"model": "([^".]+)"', readme))
     sent |= set(re.findall(r'model="([^"]+)"', readme))
-    listed = {m["id"] for m in httpx.get(simulator.url + "/v1/models").json()["data"]}
-    anthropic = httpx.get(simulator.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
+    listed = {m["id"] for m in web.get(simulator.url + "/v1/models").json()["data"]}
+    anthropic = web.get(simulator.url + "/v1/models", headers={"anthropic-version": "2023-06-01"})
     assert {m["id"] for m in anthropic.json()["data"]} == listed
     assert len(listed) == 1
     assert sent == listed, (sent, listed)

@@ -20,12 +20,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
 from gateway.edge import abort_connection, uvicorn_options, watch_connection
 from gateway.settings import Settings
+from tests import web
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import gateway_for, metric_value
 
@@ -170,7 +170,7 @@ def _assert_refusal(raw: bytes, status: int, code: str) -> http.client.HTTPRespo
 
 
 def _rejected(server: ServerThread, reason: str) -> float:
-    text = httpx.get(server.url + "/metrics").text
+    text = web.get(server.url + "/metrics").text
     return metric_value(text, "gateway_rejected_requests_total", reason=reason)
 
 
@@ -300,7 +300,7 @@ def test_a_flood_of_oversized_heads_does_not_delay_a_concurrent_request(
     head = b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n" + b"X-F: v\r\n" * 32_768 + b"\r\n"
     with (
         gateway_process(["--upstream", server.url + "/v1"], {"GATEWAY_ACCESS_LOG": "false"}) as gw,
-        httpx.Client(base_url=gw.url) as client,
+        web.client(base_url=gw.url) as client,
     ):
 
         def latency() -> float:

@@ -15,20 +15,28 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from gateway.app import create_app
+from gateway.edge import uvicorn_options
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
-from tests.conftest import ServerThread, free_port, gateway_process, running
-from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
+from tests import web
+from tests.cli import run_cli
+from tests.conftest import ServerThread, free_port, running
+from tests.integration.control import WAIT_SECONDS
+from tests.integration.helpers import (
+    access_log_lines,
+    annotation,
+    assert_whole_events,
+    gateway_for,
+    metric_value,
+)
 from tests.integration.raw_upstream import (
     CHAT_STREAM,
     RawRequest,
@@ -37,6 +45,7 @@ from tests.integration.raw_upstream import (
     raw_upstream,
     sse_head,
 )
+from tests.sdk import anthropic, openai
 
 T = TypeVar("T")
 
@@ -111,7 +120,7 @@ def pair(primary: Any, fallback: ServerThread, weight: int = 100) -> list[dict[s
 
 def sim_saw(server: ServerThread, request_id: str) -> dict[str, Any] | None:
     """What a simulator recorded of one request, or None when it never got it."""
-    response = httpx.get(f"{server.url}/_sim/requests/{request_id}")
+    response = web.get(f"{server.url}/_sim/requests/{request_id}")
     return response.json() if response.status_code == 200 else None
 
 
@@ -122,22 +131,29 @@ def raw_saw(upstream: RawUpstream, request_id: str) -> list[RawRequest]:
 
 
 def metrics(gateway: ServerThread) -> str:
-    return httpx.get(gateway.url + "/metrics").text
+    return web.get(gateway.url + "/metrics").text
 
 
 def first_on(gateway: ServerThread, upstream: str, send: Callable[[str], T], tag: str) -> T:
     """Send fresh requests (``send(request_id)``) until one was attempted on ``upstream``
-    (the pool picks at random by weight); return what that one's ``send`` returned."""
-    for i in range(40):
+    (the pool picks at random by weight); return what that one's ``send`` returned.
+
+    Bounded by time, not by a count: an upstream that a ``Retry-After`` keeps out gets
+    requests again only once that has passed, however fast the requests go."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    sent = 0
+    while True:
         before = metric_value(metrics(gateway), ATTEMPTS, upstream=upstream)
-        result = send(f"{tag}-{i}")
+        result = send(f"{tag}-{sent}")
+        sent += 1
         if metric_value(metrics(gateway), ATTEMPTS, upstream=upstream) > before:
             return result
-    pytest.fail(f"no request was attempted on {upstream}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"none of {sent} requests was attempted on {upstream}")
 
 
 def stream(gateway: ServerThread, request_id: str, body: Any = CHAT) -> httpx.Response:
-    return httpx.post(
+    return web.post(
         gateway.url + "/v1/chat/completions",
         json=body,
         headers={"x-request-id": request_id},
@@ -394,7 +410,7 @@ def test_a_client_that_leaves_while_the_head_is_held_frees_its_upstream(
     ):
         for _ in range(40):  # until one request went to the silent upstream first
             try:
-                response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
+                response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
             except httpx.ReadTimeout:  # the client leaves: nothing came in 0.3 s
                 break
             assert_complete_from(response, "fallback")
@@ -601,7 +617,7 @@ async def _streams(base: str, total: int, concurrency: int) -> list[str]:
     """``total`` short streams, ``concurrency`` at a time; the upstream of each."""
     served: list[str] = []
     queue = iter(range(total))
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with web.async_client(base_url=base, timeout=30) as client:
 
         async def worker() -> None:
             for _ in queue:
@@ -671,7 +687,7 @@ def test_the_model_map_rewrites_only_a_mapped_model_and_only_for_its_upstream(
             odd = b'{ "model" : "gpt-y",\n "stream": true, "messages": [ ] , "n": 1}'
 
             def send_odd(rid: str) -> httpx.Response:
-                return httpx.post(
+                return web.post(
                     gw.url + "/v1/chat/completions",
                     content=odd,
                     headers={"x-request-id": rid, "content-type": "application/json"},
@@ -697,7 +713,7 @@ def test_each_upstream_gets_its_own_credential_and_never_another(
     with running(create_app(settings)) as gw:
 
         def send(rid: str) -> httpx.Response:
-            return httpx.post(
+            return web.post(
                 gw.url + "/v1/chat/completions",
                 json=CHAT,
                 headers={"x-request-id": rid, "authorization": "Bearer sk-client"},
@@ -776,7 +792,11 @@ def test_anthropic_sdk_gets_a_whole_answer_when_the_first_upstream_answers_503(
 
 
 def test_the_access_log_lists_every_attempt_and_the_upstream_that_served(
-    unavailable: ServerThread, healthy: ServerThread, tmp_path: Any
+    unavailable: ServerThread,
+    healthy: ServerThread,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = tmp_path / "pool.toml"
     config.write_text(
@@ -794,11 +814,14 @@ name = "fallback"
 url = "{healthy.url}/v1"
 """
     )
-    with gateway_process(["--config", str(config)]) as gw:
-        response = first_on(gw, "primary", lambda rid: stream(gw, rid), "log")  # type: ignore[arg-type]
+    for name in list(os.environ):
+        if name.upper().startswith("GATEWAY_"):
+            monkeypatch.delenv(name)
+    settings = load_settings(config=str(config))  # as serve loads it
+    with running(create_app(settings), **uvicorn_options()) as gw:
+        response = first_on(gw, "primary", lambda rid: stream(gw, rid), "log")
         assert_complete_from(response, "fallback")
-        out, _ = gw.stop()
-    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    lines = access_log_lines(capsys.readouterr().out)
     (line,) = [x for x in lines if x["request_id"] == response.headers["x-request-id"]]
     assert line["upstream"] == "fallback"
     assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
@@ -824,16 +847,9 @@ def test_a_single_upstream_is_a_pool_of_one_that_never_retries(unavailable: Serv
 
 
 def _check_config(routes: Any, **env: str) -> subprocess.CompletedProcess[str]:
-    """``gateway check-config`` with ``GATEWAY_ROUTES`` (JSON), as an operator runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config"],
-        capture_output=True,
-        text=True,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GATEWAY_ROUTES": json.dumps(routes)}
-        | env,
-        timeout=60,
-        check=False,
-    )
+    """``gateway check-config`` with ``GATEWAY_ROUTES`` (JSON), as an operator runs it
+    (in-process, tests/cli.py; nothing else in the environment but PATH)."""
+    return run_cli("check-config", env={"GATEWAY_ROUTES": json.dumps(routes)} | env, inherit=False)
 
 
 def test_a_pool_through_gateway_routes_with_its_keys_and_credentials_redacted() -> None:
@@ -908,10 +924,10 @@ def test_a_bad_pool_is_refused_at_start_naming_the_key(route: dict[str, Any], me
 def test_the_simulators_default_fault_applies_unless_a_request_names_one(
     unavailable: ServerThread,
 ) -> None:
-    response = httpx.post(unavailable.url + "/v1/chat/completions", json=CHAT)
+    response = web.post(unavailable.url + "/v1/chat/completions", json=CHAT)
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
-    response = httpx.post(
+    response = web.post(
         unavailable.url + "/v1/chat/completions", json=CHAT, headers={"x-sim-fault": "none"}
     )
     assert response.status_code == 200

@@ -12,17 +12,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 
-import httpx
 import pytest
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types as genai_types
 
 from gateway.app import create_app
 from gateway.settings import load_settings
 from gateway.simulator import expected_text
+from tests import web
 from tests.conftest import ServerThread, free_port, running
 from tests.integration.helpers import gateway_for, metric_value
+from tests.sdk import genai, genai_errors, genai_types
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,11 +51,11 @@ def test_a_complete_stream_reads_cleanly_and_is_counted(gateway: ServerThread) -
         answer = client.models.generate_content(model=MODEL, contents="hi")
     assert "".join(chunk.text or "" for chunk in chunks) == expected_text(20)
     assert answer.text == expected_text(20)
-    raw = httpx.post(gateway.url + STREAM_PATH, json={"contents": []}, timeout=30)
+    raw = web.post(gateway.url + STREAM_PATH, json={"contents": []}, timeout=30)
     assert raw.headers["content-type"].startswith("text/event-stream")
     assert b"\n:" not in raw.content  # no comment line
     assert not raw.content.startswith(b":")
-    metrics = httpx.get(gateway.url + "/metrics").text
+    metrics = web.get(gateway.url + "/metrics").text
     complete = metric_value(
         metrics, "gateway_streams_total", route="gemini", outcome="complete", reason="stop"
     )
@@ -87,16 +85,16 @@ def test_every_cut_raises_with_the_reason(gateway: ServerThread, fault: str, rea
     (info,) = [d for d in details["error"]["details"] if d["@type"].endswith("ErrorInfo")]
     assert info["metadata"]["reason"] == reason
     assert info["domain"] == "gateway"
-    metrics = httpx.get(gateway.url + "/metrics").text
+    metrics = web.get(gateway.url + "/metrics").text
     assert metric_value(metrics, "gateway_streams_total", route="gemini", reason=reason) >= 1
 
 
 def test_the_stream_is_known_from_its_url_before_any_answer() -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1beta"  # nothing listens there
     with gateway_for("", routes=_routes(dead)) as gw:
-        response = httpx.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
+        response = web.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
         assert response.status_code == 502
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     streams = metric_value(
         metrics, "gateway_streams_total", route="gemini", reason="upstream_unavailable"
     )
@@ -107,13 +105,13 @@ def test_gemini_streams_are_capped_at_admission(simulator: ServerThread) -> None
     routes = _routes(simulator.url + "/v1beta", max_concurrent_streams=1)
     with gateway_for("", routes=routes) as gw:
         held = {"x-sim-fault": "heartbeats_forever"}
-        with httpx.stream(
+        with web.stream(
             "POST", gw.url + STREAM_PATH, json={"contents": []}, headers=held, timeout=30
         ) as first:
             assert first.status_code == 200
             body = first.iter_raw()  # kept: a dropped iterator closes the response
             next(body)  # the first stream is open (heartbeats) and counted
-            second = httpx.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
+            second = web.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
             assert second.status_code == 503
             assert second.json()["error"]["code"] == "overloaded"
 
@@ -131,7 +129,7 @@ def test_the_route_credential_goes_as_x_goog_api_key(
     with running(create_app(settings)) as gw, _client(gw, **{"x-request-id": "gem-cred"}) as c:
         chunks = list(c.models.generate_content_stream(model=MODEL, contents="hi"))
     assert "".join(chunk.text or "" for chunk in chunks) == expected_text(20)
-    seen = httpx.get(simulator.url + "/_sim/requests/gem-cred").json()
+    seen = web.get(simulator.url + "/_sim/requests/gem-cred").json()
     key = seen["headers"]["x-goog-api-key"]
     assert key["sha256"] == hashlib.sha256(b"upstream-secret").hexdigest()  # not the client's
     assert "authorization" not in seen["headers"]

@@ -24,8 +24,6 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from google import genai
-from google.genai import errors, types
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +34,9 @@ from gateway.guard.annotation import comment_line, incomplete_message
 from gateway.guard.gemini import google_status
 from gateway.guard.verdict import INCOMPLETE_REASONS
 from tests.conftest import ServerThread, running
+from tests.sdk import genai
+from tests.sdk import genai_errors as errors
+from tests.sdk import genai_types as types
 from tests.unit.gemini_captures import JAPANESE, JAPANESE_TEXT, OVERLOADED, SHORT, ev
 
 pytestmark = pytest.mark.timeout(60)

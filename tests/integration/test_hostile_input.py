@@ -23,8 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.observe import Observers, RequestRecord
+from tests import web
 from tests.conftest import ServerThread, gateway_process, running
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
 # A lone surrogate, as JSON text: valid JSON, but not encodable as UTF-8 once decoded.
 SURROGATE = "\\ud800"
@@ -95,7 +96,7 @@ def upstream() -> Iterator[tuple[ServerThread, Upstream]]:
 
 
 def _post(base: str, kind: str, content: bytes, **headers: str) -> httpx.Response:
-    return httpx.post(
+    return web.post(
         f"{base}/v1/{kind}/chat/completions",
         content=content,
         headers={"content-type": "application/json", **headers},
@@ -103,27 +104,24 @@ def _post(base: str, kind: str, content: bytes, **headers: str) -> httpx.Respons
     )
 
 
-def _log_lines(out: bytes) -> list[dict[str, Any]]:
-    lines = []
-    for line in out.decode("ascii").splitlines():  # the access log is ASCII JSON
-        if line.startswith("{"):
-            lines.append(json.loads(line))
-    return lines
+def _log_lines(out: str) -> list[dict[str, Any]]:
+    out.encode("ascii")  # the access log is ASCII JSON
+    return access_log_lines(out)
 
 
 def test_poison_strings_leave_metrics_log_and_other_requests_working(
-    upstream: tuple[ServerThread, Upstream],
+    upstream: tuple[ServerThread, Upstream], capsys: pytest.CaptureFixture[str]
 ) -> None:
     server, _ = upstream
     poison_body = ('{"model":"' + SURROGATE + '","stream":true,"messages":[]}').encode()
-    with gateway_process(["--upstream", server.url + "/v1"]) as gw:
+    with gateway_for(server.url + "/v1", access_log=True) as gw:
         # The client's model is a lone surrogate; then the upstream's finish reason is one.
         first = _post(gw.url, "echo", poison_body, **{"user-agent": "u" * 5000})
         assert annotation(first.content)["outcome"] == "complete"
         second = _post(gw.url, "surrogate", b'{"model":"m","stream":true}')
         assert annotation(second.content)["outcome"] == "complete"
         for _ in range(3):  # every later scrape still works
-            scrape = httpx.get(gw.url + "/metrics")
+            scrape = web.get(gw.url + "/metrics")
             assert scrape.status_code == 200
         # The label never comes from the poison: the answer's model, or the safe 'other'.
         assert metric_value(scrape.text, "gateway_streams_total", model=ANSWER_MODEL) == 1
@@ -131,8 +129,7 @@ def test_poison_strings_leave_metrics_log_and_other_requests_working(
         assert metric_value(scrape.text, "gateway_observer_errors_total") == 0
         after = _post(gw.url, "echo", b'{"model":"m","stream":true}', **{"x-request-id": "after"})
         assert annotation(after.content)["outcome"] == "complete"
-        out, _err = gw.stop()
-    lines = _log_lines(out)
+    lines = _log_lines(capsys.readouterr().out)
     assert [line["request_id"] for line in lines][-1] == "after"
     assert len(lines) == 3
     poisoned = lines[0]
@@ -153,7 +150,7 @@ def test_deeply_nested_json_is_not_json_and_is_forwarded_unchanged(
         stream = _post(gw.url, "deep", b'{"stream":true}')
         note = annotation(stream.content)
         assert (note["outcome"], note["reason"]) == ("incomplete", "limit_exceeded")
-        assert httpx.get(gw.url + "/metrics").status_code == 200
+        assert web.get(gw.url + "/metrics").status_code == 200
 
 
 def test_made_up_model_names_cannot_squat_the_model_labels(
@@ -164,7 +161,7 @@ def test_made_up_model_names_cannot_squat_the_model_labels(
         for i in range(20):
             body = json.dumps({"model": f"made-up-{i}", "stream": i % 2 == 0}).encode()
             assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert "made-up" not in metrics
     assert metric_value(metrics, "gateway_streams_total", model=ANSWER_MODEL) == 10
     assert metric_value(metrics, "gateway_requests_total") == 20
@@ -178,7 +175,7 @@ def test_an_allow_listed_model_is_labelled_by_the_client_claim(
         for model in ("gpt-x", "made-up"):
             body = json.dumps({"model": model, "stream": True}).encode()
             assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert metric_value(metrics, "gateway_streams_total", model="gpt-x") == 1
     assert metric_value(metrics, "gateway_streams_total", model="other") == 1
 
@@ -196,7 +193,7 @@ def test_a_failing_access_log_is_counted_and_breaks_nothing_else(
         deadline = time.monotonic() + 10
         errors = 0.0
         while time.monotonic() < deadline and errors == 0:
-            metrics = httpx.get(gw.url + "/metrics").text
+            metrics = web.get(gw.url + "/metrics").text
             errors = metric_value(metrics, "gateway_observer_errors_total", observer="access_log")
             time.sleep(0.05)
         assert errors >= 1
@@ -294,7 +291,7 @@ def test_buffered_request_bodies_are_bounded_all_together(
         assert head.startswith(b"HTTP/1.1 200"), head
         assert script.bodies[-1] == body
         assert _post(gw.url, "echo", body).status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
     assert metric_value(metrics, "gateway_rejected_requests_total", reason="memory_budget") >= 1
 
 
@@ -328,7 +325,7 @@ def test_a_client_that_stops_reading_a_stream_is_stalled_and_aborted(
             deadline = time.monotonic() + 30
             stalled = 0.0
             while time.monotonic() < deadline and not stalled:
-                metrics = httpx.get(gw.url + "/metrics").text
+                metrics = web.get(gw.url + "/metrics").text
                 stalled = metric_value(metrics, "gateway_streams_total", reason="client_stalled")
                 time.sleep(0.05)
             assert stalled == 1
@@ -338,7 +335,7 @@ def test_a_client_that_stops_reading_a_stream_is_stalled_and_aborted(
             )
             assert _read_until_reset(conn) == "reset"
         # Other requests are unaffected.
-        ok = httpx.post(gw.url + "/v1/chat/completions", content=body, timeout=30)
+        ok = web.post(gw.url + "/v1/chat/completions", content=body, timeout=30)
         assert annotation(ok.content)["outcome"] == "complete"
 
 
@@ -354,7 +351,7 @@ def test_a_client_that_stops_reading_a_plain_answer_is_aborted(
             deadline = time.monotonic() + 30
             stalled = 0.0
             while time.monotonic() < deadline and not stalled:
-                metrics = httpx.get(gw.url + "/metrics").text
+                metrics = web.get(gw.url + "/metrics").text
                 stalled = metric_value(
                     metrics, "gateway_request_errors_total", error="client_stalled"
                 )
@@ -367,18 +364,22 @@ def test_a_client_that_stops_reading_a_plain_answer_is_aborted(
     ("kind", "error"), [("short", "upstream_disconnect"), ("badjson", "invalid_json")]
 )
 def test_a_broken_plain_answer_is_recorded_not_a_clean_200(
-    upstream: tuple[ServerThread, Upstream], kind: str, error: str
+    upstream: tuple[ServerThread, Upstream],
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    error: str,
 ) -> None:
     server, _ = upstream
-    with gateway_process(["--upstream", server.url + "/v1"]) as gw:
+    with gateway_for(server.url + "/v1", access_log=True) as gw:
         try:
             _post(gw.url, kind, b'{"model":"m"}', **{"x-request-id": "broken"})
         except httpx.HTTPError:
             assert kind == "short"  # the connection is dropped: the client sees the cut
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
         assert metric_value(metrics, "gateway_request_errors_total", error=error) == 1
-        out, _err = gw.stop()
-    (line,) = [line for line in _log_lines(out) if line["request_id"] == "broken"]
+    (line,) = [
+        line for line in _log_lines(capsys.readouterr().out) if line["request_id"] == "broken"
+    ]
     assert line["error"] == error
 
 
@@ -399,4 +400,4 @@ def test_many_poison_requests_at_once_leave_the_gateway_healthy(
         for thread in threads:
             thread.join(30)
         assert results == [200] * 20
-        assert httpx.get(gw.url + "/metrics").status_code == 200
+        assert web.get(gw.url + "/metrics").status_code == 200

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from gateway import guard_build
+from tests import web
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.control import settled_metrics
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 USAGE_CHAT = CHAT | {"stream_options": {"include_usage": True}}
@@ -50,7 +51,7 @@ def _send_mix(base: str, repeat: int = 1) -> tuple[Counter[tuple[str, str]], int
     verdicts: Counter[tuple[str, str]] = Counter()
     body_bytes = 0
     requests = 0
-    with httpx.Client(base_url=base, timeout=15) as client:
+    with web.client(base_url=base, timeout=15) as client:
         for _ in range(repeat):
             for fault, usage, outcome, reason, _content in MIX:
                 response = client.post(
@@ -69,7 +70,7 @@ def _send_mix(base: str, repeat: int = 1) -> tuple[Counter[tuple[str, str]], int
 def test_counters_and_histograms_equal_what_was_sent(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1") as gw:
         # direct call to learn the usage the simulator reports for one stream
-        direct = httpx.post(
+        direct = web.post(
             simulator.url + "/v1/chat/completions",
             json=USAGE_CHAT,
             headers={"x-sim-tokens": "8"},
@@ -83,11 +84,11 @@ def test_counters_and_histograms_equal_what_was_sent(simulator: ServerThread) ->
 
         verdicts, body_bytes, requests = _send_mix(gw.url, repeat=2)
         # refused before any upstream: a traversal and an unknown path
-        assert httpx.get(gw.url + "/v1/%2e%2e/x").status_code == 400
-        assert httpx.get(gw.url + "/elsewhere").status_code == 404
+        assert web.get(gw.url + "/v1/%2e%2e/x").status_code == 400
+        assert web.get(gw.url + "/elsewhere").status_code == 404
         # own endpoints are not proxied requests
         for path in ("/healthz", "/readyz", "/metrics"):
-            httpx.get(gw.url + path)
+            web.get(gw.url + path)
         text = settled_metrics(gw.url, requests=requests + 1)
 
     for (outcome, reason), count in verdicts.items():
@@ -129,7 +130,7 @@ def test_promtool_accepts_a_real_scrape(simulator: ServerThread) -> None:
     promtool = _require("promtool")
     with gateway_for(simulator.url + "/v1") as gw:
         _send_mix(gw.url)
-        scrape = httpx.get(gw.url + "/metrics").content
+        scrape = web.get(gw.url + "/metrics").content
     result = subprocess.run(
         [promtool, "check", "metrics"], input=scrape, capture_output=True, timeout=30
     )
@@ -165,7 +166,7 @@ def test_prometheus_scrapes_the_gateway(simulator: ServerThread, tmp_path: Path)
             deadline = time.monotonic() + 40
             while time.monotonic() < deadline:
                 try:
-                    answer = httpx.get(
+                    answer = web.get(
                         f"http://127.0.0.1:{port}/api/v1/query", params={"query": query}, timeout=2
                     ).json()
                 except (httpx.HTTPError, ValueError):
@@ -197,14 +198,14 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
         ) as gw:
             assert not stale.exists()
             assert unrelated.read_text() == "not a metrics file: must survive"
-            with httpx.Client(base_url=gw.url, timeout=15) as client:
+            with web.client(base_url=gw.url, timeout=15) as client:
                 for i in range(100):
                     fault = "none" if i % 2 else "drop_before_done"
                     client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-fault": fault})
             settled_metrics(gw.url, requests=100)
             pids = set()
             for _ in range(6):
-                with httpx.Client(timeout=5) as fresh:  # new connections may hit either worker
+                with web.client(timeout=5) as fresh:  # new connections may hit either worker
                     text = fresh.get(gw.url + "/metrics").text
                 assert metric_value(text, "gateway_streams_total") == 100
                 assert metric_value(text, "gateway_streams_total", reason="missing_done") == 50
@@ -218,34 +219,35 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
 
 
 def test_access_log_is_one_json_line_per_request_without_secrets(
-    simulator: ServerThread,
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
     secret_prompt = "my-very-secret-prompt-text"
     api_key = "sk-supersecretkey123"
-    with gateway_process(["--upstream", simulator.url + "/v1"]) as gw:
-        with httpx.Client(base_url=gw.url, timeout=15) as client:
-            for fault in ("none", "invalid_json"):
-                client.post(
-                    "/v1/chat/completions",
-                    json=CHAT | {"messages": [{"role": "user", "content": secret_prompt}]},
-                    headers={
-                        "x-sim-fault": fault,
-                        "authorization": f"Bearer {api_key}",
-                        "x-request-id": f"log-{fault}",
-                    },
-                )
-            completion = client.post(
+    with (
+        gateway_for(simulator.url + "/v1", access_log=True) as gw,
+        web.client(base_url=gw.url, timeout=15) as client,
+    ):
+        for fault in ("none", "invalid_json"):
+            client.post(
                 "/v1/chat/completions",
-                json={"model": "sim-1", "messages": []},
-                headers={"x-request-id": "log-plain"},
-            ).json()
-        out, _ = gw.stop()
-    text = out.decode()
+                json=CHAT | {"messages": [{"role": "user", "content": secret_prompt}]},
+                headers={
+                    "x-sim-fault": fault,
+                    "authorization": f"Bearer {api_key}",
+                    "x-request-id": f"log-{fault}",
+                },
+            )
+        completion = client.post(
+            "/v1/chat/completions",
+            json={"model": "sim-1", "messages": []},
+            headers={"x-request-id": "log-plain"},
+        ).json()
+    text = capsys.readouterr().out  # everything written to stdout while it ran
     assert secret_prompt not in text
     assert api_key not in text
     answer = completion["choices"][0]["message"]["content"]
     assert answer[:20] not in text
-    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    lines = access_log_lines(text)
     by_id = {line["request_id"]: line for line in lines}
     assert set(by_id) >= {"log-none", "log-invalid_json", "log-plain"}
     assert len([x for x in lines if x["request_id"].startswith("log-")]) == 3

@@ -7,16 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.settings import Settings, load_settings
+from tests import web
+from tests.cli import run_cli, run_cli_process
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
@@ -28,15 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _check_config(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", *args],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-    )
+    """``gateway check-config ARGS`` in-process (tests/cli.py), runner's GATEWAY_ ones unset."""
+    return run_cli("check-config", *args, env=env)
 
 
 # ---------------------------------------------------------------- configuration
@@ -134,14 +127,8 @@ def test_missing_config_file_is_refused() -> None:
 def test_a_bad_config_never_starts_a_server(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[timeouts]\nidle = 0\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=clean,
-        timeout=60,
-    )
+    # A real process: that `serve` exits at load is the interpreter's exit status.
+    result = run_cli_process("serve", "--config", str(config), "--port", "0")
     assert result.returncode == 2
     assert "timeouts.idle" in result.stderr
 
@@ -191,7 +178,7 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
 
 
 def _sim_headers(simulator: ServerThread, rid: str) -> dict[str, Any]:
-    record = httpx.get(f"{simulator.url}/_sim/requests/{rid}").json()
+    record = web.get(f"{simulator.url}/_sim/requests/{rid}").json()
     headers: dict[str, Any] = record["headers"]
     return headers
 
@@ -245,7 +232,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
             "x-api-key": "sk-client-x",
             "api-key": "sk-client-azure",
         }
-        httpx.post(
+        web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers=client_headers | {"x-request-id": "cred-oa"},
@@ -255,7 +242,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
         assert _seen(seen, "x-api-key") is None
         assert _seen(seen, "api-key") is None
 
-        httpx.post(
+        web.post(
             gw.url + "/anthropic/v1/messages",
             json={"model": "c", "max_tokens": 5, "messages": [], "stream": True},
             headers=client_headers | {"x-request-id": "cred-an"},
@@ -264,7 +251,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
         assert _seen(seen, "x-api-key") == _sha("sk-route-anthropic")
         assert _seen(seen, "authorization") is None
 
-        httpx.post(
+        web.post(
             gw.url + "/open/v1/chat/completions",
             json=CHAT,
             headers={"authorization": "Bearer sk-client", "x-request-id": "cred-open"},
@@ -279,21 +266,21 @@ def test_client_keys_are_checked(simulator: ServerThread) -> None:
         simulator.url + "/v1", client_key_sha256=[hashlib.sha256(good.encode()).hexdigest()]
     ) as gw:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "nope"}):
-            response = httpx.post(
+            response = web.post(
                 gw.url + "/v1/chat/completions", json=CHAT, headers=headers | {"x-request-id": "k0"}
             )
             assert response.status_code == 401
             assert response.json()["error"]["type"] == "authentication_error"
             assert "wrong" not in response.text
             assert "nope" not in response.text
-        assert httpx.get(f"{simulator.url}/_sim/requests/k0").status_code == 404
-        ok = httpx.post(
+        assert web.get(f"{simulator.url}/_sim/requests/k0").status_code == 404
+        ok = web.post(
             gw.url + "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {good}"}
         )
         assert ok.status_code == 200
-        ok = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": good})
+        ok = web.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": good})
         assert ok.status_code == 200
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
         assert metric_value(metrics, "gateway_rejected_requests_total", reason="unauthorized") == 3
         assert good not in metrics
 
@@ -304,7 +291,7 @@ def test_upstream_is_fixed_by_the_route(simulator: ServerThread) -> None:
             "http://127.0.0.1:1/v1/models",
             "//127.0.0.1:1/v1/models",
         ):
-            response = httpx.get(gw.url + "/v1/models", headers={"host": target})
+            response = web.get(gw.url + "/v1/models", headers={"host": target})
             assert response.status_code == 200  # still the route's upstream
         # an absolute-form request target does not pick the upstream either
         import socket
@@ -327,7 +314,7 @@ def test_concurrency_limit_gives_503_with_retry_after() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 2}) as gw,
-        httpx.Client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
+        web.client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
     ):
         with (
             client.stream("POST", "/v1/chat/completions", json=CHAT, headers={"x-gate": "a"}) as a,
@@ -363,7 +350,7 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
         ended: dict[str, float] = {}
 
         def stream(name: str, headers: dict[str, str]) -> None:
-            with httpx.Client(timeout=30) as client:
+            with web.client(timeout=30) as client:
                 response = client.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
                 ended[name] = time.monotonic()
                 results[name] = response.content
@@ -385,8 +372,8 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
         signalled = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         # not ready, and refusing new work, while the streams are still in flight
-        wait_until(lambda: httpx.get(gw.url + "/readyz", timeout=5).status_code == 503, "not ready")
-        refused = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
+        wait_until(lambda: web.get(gw.url + "/readyz", timeout=5).status_code == 503, "not ready")
+        refused = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=5)
         assert refused.status_code == 503
         assert ended == {}
         # a stream that ends during the drain ends normally, while the others wait

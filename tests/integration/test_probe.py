@@ -1,9 +1,10 @@
 """``gateway probe``: the matrix against the simulator, each fault in its cell, exit statuses.
 
 The probe runs the real gateway in-process on a loopback port (uvicorn,
-httptools) in front of the real simulator; the command line is driven as a
-subprocess, the faults in-process through ``make_plan``/``run_plan`` with
-``--inject``'s simulator headers.
+httptools) in front of the real simulator; the command line is driven as a real
+process once and through ``gateway.cli.main`` in-process otherwise (tests/cli.py),
+the faults in-process through ``make_plan``/``run_plan`` with ``--inject``'s
+simulator headers.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pytest
 
@@ -27,6 +26,8 @@ from gateway.probe.checks import COUNT_PROMPT, TEXT_PROMPT, TOOL_PROMPT, checks_
 from gateway.protocols import REGISTRY
 from gateway.settings import Settings, load_settings
 from gateway.simulator import UNKNOWN_MODEL
+from tests import web
+from tests.cli import run_cli, run_cli_process
 from tests.conftest import ServerThread
 from tests.integration.raw_upstream import raw_upstream
 
@@ -36,16 +37,8 @@ PROMPTS = (TEXT_PROMPT, COUNT_PROMPT, TOOL_PROMPT)
 
 
 def _gateway(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=clean | env,
-        timeout=120,
-        check=False,
-    )
+    """``gateway ARGS`` in-process (tests/cli.py), the runner's GATEWAY_ variables unset."""
+    return run_cli(*args, env=env)
 
 
 @pytest.fixture
@@ -66,7 +59,10 @@ def test_probe_simulator_passes_every_check_of_every_protocol_and_writes_both_re
     tmp_path: Path,
 ) -> None:
     out, md = tmp_path / "probe.json", tmp_path / "probe.md"
-    result = _gateway("probe", "--simulator", "--json", str(out), "--markdown", str(md))
+    # A real process: the whole command, its reports and its exit status.
+    result = run_cli_process(
+        "probe", "--simulator", "--json", str(out), "--markdown", str(md), timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     matrix = json.loads(out.read_text())
     jsonschema.validate(matrix, SCHEMA)
@@ -201,7 +197,7 @@ def test_a_configured_route_is_probed_with_its_credential_through_the_same_path(
         'credential_style = "x-api-key"\n'
     )
     out = tmp_path / "probe.json"
-    httpx.delete(simulator.url + "/_sim/requests")
+    web.delete(simulator.url + "/_sim/requests")
     result = _gateway(
         "probe", "--config", str(config), "--model", "sim-model", "--json", str(out),
         # Paced, as a real model's long answer is: the probe leaves before its end.
@@ -215,7 +211,7 @@ def test_a_configured_route_is_probed_with_its_credential_through_the_same_path(
         ("anthropic", "messages"),
     }
     assert key not in out.read_text() + result.stdout
-    seen = httpx.get(simulator.url + "/_sim/requests?limit=100").json()["data"]
+    seen = web.get(simulator.url + "/_sim/requests?limit=100").json()["data"]
     assert len(seen) == len(rows)
     bearer = hashlib.sha256(f"Bearer {key}".encode()).hexdigest()
     plain = hashlib.sha256(key.encode()).hexdigest()
@@ -298,13 +294,13 @@ def test_the_simulator_refuses_the_probes_invalid_model_like_a_provider(
     simulator: ServerThread,
 ) -> None:
     assert INVALID_MODEL.startswith(UNKNOWN_MODEL)
-    refused = httpx.post(
+    refused = web.post(
         simulator.url + "/v1/messages",
         json={"model": INVALID_MODEL, "max_tokens": 5, "messages": []},
     )
     assert refused.status_code == 404
     assert refused.json()["error"]["type"] == "not_found_error"
-    scripted = httpx.post(
+    scripted = web.post(
         simulator.url + "/v1/messages",
         json={"model": INVALID_MODEL, "max_tokens": 5, "messages": []},
         headers={"x-sim-fault": "length"},

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import anthropic
-import httpx
-import openai
 import pytest
 
+from tests import web
 from tests.conftest import ServerThread
 from tests.integration.control import settled_metrics
 from tests.integration.helpers import annotation, assert_whole_events, gateway_for, metric_value
+from tests.sdk import anthropic, openai
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,7 @@ def test_responses_truncated_streams_raise(
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == reason
     assert caught.value.code == reason
-    body = httpx.post(
+    body = web.post(
         via.url + "/v1/responses",
         json={"model": "sim-1", "input": "hi", "stream": True},
         headers={"x-sim-fault": fault},
@@ -108,7 +107,7 @@ def test_responses_upstream_failure_is_forwarded_as_is(gateway: ServerThread) ->
     )
     kinds = [event.type for event in stream]
     assert kinds[-1] in ("response.failed", "error")
-    body = httpx.post(
+    body = web.post(
         gateway.url + "/v1/responses",
         json={"model": "sim-1", "input": "hi", "stream": True},
         headers={"x-sim-fault": "error_event"},
@@ -214,7 +213,7 @@ def test_messages_truncated_streams_raise(gateway: ServerThread, fault: str, rea
     ):
         stream.get_final_text()
     _assert_anthropic_reason(helper.value, reason)
-    body = httpx.post(
+    body = web.post(
         gateway.url + "/v1/messages",
         json={"model": "claude-sim", "max_tokens": 10, "messages": [], "stream": True},
         headers={"x-sim-fault": fault},
@@ -257,7 +256,7 @@ def test_usage_injection_both_ways(simulator: ServerThread) -> None:
         )
         assert all(chunk.usage is None for chunk in chunks)
         assert all(chunk.choices for chunk in chunks)
-        sent = httpx.get(f"{simulator.url}/_sim/requests/inj-1").json()["body"]
+        sent = web.get(f"{simulator.url}/_sim/requests/inj-1").json()["body"]
         assert sent["stream_options"] == {"include_usage": True}
         # 2. a client that asked gets it unchanged
         asked = list(

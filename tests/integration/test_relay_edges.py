@@ -8,12 +8,13 @@ import socket
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
+from tests import web
 from tests.conftest import ServerThread, free_port
 from tests.integration.control import WAIT_SECONDS, access_log, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -30,7 +31,7 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
 
 
 def _sim_record(simulator: ServerThread, request_id: str) -> dict[str, object] | None:
-    response = httpx.get(f"{simulator.url}/_sim/requests/{request_id}")
+    response = web.get(f"{simulator.url}/_sim/requests/{request_id}")
     if response.status_code == 404:
         return None
     response.raise_for_status()
@@ -54,7 +55,7 @@ def test_first_byte_timeout_before_headers_is_a_504_json_error(simulator: Server
     with gateway_for(
         simulator.url + "/v1", timeouts={"first_byte": 1.0, "idle": 30.0, "total": 60.0}
     ) as gw:
-        response = httpx.post(
+        response = web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers={"x-sim-fault": "stall_before_headers"},  # an hour
@@ -66,7 +67,7 @@ def test_first_byte_timeout_before_headers_is_a_504_json_error(simulator: Server
 def test_unreachable_upstream_is_a_502_naming_no_host() -> None:
     port = free_port()  # nothing listens there
     with gateway_for(f"http://127.0.0.1:{port}/v1") as gw:
-        response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
+        response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
         _assert_clean_error(response, 502, "upstream_unavailable")
         metrics = settled_metrics(gw.url, requests=1)
         assert (
@@ -100,7 +101,7 @@ def test_connect_timeout_is_a_504(capsys: pytest.CaptureFixture[str]) -> None:
         ) as gw:
             # Without the connect deadline the kernel would retry the SYN for a minute
             # or more, past this client's own 10 s.
-            response = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
+            response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
             _assert_clean_error(response, 504, "upstream_unavailable")
             (line,) = access_log(capsys, 1)
         assert line["error"] == "connect_timeout"  # not a refusal: the deadline ended it
@@ -112,9 +113,9 @@ def test_connect_timeout_is_a_504(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_non_2xx_is_relayed_unchanged(simulator: ServerThread) -> None:
     headers = {"x-sim-fault": "status", "x-sim-status": "429"}
-    direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
+    direct = web.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
     with gateway_for(simulator.url + "/v1") as gw:
-        via = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        via = web.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
         metrics = settled_metrics(gw.url, requests=1)
         with pytest.raises(openai.RateLimitError):
             openai.OpenAI(
@@ -131,14 +132,14 @@ def test_body_over_the_limit_is_a_413_and_never_sent_upstream(
     gateway: ServerThread, simulator: ServerThread
 ) -> None:
     big = dict(CHAT, messages=[{"role": "user", "content": "x" * 10_000}])
-    response = httpx.post(
+    response = web.post(
         gateway.url + "/v1/chat/completions", json=big, headers={"x-request-id": "too-big-1"}
     )
     _assert_clean_error(response, 413, "body_too_large")
     assert _sim_record(simulator, "too-big-1") is None
     # also when the client streams the body without a Content-Length
     chunks = iter([b'{"model": "m", "messages": "', b"y" * 5000, b'"}'])
-    response = httpx.post(
+    response = web.post(
         gateway.url + "/v1/chat/completions",
         content=chunks,
         headers={"x-request-id": "too-big-2", "content-type": "application/json"},
@@ -169,7 +170,7 @@ def test_traversal_is_rejected_and_never_forwarded(
 
 
 def test_request_ids_and_headers(gateway: ServerThread, simulator: ServerThread) -> None:
-    response = httpx.post(
+    response = web.post(
         gateway.url + "/v1/chat/completions",
         json=CHAT,
         headers={
@@ -193,7 +194,7 @@ def test_request_ids_and_headers(gateway: ServerThread, simulator: ServerThread)
     assert seen["x-forwarded-proto"] == "http"
     assert seen["x-request-id"] == "client.id-1"
     # an invalid client id is replaced by a generated one
-    bad = httpx.post(
+    bad = web.post(
         gateway.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "bad id!"}
     )
     rid = bad.headers.get_list("x-request-id")
@@ -210,15 +211,15 @@ def test_non_streamed_requests_pass_through_unchanged(
         ("POST", "/v1/embeddings", {"model": "e", "input": "hello"}),
         ("POST", "/v1/chat/completions", {"model": "m", "messages": []}),
     ):
-        direct = httpx.request(method, simulator.url + path, json=body)
-        via = httpx.request(method, gateway.url + path + "", json=body)
+        direct = web.request(method, simulator.url + path, json=body)
+        via = web.request(method, gateway.url + path + "", json=body)
         assert via.status_code == direct.status_code == 200
         assert json.loads(via.content) == json.loads(direct.content)
         assert b": gateway" not in via.content
 
 
 def test_query_string_is_forwarded(gateway: ServerThread, simulator: ServerThread) -> None:
-    httpx.get(gateway.url + "/v1/models?limit=3&after=a%20b", headers={"x-request-id": "q-1"})
+    web.get(gateway.url + "/v1/models?limit=3&after=a%20b", headers={"x-request-id": "q-1"})
     record = _sim_record(simulator, "q-1")
     assert record is not None
     assert record["query"] == "limit=3&after=a%20b"
@@ -268,7 +269,7 @@ def test_client_disconnect_closes_the_upstream(simulator: ServerThread, fault: s
 
 def test_stream_over_the_response_limit_is_limit_exceeded(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1", limits={"max_response_bytes": 20_000}) as gw:
-        body = httpx.post(
+        body = web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers={"x-sim-tokens": "2000"},
@@ -282,7 +283,7 @@ def test_event_over_the_event_budget_is_limit_exceeded(simulator: ServerThread) 
     with gateway_for(
         simulator.url + "/v1", limits={"max_event_bytes": 10_000, "max_line_bytes": 10_000}
     ) as gw:
-        body = httpx.post(
+        body = web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers={"x-sim-fault": "huge_event", "x-sim-chunk-bytes": "50000"},
@@ -293,23 +294,23 @@ def test_event_over_the_event_budget_is_limit_exceeded(simulator: ServerThread) 
 
 
 def test_unknown_path_is_a_json_404(gateway: ServerThread) -> None:
-    response = httpx.get(gateway.url + "/nope")
+    response = web.get(gateway.url + "/nope")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "no_route"
 
 
 def test_health_endpoints(gateway: ServerThread) -> None:
-    assert httpx.get(gateway.url + "/healthz").status_code == 200
-    assert httpx.get(gateway.url + "/readyz").status_code == 200
+    assert web.get(gateway.url + "/healthz").status_code == 200
+    assert web.get(gateway.url + "/readyz").status_code == 200
 
 
 def test_annotation_can_be_turned_off(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1", annotate=False) as gw:
         headers = {"x-sim-seed": "7"}
-        direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
-        via = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        direct = web.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=headers)
+        via = web.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers)
         assert via.content == direct.content  # the upstream's bytes, nothing appended
-        cut = httpx.post(
+        cut = web.post(
             gw.url + "/v1/chat/completions",
             json=CHAT,
             headers=headers | {"x-sim-fault": "invalid_json"},

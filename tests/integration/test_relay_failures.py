@@ -8,13 +8,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from tests import web
 from tests.conftest import ServerThread, running
 from tests.integration.control import (
     WAIT_SECONDS,
@@ -206,7 +206,7 @@ def test_gzip_event_stream_is_forwarded_decoded_without_content_encoding(
     scripted: ServerThread,
 ) -> None:
     with gateway_for(scripted.url + "/v1") as gw:
-        response = httpx.post(
+        response = web.post(
             gw.url + "/v1/gzip/chat/completions",
             json=CHAT,
             headers={"accept-encoding": "identity"},
@@ -218,7 +218,7 @@ def test_gzip_event_stream_is_forwarded_decoded_without_content_encoding(
 
 def test_broken_content_encoding_is_an_incomplete_stream(scripted: ServerThread) -> None:
     with gateway_for(scripted.url + "/v1") as gw:
-        response = httpx.post(gw.url + "/v1/badgzip/chat/completions", json=CHAT)
+        response = web.post(gw.url + "/v1/badgzip/chat/completions", json=CHAT)
         note = annotation(response.content)
         assert (note["outcome"], note["reason"]) == ("incomplete", "invalid_shape")
         metrics = settled_metrics(gw.url, requests=1)
@@ -227,7 +227,7 @@ def test_broken_content_encoding_is_an_incomplete_stream(scripted: ServerThread)
 
 def test_head_on_an_event_stream_path_is_not_a_stream(scripted: ServerThread) -> None:
     with gateway_for(scripted.url + "/v1") as gw:
-        response = httpx.head(gw.url + "/v1/plain/chat/completions")
+        response = web.head(gw.url + "/v1/plain/chat/completions")
         assert response.status_code == 200
         assert response.content == b""
         metrics = settled_metrics(gw.url, requests=1)
@@ -238,7 +238,7 @@ def test_an_unannounced_stream_is_counted_while_it_runs() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1") as gw,
-        httpx.Client(timeout=WAIT_SECONDS) as client,
+        web.client(timeout=WAIT_SECONDS) as client,
     ):
         # a GET: no JSON body announces the stream; the upstream holds it open
         with client.stream(
@@ -259,7 +259,7 @@ def test_refused_streams_are_not_counted_as_unknown_usage() -> None:
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 1}) as gw,
-        httpx.Client(timeout=WAIT_SECONDS) as client,
+        web.client(timeout=WAIT_SECONDS) as client,
     ):
         with client.stream(
             "POST", gw.url + "/v1/chat/completions", json=CHAT, headers={"x-gate": "slow"}
@@ -282,9 +282,9 @@ def test_every_response_carries_one_request_id(simulator: ServerThread) -> None:
             ("POST", "/healthz"),
             ("GET", "/nowhere"),
         ):
-            response = httpx.request(method, gw.url + path, headers={"x-request-id": "rid-own"})
+            response = web.request(method, gw.url + path, headers={"x-request-id": "rid-own"})
             assert response.headers.get_list("x-request-id") == ["rid-own"], path
-        generated = httpx.get(gw.url + "/nowhere")
+        generated = web.get(gw.url + "/nowhere")
         rid = generated.headers.get_list("x-request-id")
         assert len(rid) == 1
         assert rid[0] in generated.json()["error"]["message"]

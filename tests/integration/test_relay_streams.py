@@ -7,9 +7,9 @@ import json
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
+from tests import web
 from tests.conftest import ServerThread
 from tests.integration.control import settled_metrics
 from tests.integration.helpers import (
@@ -18,6 +18,7 @@ from tests.integration.helpers import (
     gateway_for,
     metric_value,
 )
+from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -122,7 +123,7 @@ def test_raw_body_is_whole_events_then_one_annotation(
     gateway: ServerThread, strict_gateway: ServerThread, fault: str
 ) -> None:
     via = strict_gateway if fault == "stall_mid_stream" else gateway  # idle_timeout
-    response = httpx.post(
+    response = web.post(
         via.url + "/v1/chat/completions",
         json=CHAT,
         headers={"x-sim-fault": fault, "x-request-id": f"t-{fault}"},
@@ -156,7 +157,7 @@ def test_raw_body_is_whole_events_then_one_annotation(
 def test_complete_streams_end_with_the_upstream_terminator_and_a_comment(
     gateway: ServerThread, fault: str
 ) -> None:
-    response = httpx.post(
+    response = web.post(
         gateway.url + "/v1/chat/completions",
         json=CHAT,
         headers={"x-sim-fault": fault},
@@ -188,8 +189,8 @@ def test_random_partitions_do_not_change_what_the_client_receives(
 ) -> None:
     for seed in range(6):
         base = {"x-sim-tokens": "60", "x-sim-crlf": crlf, "x-sim-seed": str(seed)}
-        direct = httpx.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=base).content
-        body = httpx.post(
+        direct = web.post(simulator.url + "/v1/chat/completions", json=CHAT, headers=base).content
+        body = web.post(
             gateway.url + "/v1/chat/completions",
             json=CHAT,
             headers=base | {"x-sim-partition": "random"},
@@ -202,7 +203,7 @@ def test_random_partitions_do_not_change_what_the_client_receives(
 
 def test_partitioned_cut_inside_utf8_is_withheld(gateway: ServerThread) -> None:
     for seed in range(4):
-        body = httpx.post(
+        body = web.post(
             gateway.url + "/v1/chat/completions",
             json=CHAT,
             headers={
@@ -236,7 +237,7 @@ def test_two_hundred_concurrent_streams_get_the_right_verdicts(simulator: Server
 
     async def main(url: str) -> list[tuple[str, int, str]]:
         limits = httpx.Limits(max_connections=250)
-        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=90) as client:
+        async with web.async_client(base_url=url, limits=limits, timeout=90) as client:
             return await asyncio.gather(*(one(client, i) for i in range(200)))
 
     with gateway_for(simulator.url + "/v1", timeouts=RELAXED) as gw:
@@ -255,7 +256,7 @@ def test_two_hundred_concurrent_streams_get_the_right_verdicts(simulator: Server
 def test_streams_metrics_count_each_verdict(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1", timeouts=RELAXED) as gw:
         for fault in ("none", "invalid_json", "invalid_json"):
-            httpx.post(
+            web.post(
                 gw.url + "/v1/chat/completions",
                 json=CHAT,
                 headers={"x-sim-fault": fault},

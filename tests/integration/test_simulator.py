@@ -18,13 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
-from google import genai
-from google.genai import errors as genai_errors
-from google.genai import types as genai_types
 from starlette.testclient import TestClient
 
 from gateway.guard import GeminiContract, Reason, StreamGuard
@@ -37,6 +32,8 @@ from gateway.simulator import (
     tool_arguments,
 )
 from gateway.simulator._script import HEARTBEAT_INTERVAL
+from tests import web
+from tests.sdk import anthropic, genai, genai_errors, genai_types, openai
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,7 +81,7 @@ def sim() -> Iterator[Sim]:
     assert "running" in started, "the simulator failed to start"
     running: RunningSimulator = started["running"]
     assert running.port > 0
-    with httpx.Client(timeout=10) as http:
+    with web.client(timeout=10) as http:
         yield Sim(base_url=running.base_url, loop=started["loop"], running=running, http=http)
     asyncio.run_coroutine_threadsafe(running.stop(), started["loop"]).result(10)
     thread.join(10)
@@ -888,7 +885,7 @@ def test_disconnect_during_stall_is_recorded(sim: Sim) -> None:
     # requests, so a record that ended after the client began to leave, while the
     # stall still had most of an hour to run, ended because the client left.
     with (
-        httpx.Client(timeout=10) as client,
+        web.client(timeout=10) as client,
         client.stream(
             "POST",
             f"{sim.base_url}/v1/chat/completions",
@@ -913,7 +910,7 @@ def test_disconnect_during_stall_is_recorded(sim: Sim) -> None:
 
     leaving = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
+        web.post(
             f"{sim.base_url}/v1/messages",
             json=MESSAGES,
             headers={"x-sim-fault": "stall_before_headers", "x-request-id": "stall-2"},

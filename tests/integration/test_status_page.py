@@ -18,8 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
+from tests import web
 from tests.conftest import ServerThread
 from tests.integration.browser import chromium
 from tests.integration.helpers import annotation, gateway_for
@@ -32,16 +31,16 @@ CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stre
 
 def test_the_status_page_is_off_by_default(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1") as gw:
-        response = httpx.get(gw.url + "/status")
+        response = web.get(gw.url + "/status")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "no_route"
 
 
 def test_loopback_only_without_client_keys(simulator: ServerThread) -> None:
     with gateway_for(simulator.url + "/v1", status_page=True, trusted_proxies=["127.0.0.1"]) as gw:
-        local = httpx.get(gw.url + "/status")
-        remote = httpx.get(gw.url + "/status", headers=REMOTE)
-        local_behind_proxy = httpx.get(gw.url + "/status", headers={"x-forwarded-for": "::1"})
+        local = web.get(gw.url + "/status")
+        remote = web.get(gw.url + "/status", headers=REMOTE)
+        local_behind_proxy = web.get(gw.url + "/status", headers={"x-forwarded-for": "::1"})
     assert local.status_code == 200
     assert local.headers["content-type"].startswith("text/html")
     assert local.headers["cache-control"] == "no-store"
@@ -62,10 +61,10 @@ def test_with_client_keys_a_remote_client_needs_one(simulator: ServerThread) -> 
         trusted_proxies=["127.0.0.1"],
         client_key_sha256=[digest],
     ) as gw:
-        without = httpx.get(gw.url + "/status", headers=REMOTE)
-        wrong = httpx.get(gw.url + "/status", headers=REMOTE | {"x-api-key": "sk-wrong"})
-        bearer = httpx.get(gw.url + "/status", headers=REMOTE | {"authorization": f"Bearer {KEY}"})
-        local = httpx.get(gw.url + "/status")
+        without = web.get(gw.url + "/status", headers=REMOTE)
+        wrong = web.get(gw.url + "/status", headers=REMOTE | {"x-api-key": "sk-wrong"})
+        bearer = web.get(gw.url + "/status", headers=REMOTE | {"authorization": f"Bearer {KEY}"})
+        local = web.get(gw.url + "/status")
     assert (without.status_code, wrong.status_code) == (401, 401)
     assert without.json()["error"]["code"] == "unauthorized"
     assert bearer.status_code == 200
@@ -83,7 +82,7 @@ def slow_stream(base: str, request_id: str) -> Iterator[None]:
 
     def read() -> None:
         with (
-            httpx.Client(timeout=60) as client,
+            web.client(timeout=60) as client,
             client.stream(
                 "POST",
                 base + "/v1/chat/completions",
@@ -106,7 +105,7 @@ def slow_stream(base: str, request_id: str) -> Iterator[None]:
 
 def _wait_for_text(url: str, text: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while text not in httpx.get(url, timeout=5).text:
+    while text not in web.get(url, timeout=5).text:
         assert time.monotonic() < deadline, f"{text!r} never appeared on {url}"
         time.sleep(0.05)
 
@@ -115,7 +114,7 @@ def test_a_browser_shows_live_and_cut_streams_and_escapes_what_it_shows(
     simulator: ServerThread, tmp_path: Path
 ) -> None:
     with gateway_for(simulator.url + "/v1", status_page=True) as gw:
-        with httpx.Client(base_url=gw.url, timeout=15) as client:
+        with web.client(base_url=gw.url, timeout=15) as client:
             for index in range(3):
                 body = client.post(
                     "/v1/chat/completions",

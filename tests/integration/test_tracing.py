@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import web
 from tests.conftest import ServerThread, free_port, gateway_process
 from tests.integration.helpers import annotation, gateway_for
 from tests.integration.otlp_receiver import (
@@ -76,14 +76,14 @@ def _routes(simulator: ServerThread, dead_port: int) -> list[dict[str, Any]]:
 
 
 def _upstream_headers(simulator: ServerThread, request_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{simulator.url}/_sim/requests/{request_id}")
+    response = web.get(f"{simulator.url}/_sim/requests/{request_id}")
     assert response.status_code == 200, response.text
     headers: dict[str, Any] = response.json()["headers"]
     return headers
 
 
 def _stream(base: str, path: str, request_id: str, fault: str = "none", **headers: str) -> bytes:
-    response = httpx.post(
+    response = web.post(
         base + path,
         json=CHAT,
         headers={"x-request-id": request_id, "x-sim-fault": fault, "x-sim-tokens": "6", **headers},
@@ -248,11 +248,11 @@ def test_messages_and_refused_requests_are_spans_too(
     with gateway_for(
         simulator.url + "/v1", tracing={"enabled": True}, limits={"max_request_bytes": 4096}
     ) as gw:
-        ok = httpx.post(
+        ok = web.post(
             gw.url + "/v1/messages", json=messages, headers={"x-request-id": "tr-messages"}
         )
         assert annotation(ok.content)["outcome"] == "complete"
-        big = httpx.post(
+        big = web.post(
             gw.url + "/v1/chat/completions",
             content=b"{" + b" " * 8000 + b"}",
             headers={"x-request-id": "tr-too-big", "content-type": "application/json"},
@@ -339,7 +339,11 @@ def test_tracing_without_the_extra_is_a_configuration_error(command: str) -> Non
     assert "Traceback" not in result.stderr
     assert "tracing.enabled (environment variable GATEWAY_TRACING__ENABLED)" in result.stderr
     assert "pip install 'llm-stream-gateway[otel]'" in result.stderr
-    # The same command without the variable is fine: the extra is needed only for tracing.
+
+
+def test_without_the_extra_and_without_tracing_the_configuration_loads() -> None:
+    """The refusal above is for tracing only: without the variable, the same command
+    (opentelemetry blocked as above) loads the configuration."""
     fine = subprocess.run(
         [
             sys.executable,

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from gateway.upstream import create_upstream
+from tests import web
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import (
@@ -204,8 +205,8 @@ def test_a_malformed_or_oversized_head_is_a_bad_upstream_response(
 
     upstream.respond = bad_head
     rid = f"bad-head-{head}-{stream}"
-    before = httpx.get(gw.url + "/metrics").text
-    response = httpx.post(
+    before = web.get(gw.url + "/metrics").text
+    response = web.post(
         gw.url + "/v1/chat/completions",
         json=dict(CHAT, stream=stream),
         headers={"x-request-id": rid},
@@ -219,7 +220,7 @@ def test_a_malformed_or_oversized_head_is_a_bad_upstream_response(
         assert leak not in response.text.lower()
     entry = _log_lines(capsys, rid)
     assert (entry["status"], entry["error"]) == (502, "upstream_bad_response")
-    after = httpx.get(gw.url + "/metrics").text
+    after = web.get(gw.url + "/metrics").text
     labels = {"outcome": "incomplete", "reason": "upstream_disconnect"}
     counted = metric_value(after, "gateway_streams_total", **labels) - metric_value(
         before, "gateway_streams_total", **labels
@@ -258,7 +259,7 @@ def test_a_bad_chunk_size_mid_stream_is_upstream_disconnect_at_once(transport: s
     ):
         body = b""
         timeout = httpx.Timeout(10.0)
-        with httpx.stream(
+        with web.stream(
             "POST", gw.url + "/v1/chat/completions", json=CHAT, timeout=timeout
         ) as response:
             assert response.status_code == 200
@@ -269,7 +270,7 @@ def test_a_bad_chunk_size_mid_stream_is_upstream_disconnect_at_once(transport: s
         assert body.startswith(event)
         note = annotation(body)
         assert (note["outcome"], note["reason"]) == ("incomplete", "upstream_disconnect")
-        metrics = httpx.get(gw.url + "/metrics").text
+        metrics = web.get(gw.url + "/metrics").text
         assert (
             metric_value(
                 metrics, "gateway_streams_total", outcome="incomplete", reason="upstream_disconnect"
@@ -300,7 +301,7 @@ def test_sigterm_exits_0_after_an_in_flight_stream_finishes_in_the_drain(
         # 15 deltas at 10 per second: the stream outlives the signal by about a second.
         headers = {"x-sim-tokens": "15", "x-sim-tps": "10"}
         body = b""
-        with httpx.stream(
+        with web.stream(
             "POST", gw.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=20
         ) as response:
             for data in response.iter_raw():
