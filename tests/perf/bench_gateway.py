@@ -1082,18 +1082,7 @@ class GatewayProxy(Proxy):
         ]
 
     async def _ready(self) -> bool:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return False
-        try:
-            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            line = await asyncio.wait_for(reader.readline(), 2)
-            return b" 200 " in line
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            writer.close()
+        return await http_ready(self.port, "/readyz", 2)
 
     def logs(self) -> str:
         path = self.workdir / self.name / "stderr.log"
@@ -1158,18 +1147,7 @@ class LiteLLMProxy(Proxy):
         )
 
     async def _ready(self) -> bool:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return False
-        try:
-            writer.write(b"GET /health/liveliness HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            line = await asyncio.wait_for(reader.readline(), 5)
-            return b" 200 " in line
-        except (OSError, TimeoutError):
-            return False
-        finally:
-            writer.close()
+        return await http_ready(self.port, "/health/liveliness", 5)
 
     def logs(self) -> str:
         d = self.workdir / "litellm"
@@ -1356,6 +1334,22 @@ def _busy_cpu_seconds() -> float:
     # irq/softirq time is left out: what this kernel (tick accounting) books there is the
     # softirq work that interrupted no process, mostly our own loopback TCP
     return float(t.user + t.nice + t.system)
+
+
+async def http_ready(port: int, path: str, seconds: float) -> bool:
+    """Whether ``GET path`` on 127.0.0.1:``port`` answers 200 within ``seconds``."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        line = await asyncio.wait_for(reader.readline(), seconds)
+        return b" 200 " in line
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
 
 
 def wait_for_quiet(limit_s: float) -> None:
