@@ -24,8 +24,20 @@ __all__ = ["loads"]
 _fast = orjson.loads
 
 
+#: Documents with more brackets than this may nest deeper than ``json.loads`` goes
+#: (Python's recursion limit, 1,000 by default): they go to ``json.loads`` itself, which
+#: raises ``RecursionError`` where it always did; orjson would parse up to 1,024 deep.
+_MAX_FAST_BRACKETS = 500
+
+
 def loads(data: str | bytes) -> Any:
     """``json.loads(data)``, through orjson whenever orjson accepts ``data``."""
+    if isinstance(data, str):
+        brackets = data.count("{") + data.count("[")
+    else:
+        brackets = data.count(b"{") + data.count(b"[")
+    if brackets > _MAX_FAST_BRACKETS:
+        return json.loads(data)
     try:
         return _fast(data)
     except orjson.JSONDecodeError:
