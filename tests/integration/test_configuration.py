@@ -3,8 +3,8 @@
 No silent simulator, no ignored variable, no traceback: every mistake is exit 2
 with a message naming the key, where it came from and what is wrong. Driven
 through the CLI's ``main`` in-process in a controlled environment (tests/cli.py),
-through ``load_settings``, or against a real server; the first two refusals below
-run ``python -m gateway`` as a real process, to prove the interpreter's path to them.
+through ``load_settings``, or against a real server; the misspelt variable below runs
+``python -m gateway`` as a real process, to prove the interpreter's path to a refusal.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_serve_with_nothing_to_front_exits_2_and_says_what_to_set() -> None:
-    result = _gateway_process("serve", "--port", str(free_port()))
+    result = _gateway("serve", "--port", str(free_port()))
     _refused(
         result,
         "no upstream configured",
