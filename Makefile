@@ -20,8 +20,10 @@ $(VENV)/.installed-run: $(INSTALL_INPUTS) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: $(INSTALL_INPUTS) | $(BIN)/python
+# The test extras include the pinned Node SDKs the suite drives (when node and npm exist).
+$(VENV)/.installed-test: $(INSTALL_INPUTS) tests/node_sdks.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m tests.node_sdks
 	touch $@ $(VENV)/.installed-run
 
 $(VENV)/.installed-perf: $(INSTALL_INPUTS) | $(BIN)/python
