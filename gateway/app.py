@@ -38,13 +38,14 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
-from gateway.edge import edge_state
+from gateway.edge import EdgeRefusal, edge_state
 from gateway.errors import error_body, error_headers, send_error
 from gateway.exchange import Exchange
 from gateway.headers import Forwarding, get_header, pick_request_id
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
+from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
 from gateway.relay import Relay
 from gateway.routing import Route as ProxyRoute
@@ -191,7 +192,9 @@ class _Gateway:
         self.lifecycle.ready = True
         try:
             # uvicorn hands this state to every connection: the edge reads its limits there.
-            yield edge_state(self.settings.limits, self.settings.timeouts, self.metrics.reject)
+            yield edge_state(
+                self.settings.limits, self.settings.timeouts, self.metrics.reject, self.edge_refused
+            )
         finally:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()
@@ -232,6 +235,30 @@ class _Gateway:
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
         return running
+
+    def edge_refused(self, refusal: EdgeRefusal) -> None:
+        """The access-log line of a request the client edge refused before the app saw it.
+
+        Called by the connection's protocol: nothing may escape from here.
+        """
+        try:
+            route = match_route(self.routes, refusal.path) if refusal.path is not None else None
+            agent = get_header(refusal.headers, b"user-agent")
+            record = RequestRecord(
+                request_id=refusal.request_id,
+                route=route.name if route is not None else "",
+                method=refusal.method or "",
+                path=refusal.path or "",
+                started=0.0,
+                client=self.forwarding.client(refusal.headers, refusal.peer),
+                status=refusal.status,
+                user_agent=agent.decode("latin-1") if agent is not None else None,
+                duration=refusal.duration,
+                rejected=refusal.reason,
+            )
+            self.access_log.write(record)
+        except Exception:
+            self.observers.failed(self.access_log.name)
 
     # -- endpoints of the gateway itself ----------------------------------------------
 

@@ -31,7 +31,10 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 
 A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
 ``gateway_rejected_requests_total``; the app never sees the request (or sees a
-disconnect, when a body stalls), so nothing of it goes upstream. When an
+disconnect, when a body stalls), so nothing of it goes upstream. A refused
+request the app never saw is handed to ``EdgeConfig.log`` (an ``EdgeRefusal``:
+what of its head had arrived) for the access log; one whose body stalled is the
+app's to log, and ``edge_refusal(scope)`` tells it the status and reason. When an
 earlier response on the connection is still being written, the refusal waits
 for it. After a refusal the connection reads and discards what still comes
 for a short while (a lingering close, as nginx does), so that the client reads
@@ -50,6 +53,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import urllib.parse
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -67,7 +71,9 @@ __all__ = [
     "ABORT_EXTENSION",
     "EdgeConfig",
     "EdgeProtocol",
+    "EdgeRefusal",
     "abort_connection",
+    "edge_refusal",
     "edge_state",
     "uvicorn_options",
     "watch_connection",
@@ -81,24 +87,45 @@ _REFUSED_METHODS = frozenset({b"CONNECT", b"TRACE"})
 _ALLOW = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 
+class EdgeRefusal(NamedTuple):
+    """A request refused at the edge before the app saw it: what of its head had arrived."""
+
+    status: int
+    reason: str  # the rejection's metric label, and the error's code
+    request_id: str  # as the refusal's answer carries it
+    method: str | None  # None when the head ended before its method
+    path: str | None  # percent-decoded, without the query; None before the target
+    headers: list[tuple[bytes, bytes]]  # the fields that had arrived (names lowercased)
+    peer: str | None  # the TCP peer's address
+    duration: float  # seconds from the head's start (or the connection's) to the refusal
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
-    """What every connection's edge enforces, and where it counts a refusal."""
+    """What every connection's edge enforces, where it counts a refusal and logs one."""
 
     max_header_bytes: int
     max_header_fields: int
     client_header: float
     client_body: float
-    reject: Callable[[str], None]
+    reject: Callable[[str], None]  # every refusal's reason, for the metric
+    log: Callable[[EdgeRefusal], None]  # a refused request the app never saw
 
     @classmethod
-    def of(cls, limits: Limits, timeouts: Timeouts, reject: Callable[[str], None]) -> EdgeConfig:
+    def of(
+        cls,
+        limits: Limits,
+        timeouts: Timeouts,
+        reject: Callable[[str], None],
+        log: Callable[[EdgeRefusal], None],
+    ) -> EdgeConfig:
         return cls(
             max_header_bytes=limits.max_header_bytes,
             max_header_fields=limits.max_header_fields,
             client_header=timeouts.client_header,
             client_body=timeouts.client_body,
             reject=reject,
+            log=log,
         )
 
 
@@ -106,12 +133,21 @@ def _uncounted(reason: str) -> None:
     return None
 
 
-_DEFAULT = EdgeConfig.of(Limits(), Timeouts(), _uncounted)
+def _unlogged(refusal: EdgeRefusal) -> None:
+    return None
 
 
-def edge_state(limits: Limits, timeouts: Timeouts, reject: Callable[[str], None]) -> dict[str, Any]:
+_DEFAULT = EdgeConfig.of(Limits(), Timeouts(), _uncounted, _unlogged)
+
+
+def edge_state(
+    limits: Limits,
+    timeouts: Timeouts,
+    reject: Callable[[str], None],
+    log: Callable[[EdgeRefusal], None],
+) -> dict[str, Any]:
     """The lifespan state that configures the edge of every connection."""
-    return {STATE_KEY: EdgeConfig.of(limits, timeouts, reject)}
+    return {STATE_KEY: EdgeConfig.of(limits, timeouts, reject, log)}
 
 
 def uvicorn_options() -> dict[str, Any]:
@@ -149,6 +185,16 @@ def watch_connection(
         return None
     watch: Callable[[Callable[[], None]], Callable[[], None]] = extension["watch"]
     return watch(callback)
+
+
+def edge_refusal(scope: MutableMapping[str, Any]) -> tuple[int, str] | None:
+    """The status and reason the edge refused this request's body with, if it did.
+
+    The app sees such a request end in a disconnect; it logs it with these.
+    """
+    extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
+    refused = extension.get("refused") if extension is not None else None
+    return refused if isinstance(refused, tuple) else None
 
 
 class _Refusal(NamedTuple):
@@ -343,10 +389,10 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._field_bytes += len(url)
+        HttpToolsProtocol.on_url(self, url)  # kept even when refused: the log shows it
         if self._field_bytes > self._max_bytes:
             self._refuse(_TOO_LARGE)
             raise _Stop
-        HttpToolsProtocol.on_url(self, url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Called for every field of every request: kept to a few additions.
@@ -435,6 +481,7 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self._edge.reject(refusal.reason)
         if phase == _BODY:
+            self._abort_extension["refused"] = (refusal.status, refusal.reason)
             cycle = self.cycle
             cycle.disconnected = True  # its app reads a disconnect; what it sends is dropped
             cycle.message_event.set()
@@ -450,14 +497,35 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         else:
             busy = self.cycle is not None and not self.cycle.response_complete
-        answer = self._render(refusal)
+        request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+        if phase != _BODY:  # the app never saw this request: the edge has it logged
+            self._edge.log(self._refused_request(refusal, request_id))
+        answer = self._render(refusal, request_id)
         if busy:
             self._pending = answer
         else:
             self._answer(answer)
 
-    def _render(self, refusal: _Refusal) -> bytes:
-        request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+    def _refused_request(self, refusal: _Refusal, request_id: str) -> EdgeRefusal:
+        """What of the refused request's head had arrived (uvicorn's fields, the parser's)."""
+        url: bytes = self.url  # the target so far (uvicorn's on_url adds to it)
+        method = path = None
+        if url:  # the method comes before the target: the parser has it
+            method = self.parser.get_method().decode("latin-1")
+            path = urllib.parse.unquote(url.partition(b"?")[0].decode("latin-1"))
+        client = self.client
+        return EdgeRefusal(
+            status=refusal.status,
+            reason=refusal.reason,
+            request_id=request_id,
+            method=method,
+            path=path,
+            headers=list(self.headers),
+            peer=client[0] if client else None,
+            duration=max(0.0, self.loop.time() - self._since),
+        )
+
+    def _render(self, refusal: _Refusal, request_id: str) -> bytes:
         body = error_body(refusal.message, "invalid_request_error", refusal.reason, request_id)
         headers = [
             *self.server_state.default_headers,

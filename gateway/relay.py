@@ -39,7 +39,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.admission import Admission, ClientGone, Refused
 from gateway.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.attempt import AttemptFailure, attempt
-from gateway.edge import watch_connection
+from gateway.edge import edge_refusal, watch_connection
 from gateway.errors import send_error
 from gateway.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.failover import (
@@ -158,7 +158,7 @@ class Relay:
                 await self._refuse(send, record, refused)
                 return
             except ClientGone:
-                record.status = 499
+                _client_left(record, scope)
                 return
             except asyncio.CancelledError:
                 if not exchange.claim_stop():
@@ -494,7 +494,7 @@ class Relay:
         if record.status != 0:
             return
         if reason is Reason.CLIENT_DISCONNECT:
-            record.status = 499
+            _client_left(record, exchange.scope)
             return
         message = (
             "The gateway is shutting down; retry on another instance."
@@ -597,6 +597,15 @@ def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | No
     if mapped is None:
         return body
     return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
+
+
+def _client_left(record: RequestRecord, scope: Scope) -> None:
+    """A client gone before any answer: 499, or the edge's refusal of its stalled body."""
+    refused = edge_refusal(scope)
+    if refused is None:
+        record.status = 499
+    else:
+        record.status, record.rejected = refused
 
 
 def _peer(scope: Scope) -> str | None:

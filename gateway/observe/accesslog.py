@@ -42,9 +42,9 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     usage = record.usage
     return {
         "request_id": record.request_id,
-        "route": record.route,
-        "method": record.method,
-        "path": bounded(record.path),
+        "route": record.route or None,  # "": refused at the edge, under no route
+        "method": record.method or None,
+        "path": bounded(record.path) or None,
         "client": record.client,
         "status": record.status,
         "model": bounded(record.model),

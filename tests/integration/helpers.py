@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from gateway.app import create_app
 from gateway.edge import uvicorn_options
@@ -39,6 +42,28 @@ def access_log_lines(out: str | bytes) -> list[dict[str, Any]]:
     """
     text = out.decode() if isinstance(out, bytes) else out
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def access_log_until(capsys: pytest.CaptureFixture[str], request_id: str) -> list[dict[str, Any]]:
+    """The access-log lines an in-process gateway wrote, until ``request_id``'s is there.
+
+    It flushes its lines within 0.1 s; this waits up to 10 s for that one.
+    """
+    seen = ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        seen += capsys.readouterr().out
+        lines = access_log_lines(seen)
+        if any(entry["request_id"] == request_id for entry in lines):
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"no access-log line for {request_id}: {seen[-2000:]}")
+
+
+def access_log_line(capsys: pytest.CaptureFixture[str], request_id: str) -> dict[str, Any]:
+    """The access-log line of ``request_id`` (see ``access_log_until``)."""
+    lines = access_log_until(capsys, request_id)
+    return next(entry for entry in lines if entry["request_id"] == request_id)
 
 
 def annotation(body: bytes) -> dict[str, str]:

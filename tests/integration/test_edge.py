@@ -27,7 +27,7 @@ from gateway.edge import abort_connection, uvicorn_options, watch_connection
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, gateway_process, running
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import access_log_line, access_log_until, gateway_for, metric_value
 
 CLIENT_TIMEOUT = 1.0  # timeouts.client_header and timeouts.client_body of the gateway here
 DEADLINE = 15.0  # bound on every wait for the gateway to answer or close
@@ -507,6 +507,143 @@ def test_an_upgrade_is_an_ordinary_request_and_the_connection_goes_on(
     assert (first.status, second.status) == (200, 200)
     assert [r["method"] for r in recorder.requests] == ["GET", "POST"]
     assert "upgrade" not in {name for name, _ in recorder.requests[0]["headers"]}
+
+
+# ------------------------------------------------------------------ the access log
+
+
+@pytest.fixture(scope="module")
+def logged(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
+    """The edge's gateway with its access log on (lines read from stdout with capsys)."""
+    timeouts = {"client_header": CLIENT_TIMEOUT, "client_body": CLIENT_TIMEOUT}
+    with gateway_for(upstream[0].url + "/v1", timeouts=timeouts, access_log=True) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "reason", "expected"),
+    [
+        pytest.param(
+            _post(
+                b"/v1/chat/completions?api-version=1",
+                BODY,
+                b"X-Request-Id: edge-431",
+                b"User-Agent: probe/1",
+                b"X-Big: " + b"a" * 40_000,
+            ),
+            431,
+            "header_too_large",
+            {"route": "default", "method": "POST", "path": "/v1/chat/completions", "agent": True},
+            id="header_too_large",
+        ),
+        pytest.param(
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n"
+            b"X-Request-Id: edge-405\r\nUser-Agent: probe/1\r\n\r\n",
+            405,
+            "method_not_allowed",
+            {"route": None, "method": "CONNECT", "path": "example.com:443", "agent": True},
+            id="method_not_allowed",
+        ),
+        pytest.param(
+            _post(
+                b"/elsewhere/%7Eme",
+                BODY,
+                b"X-Request-Id: edge-431-no-route",
+                b"User-Agent: probe/1",
+                *(b"X-Field-%d: v" % i for i in range(200)),
+            ),
+            431,
+            "header_too_large",
+            {"route": None, "method": "POST", "path": "/elsewhere/~me", "agent": True},
+            id="under_no_route",
+        ),
+        pytest.param(
+            b"GET /v1/" + b"m" * 40_000 + b" HTTP/1.1\r\nX-Request-Id: edge-431-url\r\n"
+            b"User-Agent: probe/1\r\n\r\n",
+            431,
+            "header_too_large",
+            # cut off in its target: its fields never came (the request id is the gateway's)
+            {"route": "default", "method": "GET", "path": "/v1/" + "m" * 252 + "...(cut)"},
+            id="a_long_target",
+        ),
+    ],
+)
+def test_a_refusal_at_the_edge_gets_an_access_log_line(
+    logged: ServerThread,
+    recorder: Recorder,
+    capsys: pytest.CaptureFixture[str],
+    request_bytes: bytes,
+    status: int,
+    reason: str,
+    expected: dict[str, Any],
+) -> None:
+    response = _assert_refusal(_exchange(logged, request_bytes), status, reason)
+    request_id = response.getheader("x-request-id")
+    assert request_id is not None
+    expected = dict(expected)
+    agent = expected.pop("agent", False)  # its fields arrived: the client's id and agent
+    assert request_id.startswith("edge-") is agent
+    entry = access_log_line(capsys, request_id)
+    assert {key: entry[key] for key in expected} == expected
+    assert (entry["status"], entry["rejected"]) == (status, reason)
+    assert entry["user_agent"] == ("probe/1" if agent else None)
+    assert entry["client"] == "127.0.0.1"
+    assert (entry["upstream"], entry["attempts"], entry["bytes_in"]) == (None, [], 0)
+    assert recorder.requests == []
+
+
+def test_a_slow_head_is_logged_with_what_of_it_arrived(
+    logged: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The parser hands over a field once the next line begins (it may be folded): the
+    # request id is not the last field.
+    head = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: edge-slow-head", b"X-Last: 1")
+    with _connect(logged) as sock:
+        sock.sendall(head[: head.index(b"\r\n\r\n") + 2])  # all but the blank line
+        _assert_refusal(_read_until_closed(sock), 408, "client_timeout")
+    entry = access_log_line(capsys, "edge-slow-head")
+    assert (entry["status"], entry["rejected"]) == (408, "client_timeout")
+    assert (entry["route"], entry["method"], entry["path"]) == (
+        "default",
+        "POST",
+        "/v1/chat/completions",
+    )
+    # how long the client held the head open: at least the timeout it ran into
+    assert entry["duration_ms"] >= CLIENT_TIMEOUT * 1000
+
+
+def test_a_head_cut_before_its_method_is_logged_without_one(
+    logged: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _connect(logged) as sock:
+        sock.sendall(b"PO")
+        response = _assert_refusal(_read_until_closed(sock), 408, "client_timeout")
+    request_id = response.getheader("x-request-id")
+    assert request_id is not None
+    entry = access_log_line(capsys, request_id)
+    assert (entry["route"], entry["method"], entry["path"]) == (None, None, None)
+    assert (entry["status"], entry["rejected"]) == (408, "client_timeout")
+
+
+def test_a_stalled_body_is_logged_once_as_the_edge_refused_it(
+    logged: ServerThread, recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The app had this request: its line says 408 client_timeout, not a client gone (499)."""
+    request = _post(b"/v1/chat/completions", BODY + b" " * 100, b"X-Request-Id: edge-stalled")
+    with _connect(logged) as sock:
+        sock.sendall(request[:-50])
+        _assert_refusal(_read_until_closed(sock), 408, "client_timeout")
+    # A request after it: by the time its line is there, the stalled one's (one) line is too.
+    later = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: after", b"Connection: close")
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "after")
+    (entry,) = (line for line in lines if line["request_id"] == "edge-stalled")
+    assert (entry["status"], entry["rejected"]) == (408, "client_timeout")
+    assert (entry["route"], entry["method"]) == ("default", "POST")
+    assert [r["body"] for r in recorder.requests] == [BODY]  # only the later one
+    text = web.get(logged.url + "/metrics").text
+    assert metric_value(text, "gateway_requests_total", code="408") == 1
+    assert metric_value(text, "gateway_requests_total", code="499") == 0
 
 
 # ------------------------------------------------------------------ the abort hook

@@ -17,12 +17,16 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.app import create_app
+from gateway.edge import EdgeRefusal
 from gateway.observe import Observers, RequestRecord
+from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
@@ -190,6 +194,10 @@ def test_a_failing_access_log_is_counted_and_breaks_nothing_else(
         for i in range(3):
             response = _post(gw.url, "echo", b'{"model":"m","stream":true}')
             assert annotation(response.content)["outcome"] == "complete", i
+            # a refusal at the client edge, which the edge hands to the access log
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+                sock.sendall(b"GET /v1/models HTTP/1.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.1 431 "), i
         deadline = time.monotonic() + 10
         errors = 0.0
         while time.monotonic() < deadline and errors == 0:
@@ -198,9 +206,27 @@ def test_a_failing_access_log_is_counted_and_breaks_nothing_else(
             time.sleep(0.05)
         assert errors >= 1
         assert metric_value(metrics, "gateway_streams_total", outcome="complete") == 3
+        assert (
+            metric_value(metrics, "gateway_rejected_requests_total", reason="header_too_large") == 3
+        )
         _out, stderr = gw.stop()
     # Logged, but at most once a minute.
     assert stderr.count(b"observer access_log failed") <= 1
+
+
+def test_an_edge_refusal_the_access_log_cannot_take_is_counted_and_goes_no_further() -> None:
+    """The edge calls ``edge_refused`` from the connection's protocol: nothing may escape."""
+    app = create_app(Settings(upstream_url="http://127.0.0.1:9/v1"))
+    gateway = app.state.gateway
+
+    def broken(record: RequestRecord) -> None:
+        raise RuntimeError("boom")
+
+    gateway.access_log.write = broken
+    refusal = EdgeRefusal(431, "header_too_large", "rid", "GET", "/v1/x", [], "127.0.0.1", 0.0)
+    gateway.edge_refused(refusal)  # does not raise
+    text = generate_latest(gateway.metrics.registry).decode()
+    assert metric_value(text, "gateway_observer_errors_total", observer="access_log") == 1
 
 
 class _Broken:

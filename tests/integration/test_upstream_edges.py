@@ -9,13 +9,10 @@ server library would.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +20,7 @@ import pytest
 from gateway.upstream import create_upstream
 from tests import web
 from tests.conftest import ServerThread, gateway_process
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import (
     CHAT_STREAM,
     RawRequest,
@@ -173,20 +170,6 @@ BAD_HEADS = {
 }
 
 
-def _log_lines(capsys: pytest.CaptureFixture[str], request_id: str) -> dict[str, Any]:
-    """The access-log line of ``request_id`` (the log is flushed within 0.1 s)."""
-    seen = ""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        seen += capsys.readouterr().out
-        for line in seen.splitlines():
-            if line.startswith("{") and f'"request_id":"{request_id}"' in line:
-                entry: dict[str, Any] = json.loads(line)
-                return entry
-        time.sleep(0.05)
-    raise AssertionError(f"no access-log line for {request_id}: {seen[-2000:]}")
-
-
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 @pytest.mark.parametrize("head", list(BAD_HEADS))
 def test_a_malformed_or_oversized_head_is_a_bad_upstream_response(
@@ -218,7 +201,7 @@ def test_a_malformed_or_oversized_head_is_a_bad_upstream_response(
     assert error["code"] == "upstream_disconnect"
     for leak in ("127.0.0.1", "aiohttp", "h11", "traceback", "garbage"):
         assert leak not in response.text.lower()
-    entry = _log_lines(capsys, rid)
+    entry = access_log_line(capsys, rid)
     assert (entry["status"], entry["error"]) == (502, "upstream_bad_response")
     after = web.get(gw.url + "/metrics").text
     labels = {"outcome": "incomplete", "reason": "upstream_disconnect"}
