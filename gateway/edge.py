@@ -21,6 +21,9 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
   One timer per connection re-arms itself from stamped times, as in
   ``deadlines.py``: a read stores a float, it reschedules nothing.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
+- What the parser refuses (not HTTP/1.1, a bad chunk size, a bare LF where
+  the strict parser wants CRLF) gets 400, in the gateway's shape like every
+  other refusal (uvicorn's own is plain text).
 - An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
   what follows it on the connection is parsed on (stock uvicorn drops it).
 - Every request's scope carries the ``gateway.abort`` extension (a dict, as
@@ -209,6 +212,7 @@ _TOO_LARGE = _Refusal(
 )
 _HEAD_TIMEOUT = _Refusal(408, "client_timeout", "The request head did not arrive in time.")
 _BODY_TIMEOUT = _Refusal(408, "client_timeout", "The request body stalled.")
+_INVALID = _Refusal(400, "invalid_http", "The request is not valid HTTP/1.1.")
 _METHOD = _Refusal(
     405, "method_not_allowed", "CONNECT and TRACE are not served.", ((b"allow", _ALLOW),)
 )
@@ -353,9 +357,10 @@ class EdgeProtocol(HttpToolsProtocol):
                 if data and not self._discard:
                     continue
             except httptools.HttpParserError:
-                if not self._discard:  # a refusal stops the parser through here too
-                    self.logger.warning("Invalid HTTP request received.")
-                    self.send_400_response("Invalid HTTP request received.")
+                # Not HTTP (or a refusal, which stops the parser through here too: then
+                # this does nothing). uvicorn's own answer would be plain text, written
+                # at once even behind a response in progress, and counted nowhere.
+                self._refuse(_INVALID)
                 return False
             return not self._discard
 

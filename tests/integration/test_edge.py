@@ -495,6 +495,38 @@ def test_connect_and_trace_get_405_and_reach_nothing(
     assert _rejected(gateway, "method_not_allowed") == before + 1
 
 
+NOT_HTTP = {
+    "garbage": b"garbage garbage\r\n\r\n",
+    "control_bytes": b"\x00\x01\x02\r\n\r\n",
+    "unknown_version": b"GET /v1/models HTTP/9.9\r\nHost: gw\r\n\r\n",
+    "bare_lf": b"GET /v1/models HTTP/1.1\nHost: gw\n\n",
+    "bad_chunk_size": b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", NOT_HTTP.values(), ids=NOT_HTTP.keys())
+def test_what_is_not_http_gets_the_gateways_400_and_reaches_nothing(
+    gateway: ServerThread, recorder: Recorder, raw: bytes
+) -> None:
+    before = _rejected(gateway, "invalid_http")
+    _assert_refusal(_exchange(gateway, raw), 400, "invalid_http")
+    assert recorder.requests == []
+    assert _rejected(gateway, "invalid_http") == before + 1
+
+
+def test_what_is_not_http_behind_a_pipelined_request_waits_for_its_response(
+    gateway: ServerThread, recorder: Recorder
+) -> None:
+    first, refusal = _responses(
+        _exchange(gateway, _post(b"/v1/chat/completions", BODY) + NOT_HTTP["garbage"]), 2
+    )
+    assert (first.status, json.loads(first.body)) == (200, {"ok": True})  # type: ignore[attr-defined]
+    assert refusal.status == 400
+    assert json.loads(refusal.body)["error"]["code"] == "invalid_http"  # type: ignore[attr-defined]
+    assert len(recorder.requests) == 1
+
+
 def test_an_upgrade_is_an_ordinary_request_and_the_connection_goes_on(
     gateway: ServerThread, recorder: Recorder
 ) -> None:
@@ -556,6 +588,22 @@ def logged(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
             "header_too_large",
             {"route": None, "method": "POST", "path": "/elsewhere/~me", "agent": True},
             id="under_no_route",
+        ),
+        pytest.param(
+            NOT_HTTP["garbage"],
+            400,
+            "invalid_http",
+            {"route": None, "method": None, "path": None},
+            id="not_http",
+        ),
+        pytest.param(
+            b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: edge-chunk\r\n"
+            b"User-Agent: probe/1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{}{}{\r\nzz\r\n",
+            400,
+            "invalid_http",
+            # the app had this one: it is logged by its request, as the edge refused it
+            {"route": "default", "method": "POST", "path": "/v1/chat/completions", "agent": True},
+            id="a_bad_chunk_in_the_body",
         ),
         pytest.param(
             b"GET /v1/" + b"m" * 40_000 + b" HTTP/1.1\r\nX-Request-Id: edge-431-url\r\n"
