@@ -75,4 +75,4 @@ bench: $(VENV)/.installed-perf
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis \
-		gateway/guard/*.so gateway_guard__mypyc*.so
+		gateway/guard/*.so gateway_guard__mypyc*.so tests/perf/.venv-litellm

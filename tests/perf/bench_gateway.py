@@ -102,7 +102,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -356,7 +356,7 @@ class UpstreamConn(asyncio.Protocol):
         if due < self.k:  # woken early (slot rounding): come back at the due time
             self.up.schedule(self, self.start + self.k * self.period)
             return
-        parts = []
+        parts: list[bytes] = []
         while self.k <= due:
             if self.k == last:
                 self._done(b"".join(parts) + _chunk(_FINISH, now))
@@ -2462,11 +2462,11 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {HARNESS_CPU})
     else:
         print("warning: fewer than 2 CPUs, nothing is pinned", file=sys.stderr)
-    try:
+    runner: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run
+    with contextlib.suppress(ImportError):
         import uvloop
-    except ImportError:
-        uvloop = None
-    runner = uvloop.run if uvloop is not None else asyncio.run
+
+        runner = uvloop.run
     if opts.wait_quiet > 0:
         wait_for_quiet(opts.wait_quiet)
     try:

@@ -267,7 +267,7 @@ def summarize_runs(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
         names = [t for s in per_run for t in s["targets"]]
         for target in dict.fromkeys(names):
             rows = [s["targets"].get(target, {}) for s in per_run]
-            metrics = {}
+            metrics: dict[str, Any] = {}
             for key in METRICS:
                 if any(key in r for r in rows):
                     value = spread(r.get(key) for r in rows)
