@@ -35,9 +35,11 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
 ``gateway_rejected_requests_total``; the app never sees the request (or sees a
 disconnect, when a body stalls), so nothing of it goes upstream. A refused
-request the app never saw is handed to ``EdgeConfig.log`` (an ``EdgeRefusal``:
-what of its head had arrived) for the access log; one whose body stalled is the
-app's to log, and ``edge_refusal(scope)`` tells it the status and reason. When an
+request the app never saw (refused in its head, or in its body while it waited
+behind an earlier response) is handed to ``EdgeConfig.log`` (an ``EdgeRefusal``:
+what of its head had arrived) for the access log; one refused in its body while
+its app ran is the app's to log, and ``edge_refusal(scope)`` tells it the status
+and reason (on that request's scope only). When an
 earlier response on the connection is still being written, the refusal waits
 for it. After a refusal the connection reads and discards what still comes
 for a short while (a lingering close, as nginx does), so that the client reads
@@ -485,14 +487,22 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport.close()  # answered already: only the rest of its body was late
             return
         self._edge.reject(refusal.reason)
+        seen = False  # True: the app has this request, and logs it
         if phase == _BODY:
-            self._abort_extension["refused"] = (refusal.status, refusal.reason)
             cycle = self.cycle
             cycle.disconnected = True  # its app reads a disconnect; what it sends is dropped
             cycle.message_event.set()
             queued = [entry for entry in self.pipeline if entry[0] is cycle]
             for entry in queued:
                 self.pipeline.remove(entry)
+            if not queued:  # its app runs: told on this request's scope only (not the
+                # connection's extension, which an earlier request in flight shares)
+                seen = True
+                extensions = cycle.scope["extensions"]
+                extensions[ABORT_EXTENSION] = {
+                    **self._abort_extension,
+                    "refused": (refusal.status, refusal.reason),
+                }
             if cycle.response_started:  # too late for an answer
                 self.transport.close()
                 return
@@ -503,7 +513,7 @@ class EdgeProtocol(HttpToolsProtocol):
         else:
             busy = self.cycle is not None and not self.cycle.response_complete
         request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
-        if phase != _BODY:  # the app never saw this request: the edge has it logged
+        if not seen:  # the app never saw this request: the edge has it logged
             self._edge.log(self._refused_request(refusal, request_id))
         answer = self._render(refusal, request_id)
         if busy:

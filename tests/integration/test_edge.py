@@ -694,6 +694,67 @@ def test_a_stalled_body_is_logged_once_as_the_edge_refused_it(
     assert metric_value(text, "gateway_requests_total", code="499") == 0
 
 
+CHUNKED_GARBAGE = b"Transfer-Encoding: chunked\r\n\r\n5\r\n{}{}{\r\nzz\r\n"  # a bad chunk size
+
+
+def test_a_bad_chunk_in_a_queued_request_is_logged_by_the_edge(
+    logged: ServerThread, recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pipelined behind a response, the refused request never reaches the app: its line
+    is the edge's, once."""
+    first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: queued-first")
+    second = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: queued-second\r\n"
+        b"User-Agent: probe/1\r\n" + CHUNKED_GARBAGE
+    )
+    before = _rejected(logged, "invalid_http")
+    answered, refusal = _responses(_exchange(logged, first + second), 2)
+    assert (answered.status, refusal.status) == (200, 400)
+    assert refusal.getheader("x-request-id") == "queued-second"
+    later = _post(
+        b"/v1/chat/completions", BODY, b"X-Request-Id: queued-after", b"Connection: close"
+    )
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "queued-after")
+    (entry,) = (line for line in lines if line["request_id"] == "queued-second")
+    assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+    assert (entry["route"], entry["method"], entry["path"]) == (
+        "default",
+        "POST",
+        "/v1/chat/completions",
+    )
+    assert entry["user_agent"] == "probe/1"
+    (entry,) = (line for line in lines if line["request_id"] == "queued-first")
+    assert (entry["status"], entry["rejected"]) == (200, None)
+    assert _rejected(logged, "invalid_http") == before + 1
+    assert [r["body"] for r in recorder.requests] == [BODY, BODY]  # the first and the later
+
+
+def test_a_queued_refusal_is_not_taken_for_the_request_in_flight(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The request in flight ends when its client leaves: a 499, not the refusal of the
+    request pipelined behind it (they share the connection, not the refusal)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)  # the upstream: accepts, never answers
+        hole.settimeout(DEADLINE)
+        upstream_url = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+        with gateway_for(upstream_url, access_log=True) as server:
+            first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: inflight-first")
+            second = b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: inflight-second\r\n"
+            with _connect(server) as sock:
+                sock.sendall(first + second + CHUNKED_GARBAGE)
+                upstream, _ = hole.accept()  # the first request is in flight
+            with upstream:  # the client is gone
+                lines = access_log_until(capsys, "inflight-first")
+            (entry,) = (line for line in lines if line["request_id"] == "inflight-first")
+            assert (entry["status"], entry["rejected"]) == (499, None)
+            # logged when refused, before the first request ended
+            (entry,) = (line for line in lines if line["request_id"] == "inflight-second")
+            assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+
+
 # ------------------------------------------------------------------ the abort hook
 
 
