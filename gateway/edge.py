@@ -491,6 +491,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if phase == _BODY:
             cycle = self.cycle
             cycle.disconnected = True  # its app reads a disconnect; what it sends is dropped
+            cycle.waiting_for_100_continue = False  # no 100 Continue after the refusal
             cycle.message_event.set()
             queued = [entry for entry in self.pipeline if entry[0] is cycle]
             for entry in queued:

@@ -755,6 +755,28 @@ def test_a_queued_refusal_is_not_taken_for_the_request_in_flight(
             assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
 
 
+def test_a_bad_chunk_after_expect_100_continue_gets_one_answer_and_its_line(
+    logged: ServerThread, recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before its app read the body: no 100 Continue after the refusal (a write
+    after its end of stream, which raised inside the app)."""
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: expect-garbage\r\n"
+        b"Expect: 100-continue\r\n" + CHUNKED_GARBAGE
+    )
+    raw = _exchange(logged, request)
+    response = _assert_refusal(raw, 400, "invalid_http")
+    assert raw.endswith(response.body)  # type: ignore[attr-defined]
+    later = _post(
+        b"/v1/chat/completions", BODY, b"X-Request-Id: expect-after", b"Connection: close"
+    )
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "expect-after")
+    (entry,) = (line for line in lines if line["request_id"] == "expect-garbage")
+    assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+    assert [r["body"] for r in recorder.requests] == [BODY]  # only the later one
+
+
 # ------------------------------------------------------------------ the abort hook
 
 
