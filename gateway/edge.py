@@ -331,6 +331,14 @@ class EdgeProtocol(HttpToolsProtocol):
         elif self._phase == _IDLE:  # between requests: this read begins the next head
             self._open = True
             self._fed = 0
+            # Its clock starts now, even if the read is only blank lines (the parser
+            # skips them, and uvicorn's keep-alive timer is off from here), and no
+            # request is there until the parser begins one: ``scope`` is still the
+            # last request's, which a refusal would answer and log a second time.
+            self._phase = _HEAD
+            self._since = self.loop.time()
+            self._arm(self._since + self._edge.client_header)
+            self.scope = None  # type: ignore[assignment]
         view = memoryview(data)
         while self._open:
             room = self._max_bytes - self._fed
@@ -508,19 +516,21 @@ class EdgeProtocol(HttpToolsProtocol):
                 self.transport.close()
                 return
             busy = bool(queued)  # queued: an earlier response is being written
-        elif self.scope is None:  # not a byte of a request came: nothing to answer
-            self.transport.close()
-            return
         else:
             busy = self.cycle is not None and not self.cycle.response_complete
-        request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
-        if not seen:  # the app never saw this request: the edge has it logged
-            self._edge.log(self._refused_request(refusal, request_id))
-        answer = self._render(refusal, request_id)
+        if self.scope is None:  # not a byte of a request came: nothing to answer
+            answer = b""  # (after the response in progress, if any: then the end)
+        else:
+            request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+            if not seen:  # the app never saw this request: the edge has it logged
+                self._edge.log(self._refused_request(refusal, request_id))
+            answer = self._render(refusal, request_id)
         if busy:
             self._pending = answer
-        else:
+        elif answer:
             self._answer(answer)
+        else:
+            self.transport.close()
 
     def _refused_request(self, refusal: _Refusal, request_id: str) -> EdgeRefusal:
         """What of the refused request's head had arrived (uvicorn's fields, the parser's)."""

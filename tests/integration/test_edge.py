@@ -355,6 +355,17 @@ def test_a_head_sent_a_byte_at_a_time_is_dropped_with_408(
     assert _rejected(gateway, "client_timeout") == before + 1
 
 
+def test_blank_lines_after_a_request_are_timed_like_a_head(gateway: ServerThread) -> None:
+    """The parser skips blank lines between requests: they hold no connection open."""
+    before = _rejected(gateway, "client_timeout")
+    with _connect(gateway) as sock:
+        sock.sendall(_post(b"/v1/chat/completions", BODY))
+        _read_until(sock, b'{"ok":true}')
+        sock.sendall(b"\r\n")
+        assert _read_until_closed(sock) == b""  # nothing of a request came: no answer
+    assert _rejected(gateway, "client_timeout") == before + 1
+
+
 def test_a_connection_that_sends_nothing_is_closed(gateway: ServerThread) -> None:
     before = _rejected(gateway, "client_timeout")
     with _connect(gateway) as sock:
@@ -692,6 +703,25 @@ def test_a_stalled_body_is_logged_once_as_the_edge_refused_it(
     text = web.get(logged.url + "/metrics").text
     assert metric_value(text, "gateway_requests_total", code="408") == 1
     assert metric_value(text, "gateway_requests_total", code="499") == 0
+
+
+def test_blank_lines_over_the_limit_after_a_request_are_not_that_request(
+    logged: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused as a head over the limit, they were answered and logged (a second time)
+    with the request before them: its request id, method and path."""
+    before = _rejected(logged, "header_too_large")
+    with _connect(logged) as sock:
+        sock.sendall(_post(b"/v1/chat/completions", BODY, b"X-Request-Id: blank-first"))
+        _read_until(sock, b'{"ok":true}')
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"\r\n" * 20_000)  # more than limits.max_header_bytes
+        assert _read_until_closed(sock) == b""  # nothing of a request came: no answer
+    assert _rejected(logged, "header_too_large") == before + 1
+    later = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: blank-after", b"Connection: close")
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "blank-after")
+    assert [line["status"] for line in lines if line["request_id"] == "blank-first"] == [200]
 
 
 CHUNKED_GARBAGE = b"Transfer-Encoding: chunked\r\n\r\n5\r\n{}{}{\r\nzz\r\n"  # a bad chunk size
