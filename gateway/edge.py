@@ -49,7 +49,8 @@ The configuration reaches each connection at run time through the lifespan's
 state (``edge_state``), which uvicorn hands to every protocol instance as
 ``app_state``; without it (no lifespan) the defaults apply, uncounted.
 The subclass leans on uvicorn's protocol internals (``cycle``, ``pipeline``,
-``flow``); ``tests/integration/test_edge.py`` pins what it relies on.
+``flow``, ``_start_asgi_task``, ``url``, ``headers``, ``client``);
+``tests/integration/test_edge.py`` pins what it relies on.
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 import httptools
+from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
 from gateway.errors import error_body, error_headers
@@ -253,6 +259,7 @@ class EdgeProtocol(HttpToolsProtocol):
         "_open",
         "_pending",
         "_phase",
+        "_running",
         "_since",
         "_timer",
         "_timer_at",
@@ -283,6 +290,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._lost = False
         self._on_lost: list[Callable[[], None]] = []  # ``watch_connection`` callbacks
         self._abort_extension: dict[object, object] = {"abort": self.abort, "watch": self._watch}
+        self._running: RequestResponseCycle | None = None  # the cycle whose app was started last
 
     # -- connection -------------------------------------------------------------
 
@@ -303,6 +311,12 @@ class EdgeProtocol(HttpToolsProtocol):
             if handle is not None:
                 handle.cancel()
         self._timer = self._linger = None
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            # uvicorn tells only the last request (``cycle``, queued behind this one):
+            # the app in flight would answer a lost connection (a 500 on a closed transport).
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
         self._lost = True
         callbacks, self._on_lost = self._on_lost, []
@@ -373,6 +387,10 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._refuse(_INVALID)
                 return False
             return not self._discard
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def shutdown(self) -> None:
         if self._linger is not None:  # refused and answered: no need to wait any longer

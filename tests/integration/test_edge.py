@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import io
 import json
+import logging
 import multiprocessing
 import select
 import socket
@@ -783,6 +784,47 @@ def test_a_queued_refusal_is_not_taken_for_the_request_in_flight(
             # logged when refused, before the first request ended
             (entry,) = (line for line in lines if line["request_id"] == "inflight-second")
             assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+
+
+class _Errors(logging.Handler):
+    """uvicorn's error log (it does not reach the root logger), as records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_client_gone_with_a_request_queued_ends_the_one_in_flight_quietly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """uvicorn marks only the last request's cycle when the connection is lost: the one
+    in flight, its app done without a response, had uvicorn write a 500 on the closed
+    connection (an error log and a task's exception)."""
+    errors = _Errors()
+    logger = logging.getLogger("uvicorn.error")
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)  # the upstream: accepts, never answers
+        hole.settimeout(DEADLINE)
+        upstream_url = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+        with gateway_for(upstream_url, access_log=True) as server:
+            logger.addHandler(errors)
+            try:
+                first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: gone-first")
+                second = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: gone-second")
+                with _connect(server) as sock:
+                    sock.sendall(first + second)
+                    upstream, _ = hole.accept()  # the first request is in flight
+                with upstream:  # the client is gone
+                    lines = access_log_until(capsys, "gone-first")
+            finally:
+                logger.removeHandler(errors)
+    (entry,) = (line for line in lines if line["request_id"] == "gone-first")
+    assert entry["status"] == 499
+    assert [record.getMessage() for record in errors.records] == []
 
 
 def test_a_bad_chunk_after_expect_100_continue_gets_one_answer_and_its_line(
