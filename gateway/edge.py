@@ -35,9 +35,11 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 A refusal is an OpenAI-shaped JSON error with ``Connection: close``, counted in
 ``gateway_rejected_requests_total``; the app never sees the request (or sees a
 disconnect, when a body stalls), so nothing of it goes upstream. A refused
-request the app never saw is handed to ``EdgeConfig.log`` (an ``EdgeRefusal``:
-what of its head had arrived) for the access log; one whose body stalled is the
-app's to log, and ``edge_refusal(scope)`` tells it the status and reason. When an
+request the app never saw (refused in its head, or in its body while it waited
+behind an earlier response) is handed to ``EdgeConfig.log`` (an ``EdgeRefusal``:
+what of its head had arrived) for the access log; one refused in its body while
+its app ran is the app's to log, and ``edge_refusal(scope)`` tells it the status
+and reason (on that request's scope only). When an
 earlier response on the connection is still being written, the refusal waits
 for it. After a refusal the connection reads and discards what still comes
 for a short while (a lingering close, as nginx does), so that the client reads
@@ -47,7 +49,8 @@ The configuration reaches each connection at run time through the lifespan's
 state (``edge_state``), which uvicorn hands to every protocol instance as
 ``app_state``; without it (no lifespan) the defaults apply, uncounted.
 The subclass leans on uvicorn's protocol internals (``cycle``, ``pipeline``,
-``flow``); ``tests/integration/test_edge.py`` pins what it relies on.
+``flow``, ``_start_asgi_task``, ``url``, ``headers``, ``client``);
+``tests/integration/test_edge.py`` pins what it relies on.
 """
 
 from __future__ import annotations
@@ -62,8 +65,13 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 import httptools
+from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
 from gateway.errors import error_body, error_headers
@@ -251,6 +259,7 @@ class EdgeProtocol(HttpToolsProtocol):
         "_open",
         "_pending",
         "_phase",
+        "_running",
         "_since",
         "_timer",
         "_timer_at",
@@ -281,6 +290,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._lost = False
         self._on_lost: list[Callable[[], None]] = []  # ``watch_connection`` callbacks
         self._abort_extension: dict[object, object] = {"abort": self.abort, "watch": self._watch}
+        self._running: RequestResponseCycle | None = None  # the cycle whose app was started last
 
     # -- connection -------------------------------------------------------------
 
@@ -301,6 +311,12 @@ class EdgeProtocol(HttpToolsProtocol):
             if handle is not None:
                 handle.cancel()
         self._timer = self._linger = None
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            # uvicorn tells only the last request (``cycle``, queued behind this one):
+            # the app in flight would answer a lost connection (a 500 on a closed transport).
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
         self._lost = True
         callbacks, self._on_lost = self._on_lost, []
@@ -329,6 +345,14 @@ class EdgeProtocol(HttpToolsProtocol):
         elif self._phase == _IDLE:  # between requests: this read begins the next head
             self._open = True
             self._fed = 0
+            # Its clock starts now, even if the read is only blank lines (the parser
+            # skips them, and uvicorn's keep-alive timer is off from here), and no
+            # request is there until the parser begins one: ``scope`` is still the
+            # last request's, which a refusal would answer and log a second time.
+            self._phase = _HEAD
+            self._since = self.loop.time()
+            self._arm(self._since + self._edge.client_header)
+            self.scope = None  # type: ignore[assignment]
         view = memoryview(data)
         while self._open:
             room = self._max_bytes - self._fed
@@ -363,6 +387,10 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._refuse(_INVALID)
                 return False
             return not self._discard
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def shutdown(self) -> None:
         if self._linger is not None:  # refused and answered: no need to wait any longer
@@ -485,31 +513,42 @@ class EdgeProtocol(HttpToolsProtocol):
             self.transport.close()  # answered already: only the rest of its body was late
             return
         self._edge.reject(refusal.reason)
+        seen = False  # True: the app has this request, and logs it
         if phase == _BODY:
-            self._abort_extension["refused"] = (refusal.status, refusal.reason)
             cycle = self.cycle
             cycle.disconnected = True  # its app reads a disconnect; what it sends is dropped
+            cycle.waiting_for_100_continue = False  # no 100 Continue after the refusal
             cycle.message_event.set()
             queued = [entry for entry in self.pipeline if entry[0] is cycle]
             for entry in queued:
                 self.pipeline.remove(entry)
+            if not queued:  # its app runs: told on this request's scope only (not the
+                # connection's extension, which an earlier request in flight shares)
+                seen = True
+                extensions = cycle.scope["extensions"]
+                extensions[ABORT_EXTENSION] = {
+                    **self._abort_extension,
+                    "refused": (refusal.status, refusal.reason),
+                }
             if cycle.response_started:  # too late for an answer
                 self.transport.close()
                 return
             busy = bool(queued)  # queued: an earlier response is being written
-        elif self.scope is None:  # not a byte of a request came: nothing to answer
-            self.transport.close()
-            return
         else:
             busy = self.cycle is not None and not self.cycle.response_complete
-        request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
-        if phase != _BODY:  # the app never saw this request: the edge has it logged
-            self._edge.log(self._refused_request(refusal, request_id))
-        answer = self._render(refusal, request_id)
+        if self.scope is None:  # not a byte of a request came: nothing to answer
+            answer = b""  # (after the response in progress, if any: then the end)
+        else:
+            request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+            if not seen:  # the app never saw this request: the edge has it logged
+                self._edge.log(self._refused_request(refusal, request_id))
+            answer = self._render(refusal, request_id)
         if busy:
             self._pending = answer
-        else:
+        elif answer:
             self._answer(answer)
+        else:
+            self.transport.close()
 
     def _refused_request(self, refusal: _Refusal, request_id: str) -> EdgeRefusal:
         """What of the refused request's head had arrived (uvicorn's fields, the parser's)."""

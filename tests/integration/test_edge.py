@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import io
 import json
+import logging
 import multiprocessing
 import select
 import socket
@@ -355,6 +356,17 @@ def test_a_head_sent_a_byte_at_a_time_is_dropped_with_408(
     assert _rejected(gateway, "client_timeout") == before + 1
 
 
+def test_blank_lines_after_a_request_are_timed_like_a_head(gateway: ServerThread) -> None:
+    """The parser skips blank lines between requests: they hold no connection open."""
+    before = _rejected(gateway, "client_timeout")
+    with _connect(gateway) as sock:
+        sock.sendall(_post(b"/v1/chat/completions", BODY))
+        _read_until(sock, b'{"ok":true}')
+        sock.sendall(b"\r\n")
+        assert _read_until_closed(sock) == b""  # nothing of a request came: no answer
+    assert _rejected(gateway, "client_timeout") == before + 1
+
+
 def test_a_connection_that_sends_nothing_is_closed(gateway: ServerThread) -> None:
     before = _rejected(gateway, "client_timeout")
     with _connect(gateway) as sock:
@@ -692,6 +704,149 @@ def test_a_stalled_body_is_logged_once_as_the_edge_refused_it(
     text = web.get(logged.url + "/metrics").text
     assert metric_value(text, "gateway_requests_total", code="408") == 1
     assert metric_value(text, "gateway_requests_total", code="499") == 0
+
+
+def test_blank_lines_over_the_limit_after_a_request_are_not_that_request(
+    logged: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused as a head over the limit, they were answered and logged (a second time)
+    with the request before them: its request id, method and path."""
+    before = _rejected(logged, "header_too_large")
+    with _connect(logged) as sock:
+        sock.sendall(_post(b"/v1/chat/completions", BODY, b"X-Request-Id: blank-first"))
+        _read_until(sock, b'{"ok":true}')
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"\r\n" * 20_000)  # more than limits.max_header_bytes
+        assert _read_until_closed(sock) == b""  # nothing of a request came: no answer
+    assert _rejected(logged, "header_too_large") == before + 1
+    later = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: blank-after", b"Connection: close")
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "blank-after")
+    assert [line["status"] for line in lines if line["request_id"] == "blank-first"] == [200]
+
+
+CHUNKED_GARBAGE = b"Transfer-Encoding: chunked\r\n\r\n5\r\n{}{}{\r\nzz\r\n"  # a bad chunk size
+
+
+def test_a_bad_chunk_in_a_queued_request_is_logged_by_the_edge(
+    logged: ServerThread, recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pipelined behind a response, the refused request never reaches the app: its line
+    is the edge's, once."""
+    first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: queued-first")
+    second = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: queued-second\r\n"
+        b"User-Agent: probe/1\r\n" + CHUNKED_GARBAGE
+    )
+    before = _rejected(logged, "invalid_http")
+    answered, refusal = _responses(_exchange(logged, first + second), 2)
+    assert (answered.status, refusal.status) == (200, 400)
+    assert refusal.getheader("x-request-id") == "queued-second"
+    later = _post(
+        b"/v1/chat/completions", BODY, b"X-Request-Id: queued-after", b"Connection: close"
+    )
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "queued-after")
+    (entry,) = (line for line in lines if line["request_id"] == "queued-second")
+    assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+    assert (entry["route"], entry["method"], entry["path"]) == (
+        "default",
+        "POST",
+        "/v1/chat/completions",
+    )
+    assert entry["user_agent"] == "probe/1"
+    (entry,) = (line for line in lines if line["request_id"] == "queued-first")
+    assert (entry["status"], entry["rejected"]) == (200, None)
+    assert _rejected(logged, "invalid_http") == before + 1
+    assert [r["body"] for r in recorder.requests] == [BODY, BODY]  # the first and the later
+
+
+def test_a_queued_refusal_is_not_taken_for_the_request_in_flight(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The request in flight ends when its client leaves: a 499, not the refusal of the
+    request pipelined behind it (they share the connection, not the refusal)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)  # the upstream: accepts, never answers
+        hole.settimeout(DEADLINE)
+        upstream_url = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+        with gateway_for(upstream_url, access_log=True) as server:
+            first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: inflight-first")
+            second = b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: inflight-second\r\n"
+            with _connect(server) as sock:
+                sock.sendall(first + second + CHUNKED_GARBAGE)
+                upstream, _ = hole.accept()  # the first request is in flight
+            with upstream:  # the client is gone
+                lines = access_log_until(capsys, "inflight-first")
+            (entry,) = (line for line in lines if line["request_id"] == "inflight-first")
+            assert (entry["status"], entry["rejected"]) == (499, None)
+            # logged when refused, before the first request ended
+            (entry,) = (line for line in lines if line["request_id"] == "inflight-second")
+            assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+
+
+class _Errors(logging.Handler):
+    """uvicorn's error log (it does not reach the root logger), as records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_client_gone_with_a_request_queued_ends_the_one_in_flight_quietly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """uvicorn marks only the last request's cycle when the connection is lost: the one
+    in flight, its app done without a response, had uvicorn write a 500 on the closed
+    connection (an error log and a task's exception)."""
+    errors = _Errors()
+    logger = logging.getLogger("uvicorn.error")
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)  # the upstream: accepts, never answers
+        hole.settimeout(DEADLINE)
+        upstream_url = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+        with gateway_for(upstream_url, access_log=True) as server:
+            logger.addHandler(errors)
+            try:
+                first = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: gone-first")
+                second = _post(b"/v1/chat/completions", BODY, b"X-Request-Id: gone-second")
+                with _connect(server) as sock:
+                    sock.sendall(first + second)
+                    upstream, _ = hole.accept()  # the first request is in flight
+                with upstream:  # the client is gone
+                    lines = access_log_until(capsys, "gone-first")
+            finally:
+                logger.removeHandler(errors)
+    (entry,) = (line for line in lines if line["request_id"] == "gone-first")
+    assert entry["status"] == 499
+    assert [record.getMessage() for record in errors.records] == []
+
+
+def test_a_bad_chunk_after_expect_100_continue_gets_one_answer_and_its_line(
+    logged: ServerThread, recorder: Recorder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before its app read the body: no 100 Continue after the refusal (a write
+    after its end of stream, which raised inside the app)."""
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nX-Request-Id: expect-garbage\r\n"
+        b"Expect: 100-continue\r\n" + CHUNKED_GARBAGE
+    )
+    raw = _exchange(logged, request)
+    response = _assert_refusal(raw, 400, "invalid_http")
+    assert raw.endswith(response.body)  # type: ignore[attr-defined]
+    later = _post(
+        b"/v1/chat/completions", BODY, b"X-Request-Id: expect-after", b"Connection: close"
+    )
+    assert _responses(_exchange(logged, later))[0].status == 200
+    lines = access_log_until(capsys, "expect-after")
+    (entry,) = (line for line in lines if line["request_id"] == "expect-garbage")
+    assert (entry["status"], entry["rejected"]) == (400, "invalid_http")
+    assert [r["body"] for r in recorder.requests] == [BODY]  # only the later one
 
 
 # ------------------------------------------------------------------ the abort hook
