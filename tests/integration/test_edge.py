@@ -175,6 +175,17 @@ def _rejected(server: ServerThread, reason: str) -> float:
     return metric_value(text, "gateway_rejected_requests_total", reason=reason)
 
 
+def _refused_once(
+    server: ServerThread, recorder: Recorder, request: bytes, status: int, reason: str
+) -> http.client.HTTPResponse:
+    """``request`` gets the refusal, is counted once, and nothing of it reaches the upstream."""
+    before = _rejected(server, reason)
+    response = _assert_refusal(_exchange(server, request), status, reason)
+    assert recorder.requests == []
+    assert _rejected(server, reason) == before + 1
+    return response
+
+
 def _post(path: bytes, body: bytes, *headers: bytes) -> bytes:
     lines = [b"POST " + path + b" HTTP/1.1", b"Host: gw", b"Content-Type: application/json"]
     lines += [b"Content-Length: %d" % len(body), *headers]
@@ -190,11 +201,8 @@ BODY = b'{"model":"m","messages":[]}'
 def test_a_head_over_max_header_bytes_gets_431_and_reaches_nothing(
     gateway: ServerThread, recorder: Recorder
 ) -> None:
-    before = _rejected(gateway, "header_too_large")
     request = _post(b"/v1/chat/completions", BODY, b"X-Big: " + b"a" * 40_000)
-    _assert_refusal(_exchange(gateway, request), 431, "header_too_large")
-    assert recorder.requests == []
-    assert _rejected(gateway, "header_too_large") == before + 1
+    _refused_once(gateway, recorder, request, 431, "header_too_large")
 
 
 def test_a_head_is_cut_off_at_the_limit_as_its_bytes_arrive(
@@ -499,12 +507,9 @@ def test_expect_100_continue_is_answered_by_the_gateway_and_not_forwarded(
 def test_connect_and_trace_get_405_and_reach_nothing(
     gateway: ServerThread, recorder: Recorder, request_line: bytes
 ) -> None:
-    before = _rejected(gateway, "method_not_allowed")
-    raw = _exchange(gateway, request_line + b"\r\nHost: example.com:443\r\n\r\n")
-    response = _assert_refusal(raw, 405, "method_not_allowed")
+    request = request_line + b"\r\nHost: example.com:443\r\n\r\n"
+    response = _refused_once(gateway, recorder, request, 405, "method_not_allowed")
     assert "POST" in (response.getheader("allow") or "")
-    assert recorder.requests == []
-    assert _rejected(gateway, "method_not_allowed") == before + 1
 
 
 NOT_HTTP = {
@@ -521,10 +526,7 @@ NOT_HTTP = {
 def test_what_is_not_http_gets_the_gateways_400_and_reaches_nothing(
     gateway: ServerThread, recorder: Recorder, raw: bytes
 ) -> None:
-    before = _rejected(gateway, "invalid_http")
-    _assert_refusal(_exchange(gateway, raw), 400, "invalid_http")
-    assert recorder.requests == []
-    assert _rejected(gateway, "invalid_http") == before + 1
+    _refused_once(gateway, recorder, raw, 400, "invalid_http")
 
 
 def test_what_is_not_http_behind_a_pipelined_request_waits_for_its_response(
