@@ -396,3 +396,30 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
     # the stalled upstreams would hold them for ever)
     assert ended["long"] - signalled >= drain * 0.9
     assert ended["waiting"] - signalled >= drain * 0.9
+
+
+def test_worker_processes_log_the_gateways_own_lines_at_log_level(
+    simulator: ServerThread,
+) -> None:
+    """With ``--workers 2`` each worker logs its drain as one process does (README: log_level).
+
+    uvicorn starts workers as fresh interpreters, so the logging ``gateway serve`` set up
+    in the parent is not theirs: without their own, ``log_level`` does not reach them and
+    the drain's INFO lines of a Kubernetes pod (2 workers) are lost.
+    """
+    with gateway_process(
+        ["--upstream", simulator.url + "/v1", "--workers", "2"],
+        env={"GATEWAY_ACCESS_LOG": "false"},
+    ) as gw:
+        out, err = gw.stop()
+    output = (out + err).decode()
+    assert gw.proc.returncode == 0, output
+    assert output.count("INFO gateway: drained\n") == 2, output
+    with gateway_process(
+        ["--upstream", simulator.url + "/v1", "--workers", "2"],
+        env={"GATEWAY_ACCESS_LOG": "false", "GATEWAY_LOG_LEVEL": "warning"},
+    ) as gw:
+        out, err = gw.stop()
+    output = (out + err).decode()
+    assert gw.proc.returncode == 0, output
+    assert "drained" not in output, output
