@@ -478,6 +478,9 @@ def create_app(
 
 def create_worker_app() -> Starlette:
     """Factory for worker processes (``--workers N``): settings come from the parent."""
+    from gateway.logsetup import configure_logging
     from gateway.settings import settings_for_worker
 
-    return create_app(settings_for_worker())
+    settings = settings_for_worker()
+    configure_logging(settings.log_level)
+    return create_app(settings)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 
 from gateway import __version__, guard_build
+from gateway.logsetup import configure_logging
 from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
 __all__ = ["main"]
@@ -373,11 +374,7 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     _prepare_metrics_dir(settings)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
-    # httpx logs every request at INFO: the access log already has one line per request
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level)
     _log_start(settings)
     from gateway.edge import uvicorn_options
 

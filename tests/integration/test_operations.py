@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from gateway.settings import Settings, load_settings
 from tests import web
@@ -172,6 +175,50 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
         assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
     for key in UpstreamConfig.model_fields:
         assert f"`routes[].upstreams[].{key}`" in readme, f"README lacks routes[].upstreams[].{key}"
+
+
+def _readme_default(value: object) -> str:
+    """A default as the README's configuration tables write it."""
+    if value is None:
+        return "none"
+    if isinstance(value, BaseModel):
+        return "inherit"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{json.dumps(value)}`" if isinstance(value, list | dict) else f"`{value}`"
+
+
+def test_readme_configuration_tables_give_each_settings_default() -> None:
+    """Each row of the README's configuration tables is a setting, with the code's default."""
+    from gateway.settings import RouteConfig, UpstreamConfig
+
+    section = (ROOT / "README.md").read_text().split("\n## Configuration\n", 1)[1]
+    section = section.split("\n### Upstream pools and failover\n", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z0-9_.\[\]]+)` \| ([^|]*) \|", section, re.MULTILINE))
+    fields: dict[str, FieldInfo] = {}
+    for name, field in Settings.model_fields.items():
+        if name in ("timeouts", "limits", "tracing"):
+            model = field.annotation
+            assert isinstance(model, type)
+            assert issubclass(model, BaseModel)
+            fields |= {f"{name}.{key}": sub for key, sub in model.model_fields.items()}
+        elif name != "credentials":  # resolved from credential_env, not a setting
+            fields[name] = field
+    fields |= {f"routes[].{k}": f for k, f in RouteConfig.model_fields.items()}
+    fields |= {f"routes[].upstreams[].{k}": f for k, f in UpstreamConfig.model_fields.items()}
+    assert set(rows) == set(fields), set(rows) ^ set(fields)
+    for key, field in fields.items():
+        if key == "routes[].upstream":  # optional in the model; required without upstreams
+            assert rows[key].startswith("required, unless `upstreams`"), rows[key]
+            continue
+        default = (
+            "required"
+            if field.is_required()
+            else _readme_default(field.get_default(call_default_factory=True))
+        )
+        assert rows[key].startswith(default), (key, rows[key], default)
 
 
 # ---------------------------------------------------------------- credentials
@@ -396,3 +443,30 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
     # the stalled upstreams would hold them for ever)
     assert ended["long"] - signalled >= drain * 0.9
     assert ended["waiting"] - signalled >= drain * 0.9
+
+
+def test_worker_processes_log_the_gateways_own_lines_at_log_level(
+    simulator: ServerThread,
+) -> None:
+    """With ``--workers 2`` each worker logs its drain as one process does (README: log_level).
+
+    uvicorn starts workers as fresh interpreters, so the logging ``gateway serve`` set up
+    in the parent is not theirs: without their own, ``log_level`` does not reach them and
+    the drain's INFO lines of a Kubernetes pod (2 workers) are lost.
+    """
+    with gateway_process(
+        ["--upstream", simulator.url + "/v1", "--workers", "2"],
+        env={"GATEWAY_ACCESS_LOG": "false"},
+    ) as gw:
+        out, err = gw.stop()
+    output = (out + err).decode()
+    assert gw.proc.returncode == 0, output
+    assert output.count("INFO gateway: drained\n") == 2, output
+    with gateway_process(
+        ["--upstream", simulator.url + "/v1", "--workers", "2"],
+        env={"GATEWAY_ACCESS_LOG": "false", "GATEWAY_LOG_LEVEL": "warning"},
+    ) as gw:
+        out, err = gw.stop()
+    output = (out + err).decode()
+    assert gw.proc.returncode == 0, output
+    assert "drained" not in output, output
