@@ -41,7 +41,7 @@ from gateway.capture.writer import CaptureWriter
 from gateway.edge import EdgeRefusal, edge_state
 from gateway.errors import error_body, error_headers, send_error
 from gateway.exchange import Exchange
-from gateway.headers import Forwarding, get_header, pick_request_id
+from gateway.headers import Forwarding, get_header, request_id_of
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
@@ -85,13 +85,9 @@ class GatewayApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-_REQUEST_ID_KEY = "gateway.request_id"
-
-
 def _with_request_id(scope: Scope, send: Send) -> Send:
     """Every response carries exactly one X-Request-ID, the gateway's own ones too."""
-    request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
-    scope[_REQUEST_ID_KEY] = request_id
+    request_id = request_id_of(scope)
     value = request_id.encode()
 
     async def send_with_id(message: Message) -> None:
@@ -292,7 +288,7 @@ class _Gateway:
     async def status_page(self, request: Request) -> Response:
         relay, board = self.relay, self.status_board
         assert board is not None
-        request_id = str(request.scope.get(_REQUEST_ID_KEY) or pick_request_id(None))
+        request_id = request_id_of(request.scope)
         if relay is None:
             return _json_error(503, "The gateway is starting.", "not_ready", request_id)
         refusal = self._status_refusal(relay, request.scope, request_id)
@@ -426,7 +422,7 @@ def _is_loopback(address: str | None) -> bool:
 
 
 async def _not_ready(scope: Scope, send: Send) -> None:
-    request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
+    request_id = request_id_of(scope)
     await send_error(
         send, 503, "The gateway is starting.", "service_unavailable", "not_ready", request_id
     )
@@ -456,7 +452,7 @@ def create_app(
 
     async def not_found(request: Request, exc: Exception) -> Response:
         gateway.metrics.reject("no_route")
-        request_id = str(request.scope.get(_REQUEST_ID_KEY) or pick_request_id(None))
+        request_id = request_id_of(request.scope)
         body = error_body(
             "No route for this path.", "invalid_request_error", "no_route", request_id
         )

@@ -62,7 +62,7 @@ import struct
 import urllib.parse
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import httptools
 from uvicorn._types import ASGI3Application
@@ -75,7 +75,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from gateway.errors import error_body, error_headers
-from gateway.headers import get_header, pick_request_id
+from gateway.headers import request_id_of
 from gateway.settings import Limits, Timeouts
 
 __all__ = [
@@ -539,7 +539,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.scope is None:  # not a byte of a request came: nothing to answer
             answer = b""  # (after the response in progress, if any: then the end)
         else:
-            request_id = pick_request_id(get_header(self.scope["headers"], b"x-request-id"))
+            request_id = request_id_of(cast(MutableMapping[str, Any], self.scope))
             if not seen:  # the app never saw this request: the edge has it logged
                 self._edge.log(self._refused_request(refusal, request_id))
             answer = self._render(refusal, request_id)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
+from typing import Any, Final
 
 __all__ = [
     "FORWARDING_HEADERS",
@@ -27,6 +28,7 @@ __all__ = [
     "get_header",
     "new_request_id",
     "pick_request_id",
+    "request_id_of",
     "strip_hop_by_hop",
 ]
 
@@ -76,6 +78,26 @@ def pick_request_id(client_value: bytes | None) -> str:
     if client_value is not None and _REQUEST_ID.match(client_value):
         return client_value.decode("ascii")
     return new_request_id()
+
+
+#: Where a request's scope keeps its request id once one is picked.
+REQUEST_ID_KEY: Final = "gateway.request_id"
+
+
+def request_id_of(scope: MutableMapping[str, Any]) -> str:
+    """The request's id: the one already picked for it, else picked now and kept.
+
+    The edge, the relay and the app's own answers each ask; whichever asks first
+    picks, so that an answer and the access log always carry the same id (a
+    body the edge refuses while the app reads it is answered by the edge and
+    logged by the app).
+    """
+    request_id = scope.get(REQUEST_ID_KEY)
+    if request_id is None:
+        request_id = scope[REQUEST_ID_KEY] = pick_request_id(
+            get_header(scope["headers"], b"x-request-id")
+        )
+    return str(request_id)
 
 
 def new_request_id() -> str:

@@ -59,7 +59,7 @@ from gateway.headers import (
     Forwarding,
     RawHeaders,
     get_header,
-    pick_request_id,
+    request_id_of,
     strip_hop_by_hop,
 )
 from gateway.lifecycle import Lifecycle
@@ -128,7 +128,7 @@ class Relay:
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        request_id = pick_request_id(get_header(scope["headers"], b"x-request-id"))
+        request_id = request_id_of(scope)
         record = RequestRecord(
             request_id=request_id,
             route=route.name,

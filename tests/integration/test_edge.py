@@ -620,6 +620,15 @@ def logged(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
             id="a_bad_chunk_in_the_body",
         ),
         pytest.param(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\n{}{}{\r\nzz\r\n",
+            400,
+            "invalid_http",
+            # no id of the client's: the edge's answer and the app's line still share one
+            {"route": "default", "method": "POST", "path": "/v1/chat/completions"},
+            id="a_bad_chunk_in_the_body_without_an_id",
+        ),
+        pytest.param(
             b"GET /v1/" + b"m" * 40_000 + b" HTTP/1.1\r\nX-Request-Id: edge-431-url\r\n"
             b"User-Agent: probe/1\r\n\r\n",
             431,
