@@ -230,6 +230,16 @@ def _nothing() -> None:
     return None
 
 
+def _target_path(url: bytes) -> bytes:
+    """The path of a request target as uvicorn gives it to the app (an absolute-form
+    target's too); a target it cannot parse (authority form, cut off) as it came."""
+    with contextlib.suppress(httptools.HttpParserInvalidURLError):
+        path = httptools.parse_url(url).path
+        if path is not None:
+            return path
+    return url.partition(b"?")[0]
+
+
 class _Stop(Exception):
     """Raised in a parser callback after a refusal: the parser stops there."""
 
@@ -556,7 +566,7 @@ class EdgeProtocol(HttpToolsProtocol):
         method = path = None
         if url:  # the method comes before the target: the parser has it
             method = self.parser.get_method().decode("latin-1")
-            path = urllib.parse.unquote(url.partition(b"?")[0].decode("latin-1"))
+            path = urllib.parse.unquote(_target_path(url).decode("latin-1"))
         client = self.client
         return EdgeRefusal(
             status=refusal.status,

@@ -604,6 +604,17 @@ def logged(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
             id="under_no_route",
         ),
         pytest.param(
+            b"GET http://elsewhere.example/v1/models?x=1 HTTP/1.1\r\n"
+            b"X-Request-Id: edge-431-absolute\r\nUser-Agent: probe/1\r\n"
+            + b"".join(b"X-Field-%d: v\r\n" % i for i in range(200))
+            + b"\r\n",
+            431,
+            "header_too_large",
+            # an absolute-form target: its path, as the app would have routed it
+            {"route": "default", "method": "GET", "path": "/v1/models", "agent": True},
+            id="an_absolute_target",
+        ),
+        pytest.param(
             NOT_HTTP["garbage"],
             400,
             "invalid_http",
