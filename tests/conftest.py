@@ -107,6 +107,7 @@ class GatewayProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        self._stderr_seen = b""  # what wait_stderr read before stop()
 
     @property
     def url(self) -> str:
@@ -130,6 +131,28 @@ class GatewayProcess:
             time.sleep(0.05)
         raise RuntimeError("gateway did not become ready")
 
+    def wait_stderr(self, needle: bytes, count: int = 1, timeout: float = 60) -> None:
+        """Wait until the process has written ``needle`` ``count`` times on stderr.
+
+        For a state only the process's own lines show (each of ``--workers N`` started);
+        what is read here is still part of what ``stop()`` returns.
+        """
+        import os
+        import select
+
+        assert self.proc.stderr is not None
+        fd = self.proc.stderr.fileno()
+        deadline = time.monotonic() + timeout
+        while self._stderr_seen.count(needle) < count:
+            remaining = deadline - time.monotonic()
+            seen = self._stderr_seen[-2000:]
+            assert remaining > 0, f"no {count} x {needle!r} on stderr: {seen!r}"
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 65536)
+                assert chunk, f"stderr closed before {count} x {needle!r}: {self._stderr_seen!r}"
+                self._stderr_seen += chunk
+
     def stop(self) -> tuple[bytes, bytes]:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -138,7 +161,7 @@ class GatewayProcess:
         except Exception:
             self.proc.kill()
             out, err = self.proc.communicate()
-        return out, err
+        return out, self._stderr_seen + err
 
 
 @contextlib.contextmanager
