@@ -20,7 +20,7 @@ largest). A check whose yardstick was not among the targets is SKIP.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 # Issue 17 (same run, medians of runs)
@@ -72,129 +72,100 @@ def _failures(summary: Mapping[str, Any]) -> float | None:
     return float(summary.get("failures", 0) + summary.get("held_failures", 0))
 
 
+Value = Callable[[Results, str], float | None]  # a check's value for a target
+
+
+def _over(key: str, base: str) -> Value:
+    """The target's ``key`` over ``base``'s, in the same run."""
+    return lambda results, gw: ratio(results.get(gw, {}).get(key), results.get(base, {}).get(key))
+
+
+def _own(key: str) -> Value:
+    return lambda results, gw: results.get(gw, {}).get(key)
+
+
+def _added(key: str, base: str = "direct") -> Value:
+    return lambda results, gw: added(results, gw, key, base)
+
+
+#: Issue 17's PASS/FAIL checks: scenario, name, value, limit, direction.
+ISSUE17: tuple[tuple[int, str, Value, float, str], ...] = (
+    (
+        1,
+        "CPU per event / minimal",
+        _over("cpu_us_per_event", "minimal"),
+        S1_MAX_CPU_VS_MINIMAL,
+        "<=",
+    ),
+    (
+        1,
+        "CPU per event / minimal-raw",
+        _over("cpu_us_per_event", "minimal-raw"),
+        S1_MAX_CPU_VS_MINIMAL_RAW,
+        "<=",
+    ),
+    (
+        1,
+        "added p99 event latency (ms, over direct)",
+        _added("latency_p99_ms"),
+        S1_MAX_ADDED_P99_MS,
+        "<=",
+    ),
+    (4, "streams/s / minimal", _over("streams_per_s", "minimal"), S4_MIN_STREAMS_VS_MINIMAL, ">="),
+    (
+        4,
+        "streams/s / minimal-raw",
+        _over("streams_per_s", "minimal-raw"),
+        S4_MIN_STREAMS_VS_MINIMAL_RAW,
+        ">=",
+    ),
+    (5, "RSS per idle stream (KiB)", _own("rss_per_stream_kib"), S5_MAX_RSS_PER_STREAM_KIB, "<="),
+    (
+        6,
+        "added TTFB p50 over nginx (ms)",
+        _added("ttfb_p50_ms", base="nginx"),
+        S6_MAX_ADDED_TTFB_P50_MS,
+        "<=",
+    ),
+)
+
+#: Issue 7's checks against nginx, information only.
+ISSUE7: tuple[tuple[int, str, Value, float, str], ...] = (
+    (1, "events/s / nginx", _over("events_per_s", "nginx"), I7_S1_MIN_EVENTS_RATIO, ">="),
+    (1, "CPU per event / nginx", _over("cpu_us_per_event", "nginx"), I7_S1_MAX_CPU_RATIO, "<="),
+    (4, "streams/s / nginx", _over("streams_per_s", "nginx"), I7_S4_MIN_STREAMS_RATIO, ">="),
+    (5, "RSS per stream (KiB)", _own("rss_per_stream_kib"), I7_S5_MAX_RSS_PER_STREAM_KIB, "<="),
+    (
+        6,
+        "added TTFB p50 over nginx (ms)",
+        _added("ttfb_p50_ms", base="nginx"),
+        I7_S6_MAX_ADDED_TTFB_P50_MS,
+        "<=",
+    ),
+)
+
+
+def _table_checks(
+    table: tuple[tuple[int, str, Value, float, str], ...], sid: int, results: Results, gw: str
+) -> list[dict[str, Any]]:
+    return [
+        check(name, value(results, gw), limit, op)
+        for scenario, name, value, limit, op in table
+        if scenario == sid
+    ]
+
+
 def checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
     """Issue 17's PASS/FAIL checks of one guarded target in one scenario of one run."""
-    g = results.get(gw, {})
-    m = results.get("minimal", {})
-    raw = results.get("minimal-raw", {})
-    out: list[dict[str, Any]] = []
-    if sid == 1:
-        cpu = g.get("cpu_us_per_event")
-        out.append(
-            check(
-                "CPU per event / minimal",
-                ratio(cpu, m.get("cpu_us_per_event")),
-                S1_MAX_CPU_VS_MINIMAL,
-                "<=",
-            )
-        )
-        out.append(
-            check(
-                "CPU per event / minimal-raw",
-                ratio(cpu, raw.get("cpu_us_per_event")),
-                S1_MAX_CPU_VS_MINIMAL_RAW,
-                "<=",
-            )
-        )
-        out.append(
-            check(
-                "added p99 event latency (ms, over direct)",
-                added(results, gw, "latency_p99_ms"),
-                S1_MAX_ADDED_P99_MS,
-                "<=",
-            )
-        )
-    elif sid == 4:
-        sps = g.get("streams_per_s")
-        out.append(
-            check(
-                "streams/s / minimal",
-                ratio(sps, m.get("streams_per_s")),
-                S4_MIN_STREAMS_VS_MINIMAL,
-                ">=",
-            )
-        )
-        out.append(
-            check(
-                "streams/s / minimal-raw",
-                ratio(sps, raw.get("streams_per_s")),
-                S4_MIN_STREAMS_VS_MINIMAL_RAW,
-                ">=",
-            )
-        )
-    elif sid == 5:
-        out.append(
-            check(
-                "RSS per idle stream (KiB)",
-                g.get("rss_per_stream_kib"),
-                S5_MAX_RSS_PER_STREAM_KIB,
-                "<=",
-            )
-        )
-    elif sid == 6:
-        out.append(
-            check(
-                "added TTFB p50 over nginx (ms)",
-                added(results, gw, "ttfb_p50_ms", base="nginx"),
-                S6_MAX_ADDED_TTFB_P50_MS,
-                "<=",
-            )
-        )
+    out = _table_checks(ISSUE17, sid, results, gw)
     if sid in (1, 2, 3, 4, 5, 6):
-        out.append(check("failures", _failures(g), 0, "<="))
+        out.append(check("failures", _failures(results.get(gw, {})), 0, "<="))
     return out
 
 
 def issue7_checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
     """Issue 7's checks against nginx: printed as information, not part of the verdict."""
-    g = results.get(gw, {})
-    n = results.get("nginx", {})
-    out: list[dict[str, Any]] = []
-    if sid == 1:
-        out.append(
-            check(
-                "events/s / nginx",
-                ratio(g.get("events_per_s"), n.get("events_per_s")),
-                I7_S1_MIN_EVENTS_RATIO,
-                ">=",
-            )
-        )
-        out.append(
-            check(
-                "CPU per event / nginx",
-                ratio(g.get("cpu_us_per_event"), n.get("cpu_us_per_event")),
-                I7_S1_MAX_CPU_RATIO,
-                "<=",
-            )
-        )
-    elif sid == 4:
-        out.append(
-            check(
-                "streams/s / nginx",
-                ratio(g.get("streams_per_s"), n.get("streams_per_s")),
-                I7_S4_MIN_STREAMS_RATIO,
-                ">=",
-            )
-        )
-    elif sid == 5:
-        out.append(
-            check(
-                "RSS per stream (KiB)",
-                g.get("rss_per_stream_kib"),
-                I7_S5_MAX_RSS_PER_STREAM_KIB,
-                "<=",
-            )
-        )
-    elif sid == 6:
-        out.append(
-            check(
-                "added TTFB p50 over nginx (ms)",
-                added(results, gw, "ttfb_p50_ms", base="nginx"),
-                I7_S6_MAX_ADDED_TTFB_P50_MS,
-                "<=",
-            )
-        )
-    return out
+    return _table_checks(ISSUE7, sid, results, gw)
 
 
 def capacity_ratios(results: Results, gw: str) -> list[dict[str, Any]]:
