@@ -1427,6 +1427,13 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
     return format(value, spec)
 
 
+def _row(cells: list[str], cols: list[tuple[str, int, str]]) -> str:
+    """One line of a results table: each cell aligned in its column's width."""
+    return "  ".join(
+        f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, cols, strict=True)
+    )
+
+
 def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> str:
     cols = [
         ("target", 16, "<"),
@@ -1445,7 +1452,7 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
         ("fail", 5, ">"),
     ]
     lines = [f"Scenario {sid}: {title}  (latencies and TTFB in ms)"]
-    lines.append("  ".join(f"{name:{align}{width}}" for name, width, align in cols))
+    lines.append(_row([name for name, _, _ in cols], cols))
     for target, r in results.items():
         added50 = r.get("added_p50_ms")
         added99 = r.get("added_p99_ms")
@@ -1465,12 +1472,7 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
             _fmt(r.get("rss_per_stream_kib"), ".1f"),
             str(r["failures"]),
         ]
-        lines.append(
-            "  ".join(
-                f"{cell:{align}{width}}"
-                for cell, (_, width, align) in zip(cells, cols, strict=True)
-            )
-        )
+        lines.append(_row(cells, cols))
         if r.get("label"):
             lines.append(f"    {r['label']}")
         if r["failure_reasons"]:
@@ -2087,7 +2089,7 @@ def render_capacity(title: str, results: dict[str, dict[str, Any]]) -> str:
         ("harness@N", 9, ">"),
     ]
     lines = [f"Scenario 7: {title}"]
-    lines.append("  ".join(f"{name:{align}{width}}" for name, width, align in cols))
+    lines.append(_row([name for name, _, _ in cols], cols))
     for target, r in results.items():
         at = r["at_capacity"]
         cells = [
@@ -2101,12 +2103,7 @@ def render_capacity(title: str, results: dict[str, dict[str, Any]]) -> str:
             _fmt(at.get("events_per_s"), ".0f"),
             _fmt(at.get("harness_plateau_cpu_pct"), ".0f") + "%",
         ]
-        lines.append(
-            "  ".join(
-                f"{cell:{align}{width}}"
-                for cell, (_, width, align) in zip(cells, cols, strict=True)
-            )
-        )
+        lines.append(_row(cells, cols))
         if r.get("label"):
             lines.append(f"    {r['label']}")
         if target == "direct":
