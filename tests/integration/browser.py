@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -119,6 +120,7 @@ def chromium() -> Iterator[Page]:
             [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: its helpers are ended with it
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -135,9 +137,27 @@ def chromium() -> Iterator[Page]:
             with connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024) as socket:
                 yield Page(socket)
         finally:
-            proc.terminate()
+            _end_group(proc)
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """End Chromium and the helpers it started (its process group), and wait until all
+    are gone: a renderer still writing to the profile makes removing it fail."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    for stop in (signal.SIGKILL, None):  # 10 s to end, then killed and 10 s more
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+                os.killpg(proc.pid, 0)  # is any process of the group left?
+            except ProcessLookupError:
+                return
+            time.sleep(0.02)
+        if stop is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, stop)
