@@ -39,21 +39,22 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
 from gateway.edge import EdgeRefusal, edge_state
-from gateway.errors import error_body, error_headers, send_error
-from gateway.exchange import Exchange
-from gateway.headers import Forwarding, get_header, request_id_of
 from gateway.lifecycle import Lifecycle
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
-from gateway.relay import Relay
-from gateway.routing import Route as ProxyRoute
-from gateway.routing import match_route
+from gateway.observe.status_page import HEADERS as STATUS_HEADERS
+from gateway.observe.status_page import LiveStream, StatusView, render
+from gateway.policy.routing import Route as ProxyRoute
+from gateway.policy.routing import match_route
+from gateway.proxy.errors import error_body, error_headers, send_error
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.headers import Forwarding, get_header, request_id_of
+from gateway.proxy.relay import Relay
+from gateway.proxy.upstream import Upstream, create_upstream
+from gateway.redaction import redacted
 from gateway.settings import RouteConfig, Settings
-from gateway.status_page import HEADERS as STATUS_HEADERS
-from gateway.status_page import LiveStream, StatusView, render
-from gateway.upstream import Upstream, create_upstream
 
 __all__ = ["create_app"]
 
@@ -331,8 +332,6 @@ class _Gateway:
                     )
                 )
         live.sort(key=lambda stream: -stream.age)
-        from gateway.cli import redacted
-
         return StatusView(
             now=now,
             version=__version__,

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from gateway import __version__, guard_build
 from gateway.logsetup import configure_logging
+from gateway.redaction import redact_url, redacted
 from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
 __all__ = ["main"]
@@ -252,62 +253,9 @@ def _die(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _redact_url(url: str | None) -> str | None:
-    """A URL with any user-info and query values masked (keys may hide in either)."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "<redacted>@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(
-        f"{pair.split('=', 1)[0]}=<redacted>" if "=" in pair else pair
-        for pair in parts.query.split("&")
-        if pair
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def redacted(settings: Settings) -> dict[str, Any]:
-    data = settings.model_dump(mode="json", exclude={"credentials"})
-    data["upstream_url"] = _redact_url(data.get("upstream_url"))
-    data["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in settings.client_key_sha256]
-    for route in data.get("routes", []):
-        route["upstream"] = _redact_url(route.get("upstream"))
-        if route.get("credential_env"):
-            route["credential"] = "<redacted>"
-        for upstream in route.get("upstreams", []):
-            upstream["url"] = _redact_url(upstream.get("url"))
-            if upstream.get("credential_env"):
-                upstream["credential"] = "<redacted>"
-        if route.get("client_key_sha256"):
-            route["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in route["client_key_sha256"]]
-    data["effective_routes"] = []
-    for r in settings.effective_routes():
-        secrets = settings.credentials.get(r.name, {})
-        data["effective_routes"].append(
-            {
-                "name": r.name,
-                "prefix": r.prefix,
-                "upstream": _redact_url(r.upstream),
-                "credential": "<redacted>" if secrets and not r.upstreams else None,
-                "upstreams": [
-                    {
-                        "name": u.name,
-                        "url": _redact_url(u.url),
-                        "weight": u.weight,
-                        "credential": "<redacted>" if u.name in secrets else None,
-                    }
-                    for u in r.pool()
-                ],
-            }
-        )
-    return data
-
-
 def _origin(url: str) -> str:
     """``scheme://host[:port]`` of a URL, user-info masked as in ``check-config``."""
-    parts = urlsplit(_redact_url(url) or "")
+    parts = urlsplit(redact_url(url) or "")
     return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
 
 

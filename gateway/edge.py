@@ -74,24 +74,20 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.server import ServerState
 
-from gateway.errors import error_body, error_headers
-from gateway.headers import request_id_of
+from gateway.proxy.connection import ABORT_EXTENSION
+from gateway.proxy.errors import error_body, error_headers
+from gateway.proxy.headers import request_id_of
 from gateway.settings import Limits, Timeouts
 
 __all__ = [
-    "ABORT_EXTENSION",
     "EdgeConfig",
     "EdgeProtocol",
     "EdgeRefusal",
-    "abort_connection",
-    "edge_refusal",
     "edge_state",
     "uvicorn_options",
-    "watch_connection",
 ]
 
 STATE_KEY: Final = "gateway.edge"
-ABORT_EXTENSION: Final = "gateway.abort"
 _LINGER_SECONDS = 2.0  # how long a refused connection still reads (and drops) what comes
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops unsent bytes
 _REFUSED_METHODS = frozenset({b"CONNECT", b"TRACE"})
@@ -168,44 +164,6 @@ def uvicorn_options() -> dict[str, Any]:
     relays none, and an upgraded connection would leave the edge.
     """
     return {"http": EdgeProtocol, "ws": "none", "lifespan": "on"}
-
-
-def abort_connection(scope: MutableMapping[str, Any]) -> bool:
-    """Reset this request's client connection (RST; bytes still queued are dropped).
-
-    False when the server offers no way to (not running under ``EdgeProtocol``).
-    """
-    extension = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
-    if not extension:
-        return False
-    extension["abort"]()
-    return True
-
-
-def watch_connection(
-    scope: MutableMapping[str, Any], callback: Callable[[], None]
-) -> Callable[[], None] | None:
-    """Have ``callback`` called once when this request's client connection is lost
-    (at once if it already is); returns the function that stops the watch.
-
-    None when the server offers no way to (not running under ``EdgeProtocol``):
-    then only ``receive()`` tells of a disconnect.
-    """
-    extension = (scope.get("extensions") or {}).get(ABORT_EXTENSION)
-    if not extension:
-        return None
-    watch: Callable[[Callable[[], None]], Callable[[], None]] = extension["watch"]
-    return watch(callback)
-
-
-def edge_refusal(scope: MutableMapping[str, Any]) -> tuple[int, str] | None:
-    """The status and reason the edge refused this request's body with, if it did.
-
-    The app sees such a request end in a disconnect; it logs it with these.
-    """
-    extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
-    refused = extension.get("refused") if extension is not None else None
-    return refused if isinstance(refused, tuple) else None
 
 
 class _Refusal(NamedTuple):

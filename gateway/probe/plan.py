@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gateway.guard import Protocol
+from gateway.policy.routing import credential_style
 from gateway.probe.checks import CHECKS, Target, checks_for
 from gateway.protocols import REGISTRY, ProtocolSpec, spec_for
-from gateway.routing import credential_style
 from gateway.settings import RouteConfig, Settings
 
 __all__ = [

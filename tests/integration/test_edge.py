@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.edge import abort_connection, uvicorn_options, watch_connection
+from gateway.edge import uvicorn_options
+from gateway.proxy.connection import abort_connection, watch_connection
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, gateway_process, running

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.upstream import create_upstream
+from gateway.proxy.upstream import create_upstream
 from tests import web
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value

@@ -1641,7 +1641,7 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
 
 _COMPONENTS = (
     ("gateway/guard/", "gateway.guard (SSE decoder, contract)"),
-    ("gateway/relay.py", "gateway.relay"),
+    ("gateway/proxy/relay.py", "gateway.proxy.relay"),
     ("gateway/observe/", "gateway.observe (metrics, access log)"),
     ("gateway/", "gateway (other)"),
     ("uvicorn/", "uvicorn (server side HTTP)"),

@@ -26,7 +26,7 @@ from bench_gateway import _FINISH, _ROLE, _TOKEN
 
 from gateway.guard import ChatContract, SSEDecoder, StreamGuard
 from gateway.observe import AccessLog, Metrics, RequestRecord
-from gateway.upstream import Upstream
+from gateway.proxy.upstream import Upstream
 
 ROUNDS = 7
 N = 10_000

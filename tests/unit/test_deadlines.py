@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Callable
 from typing import cast
 
-from gateway.deadlines import Watchdog
 from gateway.guard import Reason
+from gateway.proxy.deadlines import Watchdog
 from gateway.settings import Timeouts
 
 

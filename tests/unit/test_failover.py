@@ -6,9 +6,9 @@ import email.utils
 
 import pytest
 
-from gateway.attempt import AttemptFailure
-from gateway.exchange import bare_verdict
-from gateway.failover import (
+from gateway.guard import Outcome, Reason, Verdict
+from gateway.policy.failover import (
+    AttemptFailure,
     Result,
     health_of,
     result_of_answer,
@@ -18,8 +18,8 @@ from gateway.failover import (
     retry_after_seconds,
     retryable,
 )
-from gateway.guard import Outcome, Reason, Verdict
-from gateway.pool import Health
+from gateway.policy.pool import Health
+from gateway.proxy.exchange import bare_verdict
 from gateway.settings import DEFAULT_RETRY_ON, RouteConfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.headers import Forwarding
+from gateway.proxy.headers import Forwarding
 
 XFF = b"x-forwarded-for"
 

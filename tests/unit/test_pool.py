@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.pool import Change, EjectionPolicy, Health, Lease, Pool
+from gateway.policy.pool import Change, EjectionPolicy, Health, Lease, Pool
 
 
 class Clock:

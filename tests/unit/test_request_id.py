@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from gateway.headers import new_request_id, pick_request_id
+from gateway.proxy.headers import new_request_id, pick_request_id
 
 
 def test_a_new_id_is_a_version_4_uuid_in_32_hex_digits() -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from html.parser import HTMLParser
 
-from gateway.exchange import bare_verdict
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
 from gateway.observe.status import MODEL_CHARS, IncompleteStream, StatusBoard
-from gateway.status_page import LiveStream, StatusView, render
+from gateway.observe.status_page import LiveStream, StatusView, render
+from gateway.proxy.exchange import bare_verdict
 
 
 class _Clock:

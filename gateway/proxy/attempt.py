@@ -10,25 +10,14 @@ policy around attempts (how many, against which upstream) is the relay's.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import httpx
 
 from gateway.guard import Reason
-from gateway.upstream import Upstream, send_failure
+from gateway.policy.failover import AttemptFailure
+from gateway.proxy.upstream import Upstream, send_failure
 
 __all__ = ["AttemptFailure", "attempt"]
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptFailure:
-    """No response head: why, the status the client gets, and the stream's reason."""
-
-    #: The access log's classification (``connect_error``, ``connect_timeout``,
-    #: ``upstream_bad_response``), or None for a deadline (the reason says which).
-    error: str | None
-    status: int
-    reason: Reason
 
 
 #: Transport failures before the head. Connected but no valid answer is the HTTP

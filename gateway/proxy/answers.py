@@ -31,14 +31,14 @@ from typing import NoReturn
 import httpx
 
 from gateway.capture.tap import Tap
-from gateway.deadlines import Watchdog
-from gateway.edge import abort_connection
-from gateway.exchange import AbortConnection, Exchange
 from gateway.guard import Reason, StreamGuard
 from gateway.guard.jsonparse import loads
-from gateway.headers import RawHeaders, strip_hop_by_hop
 from gateway.observe import RequestRecord
-from gateway.upstream import ReadChunk, chunk_reader, drain_for_reuse
+from gateway.proxy.connection import abort_connection
+from gateway.proxy.deadlines import Watchdog
+from gateway.proxy.exchange import AbortConnection, Exchange
+from gateway.proxy.headers import RawHeaders, strip_hop_by_hop
+from gateway.proxy.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
 __all__ = [
     "Held",

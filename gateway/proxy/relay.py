@@ -8,11 +8,11 @@ For one client request, in layers, each with one job (like httpx's
 - ``_proxy``: what the request is: its protocol (from the registry), whether
   it asks for a stream (then the concurrency caps apply), usage injection.
 - ``_send``: the policy around attempts (``_attempt`` each): which upstream
-  of the route's pool (``gateway.pool``), failover to another one while
-  nothing has reached the client (``gateway.failover``), passive health;
-  ``gateway.attempt`` is one attempt against one upstream.
+  of the route's pool (``gateway.policy.pool``), failover to another one while
+  nothing has reached the client (``gateway.policy.failover``), passive health;
+  ``gateway.proxy.attempt`` is one attempt against one upstream.
 - ``_answer``: relaying the upstream's answer, plain or guarded stream
-  (``gateway.answers``), or the gateway's own error when there is none.
+  (``gateway.proxy.answers``), or the gateway's own error when there is none.
 
 Failover: an attempt that fails with a cause in the route's ``retry_on`` is
 retried on another upstream of the pool (one this request has not tried,
@@ -36,13 +36,12 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import Admission, ClientGone, Refused
-from gateway.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
-from gateway.attempt import AttemptFailure, attempt
-from gateway.edge import edge_refusal, watch_connection
-from gateway.errors import send_error
-from gateway.exchange import AbortConnection, Exchange, bare_verdict
-from gateway.failover import (
+from gateway.guard import Reason, SSEDecoder, StreamGuard
+from gateway.guard.jsonparse import loads
+from gateway.lifecycle import Lifecycle
+from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
+from gateway.policy.failover import (
+    AttemptFailure,
     Result,
     health_of,
     result_of_answer,
@@ -52,9 +51,16 @@ from gateway.failover import (
     retry_after_seconds,
     retryable,
 )
-from gateway.guard import Reason, SSEDecoder, StreamGuard
-from gateway.guard.jsonparse import loads
-from gateway.headers import (
+from gateway.policy.pool import Change, Health, Lease
+from gateway.policy.routing import Endpoint, Route, Target
+from gateway.protocols import ContractOptions, CredentialStyle
+from gateway.proxy.admission import Admission, ClientGone, Refused
+from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
+from gateway.proxy.attempt import attempt
+from gateway.proxy.connection import edge_refusal, watch_connection
+from gateway.proxy.errors import send_error
+from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
+from gateway.proxy.headers import (
     FORWARDING_HEADERS,
     Forwarding,
     RawHeaders,
@@ -62,13 +68,8 @@ from gateway.headers import (
     request_id_of,
     strip_hop_by_hop,
 )
-from gateway.lifecycle import Lifecycle
-from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
-from gateway.pool import Change, Health, Lease
-from gateway.protocols import ContractOptions, CredentialStyle
-from gateway.routing import Endpoint, Route, Target
+from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
-from gateway.upstream import Upstream, close_quietly
 
 __all__ = ["Relay"]
 

@@ -17,9 +17,9 @@ from starlette.types import Scope, Send
 
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
+from gateway.policy.routing import Route
 from gateway.protocols import ProtocolSpec
 from gateway.protocols.sse import SSE
-from gateway.routing import Route
 from gateway.settings import Timeouts
 
 __all__ = ["AbortConnection", "Exchange", "bare_verdict"]

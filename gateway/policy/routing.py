@@ -8,7 +8,7 @@ upstream is the path and query as the client sent them, byte for byte.
 
 A route has a pool of one or more upstreams (``Endpoint``: a name, a base
 URL, a credential, a weight, a model map, deadlines); which one an attempt
-goes to is the pool's choice (``gateway.pool``). An upstream base URL may
+goes to is the pool's choice (``gateway.policy.pool``). An upstream base URL may
 carry a query (Azure's ``?api-version=...``): the request path joins the
 base path, and the queries are merged, the base's first. A client parameter
 with the name of a base parameter is dropped: the operator's
@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
-import httpx
 from pydantic import SecretStr
 
-from gateway.pool import EjectionPolicy, Pool
+from gateway.policy.pool import EjectionPolicy, Pool
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
@@ -84,8 +83,7 @@ class Endpoint:
     base_names: frozenset[str] = field(init=False)  # its parameter names, decoded
 
     def __post_init__(self) -> None:
-        # httpx.URL percent-encodes what the operator wrote (non-ASCII, spaces) once.
-        parts = urlsplit(str(httpx.URL(self.url)))
+        parts = urlsplit(encoded_url(self.url))
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.base_path = parts.path.rstrip("/")
         self.base_query = parts.query
@@ -98,6 +96,26 @@ class Endpoint:
         if merged:
             url += "?" + merged
         return url
+
+
+# What stays as written in a URL's path and query: RFC 3986's reserved and unreserved
+# characters, and "%" so that what the operator already encoded is not encoded twice.
+_PATH_SAFE = "/:@!$&'()*+,;=~%"
+_QUERY_SAFE = _PATH_SAFE + "?"
+
+
+def encoded_url(url: str) -> str:
+    """``url`` with what the operator wrote outside URL syntax (non-ASCII, spaces)
+    percent-encoded once, and a non-ASCII host in its IDNA form, as httpx.URL does."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if not netloc.isascii():
+        userinfo, at, hostport = netloc.rpartition("@")
+        host, colon, port = hostport.partition(":")
+        netloc = f"{userinfo}{at}{host.encode('idna').decode()}{colon}{port}"
+    path = quote(parts.path, safe=_PATH_SAFE)
+    query = quote(parts.query, safe=_QUERY_SAFE)
+    return f"{parts.scheme}://{netloc}{path}" + (f"?{query}" if query else "")
 
 
 def _endpoint(

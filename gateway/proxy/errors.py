@@ -10,7 +10,7 @@ import json
 
 from starlette.types import Send
 
-from gateway.headers import RawHeaders
+from gateway.proxy.headers import RawHeaders
 
 __all__ = ["error_body", "error_headers", "send_error"]
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import email.utils
 import enum
 from collections.abc import Collection
+from dataclasses import dataclass
 
-from gateway.attempt import AttemptFailure
 from gateway.guard import Reason, Verdict
-from gateway.pool import Health
+from gateway.policy.pool import Health
 
 __all__ = [
+    "AttemptFailure",
     "Result",
     "health_of",
     "result_of_answer",
@@ -34,6 +35,17 @@ __all__ = [
     "retry_after_seconds",
     "retryable",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailure:
+    """No response head: why, the status the client gets, and the stream's reason."""
+
+    #: The access log's classification (``connect_error``, ``connect_timeout``,
+    #: ``upstream_bad_response``), or None for a deadline (the reason says which).
+    error: str | None
+    status: int
+    reason: Reason
 
 
 class Result(enum.StrEnum):

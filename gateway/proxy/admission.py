@@ -24,8 +24,8 @@ from collections.abc import Iterable
 
 from starlette.types import Receive, Scope
 
-from gateway.headers import RawHeaders, get_header
-from gateway.routing import PathRejected, Route, Target, request_target
+from gateway.policy.routing import PathRejected, Route, Target, request_target
+from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import Limits, RouteConfig
 
 __all__ = ["Admission", "ClientGone", "Refused", "presented_key"]
