@@ -1,0 +1,45 @@
+"""Edge cases an adversarial run broke, each driven for real on loopback.
+
+The status page with a client's lone surrogate, the stream cap for requests
+not sent as JSON, a killed worker's live gauges, the body memory budget, a
+large body parsed off the loop, a slow body's total time, a forged
+annotation, a Responses stream whose output item never finished, and the
+model label on a mapped route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests import web
+from tests.integration.helpers import annotation, gateway_for
+from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
+
+CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
+CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+
+
+async def _answer_cut(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A Chat stream that ends cleanly before its terminator."""
+    writer.write(sse_head(b"connection: close\r\n") + chunk(CUT_CHAT) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -> None:
+    with (
+        raw_upstream(_answer_cut) as upstream,
+        gateway_for(upstream.url + "/v1", status_page=True) as gw,
+        web.client(base_url=gw.url, timeout=15) as client,
+    ):
+        cut = client.post(
+            "/v1/chat/completions",
+            content=CHAT_HEAD + b'"\\ud800<b>"}',
+            headers={"content-type": "application/json", "x-request-id": "surrogate-cut"},
+        ).content
+        assert annotation(cut)["reason"] == "missing_done"
+        page = client.get("/status")
+    assert page.status_code == 200
+    row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
+    assert "\ufffd&lt;b&gt;" in row
