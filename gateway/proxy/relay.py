@@ -190,7 +190,9 @@ class Relay:
             if record.usage is None and record.verdict is not None:
                 record.usage = record.verdict.usage
             record.duration = time.monotonic() - started
-            record.model_label = self.model_labels.label(record.model, record.upstream_model)
+            record.model_label = self.model_labels.label(
+                record.model, record.upstream_model, configured=_mapped(route, record.model)
+            )
             self.observers.observe(record)
 
     async def _watch_disconnect(self, receive: Receive, exchange: Exchange) -> None:
@@ -598,6 +600,11 @@ def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | No
     if mapped is None:
         return body
     return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
+
+
+def _mapped(route: Route, model: str | None) -> bool:
+    """Whether an upstream of ``route`` maps ``model`` (a configured, bounded name)."""
+    return model is not None and any(model in endpoint.models for endpoint in route.endpoints)
 
 
 def _client_left(record: RequestRecord, scope: Scope) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 
 from tests import web
-from tests.integration.helpers import annotation, gateway_for
+from tests.conftest import ServerThread
+from tests.integration.control import settled_metrics
+from tests.integration.helpers import annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
 
 CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
 
 
@@ -43,3 +46,32 @@ def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -
     assert page.status_code == 200
     row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
     assert "\ufffd&lt;b&gt;" in row
+
+
+def test_a_mapped_route_labels_its_streams_with_the_client_model(
+    simulator: ServerThread,
+) -> None:
+    routes = [
+        {
+            "name": "mapped",
+            "prefix": "/v1",
+            "upstreams": [
+                {"name": "b", "url": simulator.url + "/v1", "models": {"gpt-x": "provider-b-model"}}
+            ],
+        }
+    ]
+    with gateway_for("", routes=routes) as gw:
+        body = web.post(
+            gw.url + "/v1/chat/completions",
+            json={
+                "model": "gpt-x",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            },
+            timeout=15,
+        ).content
+        assert annotation(body)["outcome"] == "complete"
+        assert b"provider-b-model" in body  # the upstream answered as its own model
+        text = settled_metrics(gw.url, requests=1)
+    assert metric_value(text, "gateway_streams_total", model="gpt-x") == 1
+    assert metric_value(text, "gateway_streams_total", model="provider-b-model") == 0
