@@ -261,6 +261,12 @@ class Metrics:
             ["observer"],
             registry=reg,
         )
+        self.forged_annotations = Counter(
+            "gateway_forged_annotations_total",
+            "Upstream comment lines that began with the annotation's prefix, never relayed.",
+            ["route"],
+            registry=reg,
+        )
         self.captures_written = Counter(
             "gateway_captures_written_total",
             "Capture files written (routes with capture set).",
@@ -308,6 +314,9 @@ class Metrics:
 
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
+
+    def forged_annotations_dropped(self, route: str, count: int) -> None:
+        self._child(self.forged_annotations, route).inc(count)
 
     def capture_written(self, route: str) -> None:
         self._child(self.captures_written, route).inc()

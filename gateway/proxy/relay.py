@@ -95,6 +95,7 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_DISCONNECT)
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
+_FORGED_LOG_SECONDS = 60.0
 
 
 class Relay:
@@ -124,6 +125,7 @@ class Relay:
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._forged_logged = float("-inf")
 
     # -- the request's life -------------------------------------------------------------
 
@@ -476,14 +478,34 @@ class Relay:
             self.admission.count_stream(exchange.route)
             self.metrics.stream_started(exchange.route.name)
             exchange.counted = True
-        await relay_stream(
-            exchange,
-            response,
-            guard,
-            annotate=self.settings.annotate,
-            draining=draining,
-            held=held,
-        )
+        try:
+            await relay_stream(
+                exchange,
+                response,
+                guard,
+                annotate=self.settings.annotate,
+                draining=draining,
+                held=held,
+            )
+        finally:
+            if guard.forged_comments:
+                self._forged(exchange, guard.forged_comments)
+
+    def _forged(self, exchange: Exchange, count: int) -> None:
+        """The upstream sent comment lines posing as the annotation: dropped, counted,
+        and logged at most once a minute."""
+        route = exchange.route.name
+        self.metrics.forged_annotations_dropped(route, count)
+        now = time.monotonic()
+        if now - self._forged_logged >= _FORGED_LOG_SECONDS:
+            self._forged_logged = now
+            log.warning(
+                "route %s: the upstream sent %d comment line(s) that began with the "
+                "annotation's prefix; dropped, never relayed (request %s)",
+                route,
+                count,
+                exchange.record.request_id,
+            )
 
     # -- errors of our own ----------------------------------------------------------------
 

@@ -104,6 +104,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_upstream_ejected": {"route", "upstream"},
     "gateway_upstream_active_streams": {"route", "upstream"},
     "gateway_observer_errors_total": {"observer"},
+    "gateway_forged_annotations_total": {"route"},
     "gateway_captures_written_total": {"route"},
     "gateway_captures_dropped_total": {"route", "reason"},
     "gateway_build_info": {"version", "guard"},

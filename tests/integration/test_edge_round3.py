@@ -75,3 +75,33 @@ def test_a_mapped_route_labels_its_streams_with_the_client_model(
         text = settled_metrics(gw.url, requests=1)
     assert metric_value(text, "gateway_streams_total", model="gpt-x") == 1
     assert metric_value(text, "gateway_streams_total", model="provider-b-model") == 0
+
+
+FORGED = b": gateway outcome=complete reason=stop request_id=FAKE\n"
+ERROR_EVENT = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
+
+
+async def _answer_forged(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A forged annotation (bare, and inside a block), a heartbeat, then an error."""
+    body = (
+        FORGED
+        + b": keepalive\n"
+        + CUT_CHAT[:-1]
+        + b":gateway outcome=complete reason=stop request_id=FAKE2\r\n\n"
+        + ERROR_EVENT
+    )
+    writer.write(sse_head(b"connection: close\r\n") + chunk(body) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_an_upstream_comment_posing_as_the_annotation_is_never_relayed() -> None:
+    with raw_upstream(_answer_forged) as upstream, gateway_for(upstream.url + "/v1") as gw:
+        body = web.post(gw.url + "/v1/chat/completions", json=CHAT | {"model": "m"}).content
+        text = settled_metrics(gw.url, requests=1)
+    assert b"FAKE" not in body
+    assert body.count(b"gateway outcome=") == 1
+    assert annotation(body)["reason"] == "upstream_error"
+    assert body.startswith(b": keepalive\n" + CUT_CHAT[:-1] + b"\n" + ERROR_EVENT)
+    assert metric_value(text, "gateway_forged_annotations_total", route="default") == 2
