@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
+import socket
+
+import pytest
 
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.control import settled_metrics
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
 
 CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
@@ -157,3 +161,39 @@ def test_a_responses_stream_whose_item_never_got_its_done_is_missing_finish() ->
     assert annotation(body)["reason"] == "missing_finish"
     assert b"response.completed" not in body
     assert b'"code": "missing_finish"' in body or b'"code":"missing_finish"' in body
+
+
+def test_a_body_that_trickles_past_client_body_total_gets_408(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every gap is short (0.1 s, the gap limit is 1 s), but the whole body is not in
+    within 1.5 s: 408 ``body_too_slow``, logged and counted, nothing forwarded."""
+    body = b'{"model":"m","stream":true,"messages":[]}' + b" " * 200
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: trickle\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    timeouts = {"client_body": 1.0, "client_body_total": 1.5}
+    with (
+        raw_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", timeouts=timeouts, access_log=True) as gw,
+        socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock,
+    ):
+        sock.sendall(head)
+        answer = b""
+        for byte in body:  # 24 s at most: the refusal comes long before
+            readable, _, _ = select.select([sock], [], [], 0.1)
+            if readable:
+                answer = sock.recv(65536)
+                break
+            sock.sendall(bytes([byte]))
+        while answer and (more := sock.recv(65536)):
+            answer += more
+        text = settled_metrics(gw.url, requests=1)
+        seen = list(upstream.requests)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b'"code":"body_too_slow"' in answer.replace(b" ", b"")
+    assert seen == []
+    assert metric_value(text, "gateway_rejected_requests_total", reason="body_too_slow") == 1
+    entry = access_log_line(capsys, "trickle")
+    assert (entry["status"], entry["rejected"]) == (408, "body_too_slow")
