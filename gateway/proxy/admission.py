@@ -173,11 +173,6 @@ class Admission:
         self.active_streams += 1
         route.active += 1
 
-    def count_stream(self, route: Route) -> None:
-        """Count a stream in without checking the caps (it is already answering)."""
-        self.active_streams += 1
-        route.active += 1
-
     def end_stream(self, route: Route) -> None:
         self.active_streams -= 1
         route.active -= 1

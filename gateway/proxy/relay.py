@@ -96,6 +96,7 @@ _HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 _FORGED_LOG_SECONDS = 60.0
+_BOM = b"\xef\xbb\xbf"
 
 
 class Relay:
@@ -211,7 +212,7 @@ class Relay:
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
         record.protocol = spec.name
-        request_json = _parse_request(body, scope["headers"])
+        request_json = _parse_request(body)
         if request_json is not None:
             model = request_json.get("model")
             record.model = model if isinstance(model, str) else None
@@ -334,6 +335,8 @@ class Relay:
                         failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
                         await self._fail_before_response(exchange, failure)
                         return None
+            if guard is not None and not await self._count_late_stream(exchange):
+                return None  # refused: the stream cap is full (the upstream is closed)
             record.upstream = endpoint.name
             answered = held is None or held.failure is None  # else: its result stands
             await self._answer(exchange, response, guard, held)
@@ -472,12 +475,6 @@ class Relay:
             await relay_plain(exchange, response, draining, held)
             return
         record.stream = True
-        if not exchange.counted:
-            # A stream the request did not announce (non-JSON body, GET): count it as
-            # one from here on; it is too late to refuse it.
-            self.admission.count_stream(exchange.route)
-            self.metrics.stream_started(exchange.route.name)
-            exchange.counted = True
         try:
             await relay_stream(
                 exchange,
@@ -506,6 +503,22 @@ class Relay:
                 count,
                 exchange.record.request_id,
             )
+
+    async def _count_late_stream(self, exchange: Exchange) -> bool:
+        """An answer that is a stream the request did not announce (a GET, a body that
+        is not JSON): counted against the caps now, before its head goes out; False
+        when a cap is full (the client got 503, the caller closes the upstream)."""
+        if exchange.counted:
+            return True
+        exchange.record.stream = True
+        try:
+            self.admission.start_stream(exchange.route)
+        except Refused as refused:
+            await self._refuse(exchange.send, exchange.record, refused)
+            return False
+        self.metrics.stream_started(exchange.route.name)
+        exchange.counted = True
+        return True
 
     # -- errors of our own ----------------------------------------------------------------
 
@@ -581,12 +594,15 @@ class Relay:
         )
 
 
-def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
-    """The request body as a JSON object, or None (not JSON, or not parseable by us)."""
+def _parse_request(body: bytes) -> dict[str, Any] | None:
+    """The request body as a JSON object, or None (not JSON, or not parseable by us).
+
+    Whatever its content type says, and behind a UTF-8 BOM too: an upstream may
+    read it as JSON all the same, and a stream it asks for must meet the caps.
+    """
+    if body[:3] == _BOM:
+        body = body[3:]
     if not body or body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
-        return None
-    ctype = get_header(headers, b"content-type") or b""
-    if ctype and b"json" not in ctype:
         return None
     try:
         obj = loads(body)

@@ -18,7 +18,7 @@ import pytest
 
 from tests import web
 from tests.conftest import ServerThread
-from tests.integration.control import settled_metrics
+from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics
 from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
 
@@ -197,3 +197,75 @@ def test_a_body_that_trickles_past_client_body_total_gets_408(
     assert metric_value(text, "gateway_rejected_requests_total", reason="body_too_slow") == 1
     entry = access_log_line(capsys, "trickle")
     assert (entry["status"], entry["rejected"]) == (408, "body_too_slow")
+
+
+STREAM_BODY = json.dumps(CHAT | {"model": "m"}).encode()
+
+
+def test_the_stream_cap_holds_for_text_plain_bom_and_unannounced_streams() -> None:
+    """Cap 2: two streams held open (one sent as text/plain, one as JSON behind a BOM);
+    a third text/plain one is refused at admission, and a request whose body is not
+    JSON at all, but whose answer is a stream, is refused before its head goes out."""
+    plain = {"content-type": "text/plain"}
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 2}) as gw,
+        web.client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
+    ):
+        with (
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                content=STREAM_BODY,
+                headers=plain | {"x-gate": "a"},
+            ) as a,
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                content=b"\xef\xbb\xbf" + STREAM_BODY,
+                headers={"content-type": "application/json", "x-gate": "b"},
+            ) as b,
+        ):
+            assert (a.status_code, b.status_code) == (200, 200)
+            third = client.post(
+                "/v1/chat/completions", content=STREAM_BODY, headers=plain | {"x-gate": "c"}
+            )
+            late = client.post(
+                "/v1/chat/completions", content=b"hello", headers=plain | {"x-gate": "d"}
+            )
+            asked = upstream.gate("c").reached.is_set(), upstream.gate("d").reached.is_set()
+            upstream.open_all()
+            bodies = [a.read(), b.read()]
+        text = settled_metrics(gw.url, requests=4)
+        after = client.post("/v1/chat/completions", content=b"hello", headers=plain)
+    assert [annotation(body)["outcome"] for body in bodies] == ["complete", "complete"]
+    assert (third.status_code, late.status_code) == (503, 503)
+    assert third.json()["error"]["code"] == late.json()["error"]["code"] == "overloaded"
+    assert third.headers["retry-after"] == late.headers["retry-after"] == "1"
+    assert asked == (False, True)  # the late one was refused on its answer's head
+    assert metric_value(text, "gateway_rejected_requests_total", reason="overloaded") == 2
+    assert metric_value(text, "gateway_active_streams") == 0
+    assert metric_value(text, "gateway_upstream_active_streams") == 0
+    assert after.status_code == 200  # capacity is back once the streams ended
+    assert annotation(after.content)["outcome"] == "complete"
+
+
+def test_usage_is_injected_into_a_stream_request_behind_a_bom() -> None:
+    with raw_upstream() as upstream:
+        routes = [
+            {
+                "name": "inject",
+                "prefix": "/v1",
+                "upstream": upstream.url + "/v1",
+                "inject_include_usage": True,
+            }
+        ]
+        with gateway_for("", routes=routes) as gw:
+            body = web.post(
+                gw.url + "/v1/chat/completions",
+                content=b"\xef\xbb\xbf" + STREAM_BODY,
+                headers={"content-type": "text/plain"},
+            ).content
+        (sent,) = upstream.requests
+    assert annotation(body)["outcome"] == "complete"
+    assert json.loads(sent.body)["stream_options"] == {"include_usage": True}
