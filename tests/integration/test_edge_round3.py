@@ -422,8 +422,10 @@ def test_a_large_json_body_does_not_stall_a_concurrent_stream() -> None:
         post_big()  # the helper process is started once, before the measured run
         before, within = _event_gaps_around(gw.url, post_big)
     assert len(within) >= 5, within
-    # Measured here, now, against this stream's own gaps before the big body came.
-    assert max(within) < max(before) + 0.25, (max(before), max(within))
+    # Measured here, now, against this stream's own gaps before the big body came. Parsed
+    # on the loop, the body held it 0.6 s on an idle machine, 1.8 s under load; off it,
+    # the stream's largest gap grew by 0.1-0.25 s on this loaded 2-core machine.
+    assert max(within) < max(before) + 0.4, (max(before), max(within))
 
 
 MiB = 1024 * 1024
