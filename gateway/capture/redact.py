@@ -1,4 +1,4 @@
-"""Redaction of a captured event stream: no text left, every byte offset kept.
+"""Redaction of a captured stream (SSE or NDJSON): no text left, every byte offset kept.
 
 The output has exactly the length of the input and its line ends in the same
 places, so the original chunk boundaries still fall where they fell, and the
@@ -26,6 +26,8 @@ and what goes:
   Inside free-form objects (``args``, ``input``, ``metadata``) keys are
   content too and are masked like values, and so are the digits of numbers.
 * Data that is not JSON is replaced whole, except the ``[DONE]`` terminator.
+* NDJSON (``redact(data, "ndjson")``): every line is one event's data, masked
+  as above; line ends and blank lines stay.
 
 Works on the bytes the upstream sent, so text cut mid-character or invalid
 UTF-8 is handled like the guard handles it (as U+FFFD, never an error). The
@@ -80,9 +82,9 @@ _ESCAPES = {
 _LITERALS = {"t": "true", "f": "false", "n": "null", "N": "NaN", "I": "Infinity"}
 
 
-def redact_stream(data: bytes) -> bytes:
-    """``data`` (an upstream's event-stream bytes) with every text replaced, same length."""
-    return Redactor().stream(data)
+def redact_stream(data: bytes, framing: str = "sse") -> bytes:
+    """``data`` (an upstream's stream in ``framing``) with every text replaced, same length."""
+    return Redactor().redact(data, framing)
 
 
 @dataclass(slots=True)
@@ -189,6 +191,25 @@ class Redactor:
     def __init__(self) -> None:
         self._placeholders: dict[bytes, bytes] = {}
         self._arguments: dict[tuple[object, ...], _ArgumentsMask] = {}
+
+    def redact(self, data: bytes, framing: str) -> bytes:
+        """``data`` redacted by the rules of its framing (a framing's name: ``sse``, ``ndjson``)."""
+        return self.ndjson(data) if framing == "ndjson" else self.stream(data)
+
+    # -- NDJSON -----------------------------------------------------------------------
+
+    def ndjson(self, data: bytes) -> bytes:
+        out = bytearray(data)
+        pos, size = 0, len(data)
+        while pos < size:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                end = size  # a last line the stream never ended
+            stop = end - 1 if end > pos and data[end - 1] == 0x0D else end
+            if data[pos:stop].strip():
+                self._block(data, out, [(pos, stop)])
+            pos = end + 1
+        return bytes(out)
 
     # -- SSE --------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.guard import Contract, Protocol, Reason, Usage
+from gateway.guard import Contract, Framing, Protocol, Reason, Usage
 
 __all__ = [
     "ClientRequests",
@@ -115,6 +115,11 @@ class ProtocolSpec:
     @property
     def name(self) -> str:
         return str(self.protocol)
+
+    @property
+    def framing(self) -> Framing:
+        """How its streams are framed (media type, decoder, trailer): the contract's."""
+        return self.contract.framing
 
     @property
     def finish_table(self) -> Mapping[str, Reason]:

@@ -1,11 +1,12 @@
-"""Relaying an upstream's answer to the client: plain bodies unchanged, event streams guarded.
+"""Relaying an upstream's answer to the client: plain bodies unchanged, streams guarded.
 
-A plain answer (anything but a 2xx ``text/event-stream``) is relayed as it
-is: status, headers, body; a 2xx JSON body is read on the side for usage and
-model. A stream goes through a ``StreamGuard``: upstream chunks are pulled
-only as fast as the client takes them (backpressure: ``await send`` returns
-once uvicorn's transport accepted the bytes), only event-aligned bytes are
-forwarded, the deadlines run on one ``Watchdog``, and the annotation ends it.
+A plain answer (anything but a 2xx stream in the protocol's framing) is
+relayed as it is: status, headers, body; a 2xx JSON body (one JSON text, not
+NDJSON lines) is read on the side for usage and model. A stream goes
+through a ``StreamGuard``: upstream chunks are pulled only as fast as the
+client takes them (backpressure: ``await send`` returns once uvicorn's
+transport accepted the bytes), only event-aligned bytes are forwarded,
+the deadlines run on one ``Watchdog``, and the annotation ends it.
 
 While a retry on another upstream is still possible, the relay first holds
 the answer (``hold_stream``, ``hold_plain``): the head is not sent until the
@@ -204,6 +205,11 @@ async def _resume(held: Held) -> AsyncIterator[bytes]:
 # -- plain answers ------------------------------------------------------------------
 
 
+def _one_json_text(content_type: str) -> bool:
+    """A JSON media type of one JSON text (NDJSON is many: never parsed whole)."""
+    return "json" in content_type and "ndjson" not in content_type
+
+
 def _read_answer(exchange: Exchange, body: bytes) -> None:
     """Usage and model of a whole non-streamed 2xx JSON answer, into the record.
 
@@ -237,7 +243,7 @@ async def relay_plain(
     sniff: list[bytes] | None = (
         []
         if 200 <= response.status_code < 300
-        and "json" in response.headers.get("content-type", "")
+        and _one_json_text(response.headers.get("content-type", ""))
         and not response.headers.get("content-encoding")
         else None
     )
