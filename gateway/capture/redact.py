@@ -60,14 +60,16 @@ STRUCTURAL_KEYS = frozenset(
         "stop_reason",
         "finishReason",
         "blockReason",
+        "done_reason",  # Ollama
     }
 )
 #: Keys whose string values are JSON text sent in pieces (tool-call arguments).
 ARGUMENT_KEYS = frozenset({"arguments", "partial_json"})
 #: Responses API events whose ``delta`` string is a piece of tool-call arguments.
 ARGUMENT_DELTA_EVENTS = frozenset({"response.function_call_arguments.delta"})
-#: Objects whose keys are content (tool arguments as an object, metadata).
-FREEFORM_OBJECTS = frozenset({"args", "input", "metadata"})
+#: Objects whose keys are content (tool arguments as an object: Gemini's ``args``,
+#: Ollama's ``arguments``; metadata).
+FREEFORM_OBJECTS = frozenset({"args", "arguments", "input", "metadata"})
 
 _ESCAPES = {
     ord('"'): '"',
