@@ -96,8 +96,11 @@ class ProtocolSpec:
     wants_stream: Callable[[str, Json | None], bool]
     #: Usage of a whole non-streamed answer (its parsed JSON object).
     answer_usage: Callable[[Json], Usage | None]
-    #: The credential style used for a route fixed to this protocol (``auto``).
+    #: The credential style (``auto``) of a request in this protocol.
     credential: CredentialStyle = CredentialStyle.BEARER
+    #: A spec for any path no other claims (bare SSE): its requests' credential style
+    #: on a route for any path is guessed from the upstream's host instead.
+    any_path: bool = False
     #: The model that answered, from a whole non-streamed answer.
     answer_model: Callable[[Json], str | None] = _model_field
     #: Build the contract for one stream from the route's options.

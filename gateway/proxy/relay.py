@@ -53,7 +53,7 @@ from gateway.policy.failover import (
 )
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.routing import Endpoint, Route, Target
-from gateway.protocols import ContractOptions, CredentialStyle
+from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
 from gateway.proxy.admission import Admission, ClientGone, Refused
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
@@ -294,7 +294,7 @@ class Relay:
                 self.upstream.request(
                     exchange.scope["method"],
                     endpoint.url_for(target),
-                    _with_credential(headers, endpoint),
+                    _with_credential(headers, endpoint, exchange.spec),
                     content,
                     timeouts.connect,
                 ),
@@ -578,13 +578,14 @@ def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str,
     return obj if isinstance(obj, dict) else None
 
 
-def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
-    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has one."""
+def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
+    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
+    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
     if endpoint.credential is None:
         return headers
     headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
     secret = endpoint.credential.get_secret_value().encode()
-    style = endpoint.credential_style
+    style = endpoint.style_for(spec)
     if style is CredentialStyle.X_API_KEY:
         headers.append((b"x-api-key", secret))
     elif style is CredentialStyle.X_GOOG_API_KEY:

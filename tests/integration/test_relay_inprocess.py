@@ -187,6 +187,45 @@ def test_the_route_credential_goes_in_its_protocols_header(
     run(test)
 
 
+@pytest.mark.parametrize(
+    ("upstream_url", "path", "header"),
+    [
+        # a path a protocol claims: that protocol's style, whatever the host
+        ("http://upstream.test/v1", "/v1/messages", "x-api-key"),
+        ("http://upstream.test/v1", "/v1/models/g:streamGenerateContent", "x-goog-api-key"),
+        ("http://api.anthropic.test/v1", "/v1/chat/completions", "authorization"),
+        ("http://upstream.test/v1", "/v1/api/chat", "authorization"),
+        # a path no protocol claims: guessed from the upstream's host
+        ("http://api.anthropic.test/v1", "/v1/models", "x-api-key"),
+        ("http://upstream.test/v1", "/v1/models", "authorization"),
+    ],
+)
+def test_on_a_route_for_any_path_the_credential_style_is_the_request_protocols(
+    monkeypatch: pytest.MonkeyPatch, upstream_url: str, path: str, header: str
+) -> None:
+    monkeypatch.setenv("GW_TEST_ROUTE_KEY", "sk-route")
+    route = {
+        "name": "r",
+        "prefix": "/v1",
+        "upstream": upstream_url,
+        "credential_env": "GW_TEST_ROUTE_KEY",
+    }
+    upstream = Upstream(
+        lambda r: answer(200, b'{"ok": true}', **{"content-type": "application/json"})
+    )
+
+    async def test() -> None:
+        async with gateway(upstream, routes=[route]) as client:
+            await client.post(path, json={"model": "m", "stream": False})
+        (sent,) = upstream.requests
+        expected = "Bearer sk-route" if header == "authorization" else "sk-route"
+        assert sent.headers[header] == expected
+        others = {"authorization", "x-api-key", "x-goog-api-key"} - {header}
+        assert not others & set(sent.headers.keys())
+
+    run(test)
+
+
 def test_usage_is_asked_for_and_withheld_from_a_client_that_did_not() -> None:
     upstream = Upstream(lambda r: answer(200, chat_stream(usage=True), **SSE))
     route = {
