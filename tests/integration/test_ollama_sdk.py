@@ -12,6 +12,7 @@ they are, and a whole answer is read for usage, not logged as invalid JSON.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -186,3 +187,29 @@ def test_a_stream_is_logged_without_error_and_plain_endpoints_pass(
     assert line["usage"]["output"] == 20
     listed = client.list()
     assert [m.model for m in listed.models] == [MODEL]
+
+
+def test_serve_simulator_serves_its_ollama_api_to_a_client_of_the_gateways_root() -> None:
+    with gateway_for("", simulator=True) as gw:
+        client = _client(gw, **{"x-sim-tokens": "5"})
+        parts = list(client.chat(model=MODEL, messages=HELLO, stream=True))
+        assert "".join(p.message.content or "" for p in parts) == expected_text(5)
+        cut = _client(gw, **{"x-sim-fault": "drop_after_text"})
+        with pytest.raises(ollama.ResponseError, match=r"\(missing_done\)"):
+            for _ in cut.generate(model=MODEL, prompt="hi", stream=True):
+                pass
+        streams = metric_value(
+            web.get(gw.url + "/metrics").text, "gateway_streams_total", route="simulator-ollama"
+        )
+        assert streams == 2
+
+
+def test_the_async_client_reads_a_stream_and_raises_on_a_cut(gateway: ServerThread) -> None:
+    async def read(**headers: str) -> str:
+        client = ollama.AsyncClient(host=gateway.url, headers=headers)
+        stream = await client.chat(model=MODEL, messages=HELLO, stream=True)
+        return "".join([part.message.content or "" async for part in stream])
+
+    assert asyncio.run(read()) == expected_text(20)
+    with pytest.raises(ollama.ResponseError, match=r"\(upstream_disconnect\)"):
+        asyncio.run(read(**{"x-sim-fault": "abort_mid_body"}))
