@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 _RESPONSE_DROP = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
-# SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
+# Streamed bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
     b"content-length",
     b"content-encoding",
@@ -230,7 +230,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
 async def relay_plain(
     exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None = None
 ) -> None:
-    """Relay a non-SSE answer unchanged (status, headers, body; ``held``: read so far)."""
+    """Relay a plain (unguarded) answer unchanged (status, headers, body; ``held``: read so far)."""
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(
