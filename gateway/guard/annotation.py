@@ -13,6 +13,9 @@ the protocol's own terms (choice, output item, content block) and names the
 reason and the request id, never hosts, keys or text, and never a terminator
 literal (``[DONE]``, ``message_stop``, ``response.completed``): a client that
 looks for one by substring must not take the error for the end of a stream.
+
+A framing without comment lines (NDJSON) gets the error event alone, and a
+complete or upstream-errored stream gets nothing.
 """
 
 from __future__ import annotations
@@ -81,12 +84,15 @@ def render_annotation(
     *,
     last_sequence_number: int | None = None,
 ) -> bytes:
+    contract = contract_for(protocol)
+    comments = contract.framing.comments
     if verdict.complete or verdict.error_forwarded:
         # An SDK that rejects comment lines gets none on a complete stream.
         forwarded_error = not verdict.complete
-        if forwarded_error or contract_for(protocol).comment_on_complete:
+        if comments and (forwarded_error or contract.comment_on_complete):
             return comment_line(verdict, request_id)
         return b""
-    return error_event(
+    error = error_event(
         protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number
-    ) + comment_line(verdict, request_id)
+    )
+    return error + comment_line(verdict, request_id) if comments else error

@@ -14,8 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from gateway.guard.decoder import Event
+from gateway.guard.framing import SSE, Framing
 from gateway.guard.jsonparse import loads
-from gateway.guard.sse import Event
 from gateway.guard.verdict import FINISH_REASONS, Outcome, Reason, Usage, Verdict
 
 __all__ = [
@@ -39,6 +40,7 @@ class Protocol(enum.StrEnum):
     RESPONSES = "responses"
     MESSAGES = "messages"
     GEMINI = "gemini"
+    OLLAMA = "ollama"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 
@@ -111,10 +113,12 @@ class Contract(abc.ABC):
     A contract class is the guard's whole knowledge of its protocol: how a
     stream ends (``_on_event``), its finish-reason table, its wording of the
     incomplete reasons, the shape of the error event that makes its SDKs
-    raise, and whether a complete stream may carry the comment line.
+    raise, its framing, and whether a complete stream may carry the comment line.
     """
 
     protocol: ClassVar[Protocol]
+    #: How the stream is cut into events (SSE unless the protocol says otherwise).
+    framing: ClassVar[Framing] = SSE
     #: Provider finish/stop reason -> the bounded vocabulary (unknown ones are ``other``).
     finish_table: ClassVar[Mapping[str, Reason]] = FINISH_REASONS
     #: This protocol's own terms for incomplete reasons, over the common wording.

@@ -1,9 +1,10 @@
 """StreamGuard: which upstream bytes may reach the client, and the stream's verdict.
 
-It joins the SSE decoder and one protocol contract and does the byte
-bookkeeping of the wire contract (docs/wire-contract.md, "Event-aligned
-relay" and "Withheld events"): ``feed(chunk)`` returns the bytes that are
-safe to forward now, which are always whole blocks and whole comment lines,
+It joins the decoder of the contract's framing (SSE, NDJSON) and one
+protocol contract and does the byte bookkeeping of the wire contract
+(docs/wire-contract.md, "Event-aligned relay" and "Withheld events"):
+``feed(chunk)`` returns the bytes that are safe to forward now, which are
+always whole blocks and whole comment lines (NDJSON: whole lines),
 never a fragment of an event, never an event the contract rejected or
 withheld, never an upstream comment line that begins with the annotation's
 prefix (``: gateway``; counted in ``forged_comments``): the annotation is the
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 from gateway.guard.annotation import render_annotation
 from gateway.guard.contract import Action, Contract
+from gateway.guard.decoder import Decoder, Event
 from gateway.guard.errors import GuardError
-from gateway.guard.sse import Event, SSEDecoder
+from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["StreamGuard"]
@@ -42,12 +44,16 @@ class StreamGuard:
     def __init__(
         self,
         contract: Contract,
-        decoder: SSEDecoder | None = None,
+        decoder: Decoder | None = None,
         *,
         max_stream_bytes: int | None = None,
     ) -> None:
         self.contract = contract
-        self.decoder = decoder if decoder is not None else SSEDecoder()
+        self.decoder = (
+            decoder
+            if decoder is not None
+            else contract.framing.new_decoder(DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_EVENT_BYTES)
+        )
         self.max_stream_bytes = max_stream_bytes
         self._held = b""  # bytes received but not yet forwarded or dropped
         self._held_start = 0  # stream offset of the first held byte

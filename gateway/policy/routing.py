@@ -54,7 +54,9 @@ class Target(NamedTuple):
 
 def credential_style(style: str, protocol: str, url: str) -> CredentialStyle:
     """How an upstream wants its credential: as configured, by the route's fixed
-    protocol, or (a route for any path) guessed from the upstream's host."""
+    protocol, or (a route for any path) guessed from the upstream's host. On a
+    route for any path a request whose path a protocol claims uses that
+    protocol's style instead (``Endpoint.style_for``)."""
     if style != "auto":
         return CredentialStyle(style)
     if protocol != "auto":
@@ -77,6 +79,8 @@ class Endpoint:
     credential_style: CredentialStyle
     weight: int
     models: Mapping[str, str]
+    #: ``auto`` style on a ``protocol = "auto"`` route: each request's protocol decides.
+    style_by_protocol: bool = False
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -88,6 +92,13 @@ class Endpoint:
         self.base_path = parts.path.rstrip("/")
         self.base_query = parts.query
         self.base_names = frozenset(_names(parts.query))
+
+    def style_for(self, spec: ProtocolSpec) -> CredentialStyle:
+        """The credential style of a request in ``spec``: the spec's own when the style
+        is the request protocol's and the spec claims its path, else ``credential_style``."""
+        if self.style_by_protocol and not spec.any_path:
+            return spec.credential
+        return self.credential_style
 
     def url_for(self, target: Target) -> str:
         """This upstream's URL for a request target: base path + rest, merged queries."""
@@ -130,6 +141,7 @@ def _endpoint(
         credential_style=credential_style(config.credential_style, route.protocol, config.url),
         weight=config.weight,
         models=dict(config.models),
+        style_by_protocol=config.credential_style == "auto" and route.protocol == "auto",
     )
 
 

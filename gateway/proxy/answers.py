@@ -1,11 +1,12 @@
-"""Relaying an upstream's answer to the client: plain bodies unchanged, event streams guarded.
+"""Relaying an upstream's answer to the client: plain bodies unchanged, streams guarded.
 
-A plain answer (anything but a 2xx ``text/event-stream``) is relayed as it
-is: status, headers, body; a 2xx JSON body is read on the side for usage and
-model. A stream goes through a ``StreamGuard``: upstream chunks are pulled
-only as fast as the client takes them (backpressure: ``await send`` returns
-once uvicorn's transport accepted the bytes), only event-aligned bytes are
-forwarded, the deadlines run on one ``Watchdog``, and the annotation ends it.
+A plain answer (anything but a 2xx stream in the protocol's framing) is
+relayed as it is: status, headers, body; a 2xx JSON body (one JSON text, not
+NDJSON lines) is read on the side for usage and model. A stream goes
+through a ``StreamGuard``: upstream chunks are pulled only as fast as the
+client takes them (backpressure: ``await send`` returns once uvicorn's
+transport accepted the bytes), only event-aligned bytes are forwarded,
+the deadlines run on one ``Watchdog``, and the annotation ends it.
 
 While a retry on another upstream is still possible, the relay first holds
 the answer (``hold_stream``, ``hold_plain``): the head is not sent until the
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 _RESPONSE_DROP = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
-# SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
+# Streamed bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
     b"content-length",
     b"content-encoding",
@@ -204,6 +205,11 @@ async def _resume(held: Held) -> AsyncIterator[bytes]:
 # -- plain answers ------------------------------------------------------------------
 
 
+def _one_json_text(content_type: str) -> bool:
+    """A JSON media type of one JSON text (NDJSON is many: never parsed whole)."""
+    return "json" in content_type and "ndjson" not in content_type
+
+
 def _read_answer(exchange: Exchange, body: bytes) -> None:
     """Usage and model of a whole non-streamed 2xx JSON answer, into the record.
 
@@ -224,7 +230,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
 async def relay_plain(
     exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None = None
 ) -> None:
-    """Relay a non-SSE answer unchanged (status, headers, body; ``held``: read so far)."""
+    """Relay a plain (unguarded) answer unchanged (status, headers, body; ``held``: read so far)."""
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(
@@ -237,7 +243,7 @@ async def relay_plain(
     sniff: list[bytes] | None = (
         []
         if 200 <= response.status_code < 300
-        and "json" in response.headers.get("content-type", "")
+        and _one_json_text(response.headers.get("content-type", ""))
         and not response.headers.get("content-encoding")
         else None
     )

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.guard import Reason, SSEDecoder, StreamGuard
+from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.failover import (
@@ -51,7 +51,7 @@ from gateway.policy.failover import (
 )
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.routing import Endpoint, Route, Target
-from gateway.protocols import ContractOptions, CredentialStyle
+from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
 from gateway.proxy.admission import Admission, ClientGone, Refused, body_weight
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
@@ -309,7 +309,7 @@ class Relay:
                 self.upstream.request(
                     exchange.scope["method"],
                     endpoint.url_for(target),
-                    _with_credential(headers, endpoint),
+                    _with_credential(headers, endpoint, exchange.spec),
                     content,
                     timeouts.connect,
                 ),
@@ -441,12 +441,16 @@ class Relay:
     # -- the answer -----------------------------------------------------------------------
 
     def _stream_guard(self, exchange: Exchange, response: httpx.Response) -> StreamGuard | None:
-        """A guard for a 2xx event stream; None for any other answer (relayed plain)."""
+        """A guard for a 2xx stream in the protocol's framing (its media type, and for a
+        framing that is also a bulk format, a request that asked for a stream); None for
+        any other answer (relayed plain)."""
+        framing = exchange.spec.framing
         if not (
             200 <= response.status_code < 300
             and response.status_code not in (204, 205)
-            and response.headers.get("content-type", "").startswith("text/event-stream")
+            and framing.is_stream(response.headers.get("content-type", ""))
             and exchange.scope["method"] != "HEAD"
+            and (exchange.record.stream or not framing.announced_only)
         ):
             return None
         limits = self.settings.limits
@@ -456,7 +460,7 @@ class Relay:
         )
         return StreamGuard(
             exchange.spec.new_contract(options),
-            SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
+            framing.new_decoder(limits.max_line_bytes, limits.max_event_bytes),
             max_stream_bytes=limits.max_response_bytes,
         )
 
@@ -480,7 +484,9 @@ class Relay:
                 record.verdict = (
                     bare_verdict(Reason.UPSTREAM_STATUS)
                     if not 200 <= response.status_code < 300
-                    else bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
+                    else bare_verdict(
+                        Reason.INVALID_SHAPE, f"not {exchange.spec.framing.media_type}"
+                    )
                 )
             await relay_plain(exchange, response, draining, held)
             return
@@ -634,13 +640,14 @@ class Relay:
         )
 
 
-def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
-    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has one."""
+def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
+    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
+    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
     if endpoint.credential is None:
         return headers
     headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
     secret = endpoint.credential.get_secret_value().encode()
-    style = endpoint.credential_style
+    style = endpoint.style_for(spec)
     if style is CredentialStyle.X_API_KEY:
         headers.append((b"x-api-key", secret))
     elif style is CredentialStyle.X_GOOG_API_KEY:

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
+from gateway.simulator._ollama import ollama_tags_body
 from gateway.simulator._protocols import (
     ProtocolName,
     embeddings_body,
@@ -38,6 +39,11 @@ _RETRY_AFTER_STATUSES: Final = frozenset({429, 503, 529})
 #: provider refuses a model it does not have; any other name is answered.
 UNKNOWN_MODEL: Final = "no-such-model"
 _DEFAULT_LIST_LIMIT: Final = 100
+#: The media type of a streamed answer where it is not ``text/event-stream``.
+_STREAM_TYPES: Final = {
+    "ollama": "application/x-ndjson",
+    "ollama_generate": "application/x-ndjson",
+}
 
 
 class _Simulator:
@@ -153,7 +159,7 @@ class _Simulator:
             stream = body.get("stream") is True
         if stream:
             headers = [
-                ("content-type", "text/event-stream; charset=utf-8"),
+                ("content-type", _STREAM_TYPES.get(protocol, "text/event-stream; charset=utf-8")),
                 ("cache-control", "no-cache"),
                 *id_headers,
             ]
@@ -203,6 +209,25 @@ class _Simulator:
     async def gemini(self, request: Request) -> Response:
         model = request.path_params["model"]
         return await self._generate(request, "gemini", stream=False, model=model)
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, "ollama")
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, "ollama_generate")
+
+    async def _ollama(self, request: Request, protocol: ProtocolName) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            body = None
+        stream = not isinstance(body, dict) or body.get("stream") is not False
+        return await self._generate(request, protocol, stream=stream)
+
+    async def ollama_tags(self, request: Request) -> Response:
+        _, id_headers = self._id_headers("ollama")
+        return self._json(200, ollama_tags_body(), id_headers)
 
     async def embeddings(self, request: Request) -> Response:
         read = await self._read(request, "embeddings")
@@ -288,6 +313,9 @@ def create_simulator_app(
         Route("/v1/messages", sim.messages, methods=["POST"]),
         Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
         Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),
+        Route("/api/chat", sim.ollama_chat, methods=["POST"]),
+        Route("/api/generate", sim.ollama_generate, methods=["POST"]),
+        Route("/api/tags", sim.ollama_tags, methods=["GET"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),

@@ -15,7 +15,9 @@ DOC = (ROOT / "docs" / "wire-contract.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("protocol", [Protocol.CHAT, Protocol.RESPONSES, Protocol.MESSAGES])
+@pytest.mark.parametrize(
+    "protocol", [Protocol.CHAT, Protocol.RESPONSES, Protocol.MESSAGES, Protocol.OLLAMA]
+)
 def test_the_documented_incomplete_trailer_is_what_the_guard_renders(protocol: Protocol) -> None:
     verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.MISSING_DONE)
     rendered = render_annotation(protocol, verdict, "req-7f3a", last_sequence_number=41)
