@@ -200,6 +200,7 @@ class _Gateway:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, previous)
             await upstream.aclose()
+            self.relay.bodies.close()  # the body parser's helper process, if it started
             self.access_log.flush()
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)

@@ -146,6 +146,9 @@ class Timeouts(_Strict):
     client_body: float = Field(
         30.0, gt=0, description="Client edge: longest gap between two reads of a body (408)."
     )
+    client_body_total: float = Field(
+        300.0, gt=0, description="Client edge: to receive a whole request body (408)."
+    )
 
 
 class RouteTimeouts(_Strict):

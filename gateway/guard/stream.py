@@ -6,7 +6,9 @@ protocol contract and does the byte bookkeeping of the wire contract
 ``feed(chunk)`` returns the bytes that are safe to forward now, which are
 always whole blocks and whole comment lines (NDJSON: whole lines),
 never a fragment of an event, never an event the contract rejected or
-withheld. It holds at most one chunk plus one unfinished event.
+withheld, never an upstream comment line that begins with the annotation's
+prefix (``: gateway``; counted in ``forged_comments``): the annotation is the
+gateway's word alone. It holds at most one chunk plus one unfinished event.
 
 Sans-IO: the relay owns sockets and clocks and tells the guard when the
 upstream ended (``eof``) or when the stream must stop for a reason only the
@@ -23,6 +25,17 @@ from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["StreamGuard"]
+
+#: Every line the annotation writes holds this word; a forwarded read without it
+#: needs no closer look.
+_MARK = b"gateway"
+
+
+def _forged(line: bytes) -> bool:
+    """A comment line whose text begins with the word ``gateway`` (the annotation's
+    prefix, whatever the spacing after the colon): only the gateway may write one."""
+    text = line[1:].lstrip(b" \t")
+    return text.startswith(b"gateway") and text[7:8] in (b"", b" ", b"\t", b"\r", b"\n")
 
 
 class StreamGuard:
@@ -47,6 +60,8 @@ class StreamGuard:
         self.forwarded_bytes = 0
         #: Bytes that became forwardable only at the end of the upstream body (``eof``).
         self.final = b""
+        #: Upstream comment lines dropped because they began with the annotation's prefix.
+        self.forged_comments = 0
 
     @property
     def verdict(self) -> Verdict | None:
@@ -122,8 +137,21 @@ class StreamGuard:
         if error is not None:
             self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
         data = out[0] if len(out) == 1 else b"".join(out)
+        if _MARK in data:  # rare: a C search per judged read, the filter only on a hit
+            data = self._drop_forged(data)
         self.forwarded_bytes += len(data)
         return data
+
+    def _drop_forged(self, data: bytes) -> bytes:
+        """``data`` (whole lines) without the upstream's comment lines that look like
+        the gateway's own annotation: a client must never read a forged verdict."""
+        kept: list[bytes] = []
+        for line in data.splitlines(keepends=True):
+            if line[:1] == b":" and _forged(line):
+                self.forged_comments += 1
+            else:
+                kept.append(line)
+        return b"".join(kept)
 
     def eof(self) -> Verdict:
         """The upstream body ended cleanly.

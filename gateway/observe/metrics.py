@@ -103,7 +103,9 @@ class ModelLabels:
     """Maps model names onto a bounded set of label values.
 
     A client's claim alone never becomes a label, or an attacker could squat
-    every slot with made-up names. With an explicit allow-list, the client's
+    every slot with made-up names; a claim the configuration names (a key of an
+    upstream's ``models`` map) is bounded, and is the label. With an explicit
+    allow-list, the client's
     model or the upstream's reported one passes when it is on the list; without
     one, the model a 2xx upstream answer reported passes, for the first
     ``limit`` distinct names. Everything else becomes ``other`` (``none`` when
@@ -116,10 +118,18 @@ class ModelLabels:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def label(self, claimed: str | None, reported: str | None = None) -> str:
-        """The label for a request that asked for ``claimed`` and was answered by ``reported``."""
+    def label(
+        self, claimed: str | None, reported: str | None = None, *, configured: bool = False
+    ) -> str:
+        """The label for a request that asked for ``claimed`` and was answered by ``reported``.
+
+        ``configured``: ``claimed`` is named in the configuration (an upstream's
+        ``models`` map), so it is bounded and is the label.
+        """
         if not claimed and not reported:
             return NO_MODEL
+        if configured and claimed and _label_safe(claimed):
+            return claimed
         if self._fixed:
             for model in (claimed, reported):
                 if model and model in self._fixed:
@@ -251,6 +261,12 @@ class Metrics:
             ["observer"],
             registry=reg,
         )
+        self.forged_annotations = Counter(
+            "gateway_forged_annotations_total",
+            "Upstream comment lines that began with the annotation's prefix, never relayed.",
+            ["route"],
+            registry=reg,
+        )
         self.captures_written = Counter(
             "gateway_captures_written_total",
             "Capture files written (routes with capture set).",
@@ -298,6 +314,9 @@ class Metrics:
 
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
+
+    def forged_annotations_dropped(self, route: str, count: int) -> None:
+        self._child(self.forged_annotations, route).inc(count)
 
     def capture_written(self, route: str) -> None:
         self._child(self.captures_written, route).inc()

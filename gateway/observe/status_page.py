@@ -4,7 +4,8 @@
 gathered: live streams, the status board's counts and incomplete streams,
 build and redacted configuration). Every value from outside, and every
 other value too, goes through ``html.escape``: a model name is a client's
-claim and may be any text. No script, no external asset: one inline style
+claim and may be any text, lone surrogates included (they become U+FFFD, so
+the page always encodes as UTF-8). No script, no external asset: one inline style
 sheet and a meta refresh. The response's Content-Security-Policy forbids
 scripts outright, should anything ever slip through.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -77,8 +79,12 @@ class StatusView:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+#: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(_SURROGATE.sub("\ufffd", str(value)), quote=True)
 
 
 def _utc(seconds: float) -> str:

@@ -27,7 +27,6 @@ When every attempt fails, the client gets the last one's answer or error.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,7 +36,6 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway.guard import Reason, StreamGuard
-from gateway.guard.jsonparse import loads
 from gateway.lifecycle import Lifecycle
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.failover import (
@@ -54,7 +52,7 @@ from gateway.policy.failover import (
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
-from gateway.proxy.admission import Admission, ClientGone, Refused
+from gateway.proxy.admission import Admission, ClientGone, Refused, body_weight
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
 from gateway.proxy.connection import edge_refusal, watch_connection
@@ -68,6 +66,7 @@ from gateway.proxy.headers import (
     request_id_of,
     strip_hop_by_hop,
 )
+from gateway.proxy.request_body import BodyParser
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
 
@@ -95,6 +94,7 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_DISCONNECT)
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
+_FORGED_LOG_SECONDS = 60.0
 
 
 class Relay:
@@ -120,10 +120,12 @@ class Relay:
         self.admission = Admission(
             settings.limits, settings.client_key_sha256, settings.effective_routes()
         )
+        self.bodies = BodyParser()
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._forged_logged = float("-inf")
 
     # -- the request's life -------------------------------------------------------------
 
@@ -166,7 +168,7 @@ class Relay:
                     raise
                 await self._stopped_before_response(exchange)
                 return
-            held = len(body)
+            held = body_weight(route) * len(body)
             # A lost client connection stops the exchange: told by the edge when the
             # server is ours (no task per request), else by a task on ``receive()``.
             unwatch = watch_connection(scope, exchange.client_gone)
@@ -174,14 +176,17 @@ class Relay:
                 watcher = asyncio.get_running_loop().create_task(
                     self._watch_disconnect(receive, exchange)
                 )
-            await self._proxy(exchange, target, body)
+            # The exchange holds the body from here: a rewritten body replaces it.
+            exchange.body = body
+            del body
+            await self._proxy(exchange, target)
         except AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
             # connection: the client sees a truncated body, not a clean end.
             pass
         finally:
             exchange.response_done = True
-            self.admission.release(held)
+            self.admission.release(held + exchange.held_copies)
             if unwatch is not None:
                 unwatch()
             if watcher is not None:
@@ -190,7 +195,9 @@ class Relay:
             if record.usage is None and record.verdict is not None:
                 record.usage = record.verdict.usage
             record.duration = time.monotonic() - started
-            record.model_label = self.model_labels.label(record.model, record.upstream_model)
+            record.model_label = self.model_labels.label(
+                record.model, record.upstream_model, configured=_mapped(route, record.model)
+            )
             self.observers.observe(record)
 
     async def _watch_disconnect(self, receive: Receive, exchange: Exchange) -> None:
@@ -202,12 +209,13 @@ class Relay:
 
     # -- what the request is ------------------------------------------------------------
 
-    async def _proxy(self, exchange: Exchange, target: Target, body: bytes) -> None:
+    async def _proxy(self, exchange: Exchange, target: Target) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
         record.protocol = spec.name
-        request_json = _parse_request(body, scope["headers"])
+        # The body's small top-level members only: the document itself is never kept.
+        request_json = await self.bodies.summary(exchange.body)
         if request_json is not None:
             model = request_json.get("model")
             record.model = model if isinstance(model, str) else None
@@ -219,8 +227,15 @@ class Relay:
             and spec.ask_for_usage is not None
             and spec.ask_for_usage(request_json)
         ):
-            body = json.dumps(request_json, separators=(",", ":")).encode()
-            exchange.withhold_usage = True
+            changes = {"stream_options": request_json["stream_options"]}
+            rewritten = await self.bodies.rewrite(exchange.body, changes)
+            if rewritten is not None:
+                # The client's bytes are let go: only the rewritten ones are held (the
+                # body counts twice in the budget already; only growth beyond that).
+                self._hold(exchange, len(rewritten) - 2 * len(exchange.body))
+                exchange.body = rewritten
+                exchange.withhold_usage = True
+        body, exchange.body = exchange.body, b""
         if record.stream:
             try:
                 self.admission.start_stream(route)
@@ -277,7 +292,7 @@ class Relay:
         route, record = exchange.route, exchange.record
         endpoint = route.endpoints[lease.index]
         exchange.timeouts = timeouts = endpoint.timeouts
-        content = _body_for(endpoint, body, request_json)
+        content = await self._body_for(exchange, endpoint, body, request_json)
         record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
         started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
@@ -330,6 +345,8 @@ class Relay:
                         failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
                         await self._fail_before_response(exchange, failure)
                         return None
+            if guard is not None and not await self._count_late_stream(exchange):
+                return None  # refused: the stream cap is full (the upstream is closed)
             record.upstream = endpoint.name
             answered = held is None or held.failure is None  # else: its result stands
             await self._answer(exchange, response, guard, held)
@@ -474,20 +491,80 @@ class Relay:
             await relay_plain(exchange, response, draining, held)
             return
         record.stream = True
-        if not exchange.counted:
-            # A stream the request did not announce (non-JSON body, GET): count it as
-            # one from here on; it is too late to refuse it.
-            self.admission.count_stream(exchange.route)
-            self.metrics.stream_started(exchange.route.name)
-            exchange.counted = True
-        await relay_stream(
-            exchange,
-            response,
-            guard,
-            annotate=self.settings.annotate,
-            draining=draining,
-            held=held,
-        )
+        try:
+            await relay_stream(
+                exchange,
+                response,
+                guard,
+                annotate=self.settings.annotate,
+                draining=draining,
+                held=held,
+            )
+        finally:
+            if guard.forged_comments:
+                self._forged(exchange, guard.forged_comments)
+
+    def _forged(self, exchange: Exchange, count: int) -> None:
+        """The upstream sent comment lines posing as the annotation: dropped, counted,
+        and logged at most once a minute."""
+        route = exchange.route.name
+        self.metrics.forged_annotations_dropped(route, count)
+        now = time.monotonic()
+        if now - self._forged_logged >= _FORGED_LOG_SECONDS:
+            self._forged_logged = now
+            log.warning(
+                "route %s: the upstream sent %d comment line(s) that began with the "
+                "annotation's prefix; dropped, never relayed (request %s)",
+                route,
+                count,
+                exchange.record.request_id,
+            )
+
+    async def _count_late_stream(self, exchange: Exchange) -> bool:
+        """An answer that is a stream the request did not announce (a GET, a body that
+        is not JSON): counted against the caps now, before its head goes out; False
+        when a cap is full (the client got 503, the caller closes the upstream)."""
+        if exchange.counted:
+            return True
+        exchange.record.stream = True
+        try:
+            self.admission.start_stream(exchange.route)
+        except Refused as refused:
+            await self._refuse(exchange.send, exchange.record, refused)
+            return False
+        self.metrics.stream_started(exchange.route.name)
+        exchange.counted = True
+        return True
+
+    async def _body_for(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        body: bytes,
+        request_json: dict[str, Any] | None,
+    ) -> bytes:
+        """The body for ``endpoint``: with its name for the client's model when its
+        ``models`` map has one; otherwise ``body`` as it is, byte for byte."""
+        if not endpoint.models or request_json is None:
+            return body
+        model = request_json.get("model")
+        mapped = endpoint.models.get(model) if isinstance(model, str) else None
+        if mapped is None:
+            return body
+        rewritten = await self.bodies.rewrite(body, {"model": mapped})
+        if rewritten is None:
+            return body
+        # Beside the body the other upstreams get, which counts twice in the budget already.
+        self._hold(exchange, len(rewritten) - len(body))
+        return rewritten
+
+    def _hold(self, exchange: Exchange, size: int) -> None:
+        """``size`` more bytes of the request's body are held (a rewritten copy): they
+        count in the buffered-body budget until the request ends (never refused here:
+        the request is admitted already)."""
+        if size > 0:
+            self.admission.charge(size)
+            exchange.held_copies += size
 
     # -- errors of our own ----------------------------------------------------------------
 
@@ -563,21 +640,6 @@ class Relay:
         )
 
 
-def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
-    """The request body as a JSON object, or None (not JSON, or not parseable by us)."""
-    if not body or body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
-        return None
-    ctype = get_header(headers, b"content-type") or b""
-    if ctype and b"json" not in ctype:
-        return None
-    try:
-        obj = loads(body)
-    except (ValueError, RecursionError):
-        # Anything the gateway cannot parse is "not JSON": forwarded unchanged.
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
     """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
     one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
@@ -595,16 +657,9 @@ def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec
     return headers
 
 
-def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | None) -> bytes:
-    """The body for ``endpoint``: with its name for the client's model when its ``models``
-    map has one; otherwise ``body`` as it is, byte for byte."""
-    if not endpoint.models or request_json is None:
-        return body
-    model = request_json.get("model")
-    mapped = endpoint.models.get(model) if isinstance(model, str) else None
-    if mapped is None:
-        return body
-    return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
+def _mapped(route: Route, model: str | None) -> bool:
+    """Whether an upstream of ``route`` maps ``model`` (a configured, bounded name)."""
+    return model is not None and any(model in endpoint.models for endpoint in route.endpoints)
 
 
 def _client_left(record: RequestRecord, scope: Scope) -> None:
