@@ -22,6 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gateway.guard import Reason, Verdict
+from gateway.policy.errors import RequestError
 from gateway.policy.pool import Health
 
 __all__ = [
@@ -41,9 +42,8 @@ __all__ = [
 class AttemptFailure:
     """No response head: why, the status the client gets, and the stream's reason."""
 
-    #: The access log's classification (``connect_error``, ``connect_timeout``,
-    #: ``upstream_bad_response``), or None for a deadline (the reason says which).
-    error: str | None
+    #: The transport's classification, or None for a deadline (the reason says which).
+    error: RequestError | None
     status: int
     reason: Reason
 
@@ -82,6 +82,13 @@ _BLAMELESS = frozenset(
 _TIMEOUTS = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
 
 
+_CONNECT_ERRORS = frozenset({RequestError.CONNECT_ERROR, RequestError.CONNECT_TIMEOUT})
+#: Errors of a relayed body that make its answer incomplete.
+_BROKEN_BODY = frozenset(
+    {RequestError.UPSTREAM_DISCONNECT, RequestError.UPSTREAM_TIMEOUT, RequestError.CLIENT_STALLED}
+)
+
+
 def retryable(result: Result, retry_on: Collection[str]) -> bool:
     """Whether a route with ``retry_on`` retries an attempt that ended as ``result``."""
     cause = _CAUSES.get(result)
@@ -90,7 +97,7 @@ def retryable(result: Result, retry_on: Collection[str]) -> bool:
 
 def result_of_failure(failure: AttemptFailure) -> Result:
     """No response head came back."""
-    if failure.error in ("connect_error", "connect_timeout"):
+    if failure.error in _CONNECT_ERRORS:
         return Result.CONNECT_ERROR
     if failure.error is None:
         return Result.TIMEOUT
@@ -117,7 +124,7 @@ def result_of_held(reason: Reason) -> Result:
     return Result.EARLY_EOF
 
 
-def result_of_answer(status: int, verdict: Verdict | None, error: str | None) -> Result:
+def result_of_answer(status: int, verdict: Verdict | None, error: RequestError | None) -> Result:
     """An answer relayed to the client: its status, a stream's verdict, a body's error."""
     result = result_of_status(status)
     if result is not Result.OK:
@@ -127,18 +134,20 @@ def result_of_answer(status: int, verdict: Verdict | None, error: str | None) ->
         if verdict.reason is Reason.FIRST_BYTE_TIMEOUT:
             return Result.TIMEOUT
         return Result.INCOMPLETE
-    if error in ("upstream_disconnect", "upstream_timeout", "client_stalled"):
+    if error in _BROKEN_BODY:
         return Result.INCOMPLETE
     return Result.OK
 
 
-def health_of(result: Result, reason: Reason | None = None, error: str | None = None) -> Health:
+def health_of(
+    result: Result, reason: Reason | None = None, error: RequestError | None = None
+) -> Health:
     """What an attempt says about its upstream (``reason``: the stream's or the failure's)."""
     if result in (Result.OK, Result.STATUS_4XX):
         return Health.OK
     if reason is not None and reason in _BLAMELESS:
         return Health.NEUTRAL
-    if result is Result.INCOMPLETE and reason is None and error == "client_stalled":
+    if result is Result.INCOMPLETE and reason is None and error is RequestError.CLIENT_STALLED:
         return Health.NEUTRAL
     return Health.FAILED
 

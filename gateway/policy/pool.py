@@ -23,6 +23,12 @@ without being ejected. When nothing is available for a request's first
 attempt (all out or cooling down), the least loaded upstream is used anyway
 (Envoy's "panic" routing): the pool never refuses a request by itself.
 
+A member is in one ``MemberState`` (after wsproto's ``ConnectionState``):
+``in``, ``ejected`` (out until its time is over), ``half_open`` (its one
+probe in flight); ``_TRANSITIONS`` is every move allowed and any other
+raises ``PoolError``. ``cooling`` is what ``state`` reports for a member
+that is in but waits out a ``Retry-After``.
+
 Pure logic: no I/O, no asyncio. Time comes from an injectable clock and
 chance from an injectable ``random.Random``, so it is unit-tested without
 sleeping. There is one pool per route in each worker process, and workers
@@ -37,7 +43,30 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Change", "EjectionPolicy", "Health", "Lease", "Pool"]
+__all__ = ["Change", "EjectionPolicy", "Health", "Lease", "MemberState", "Pool", "PoolError"]
+
+
+class MemberState(enum.StrEnum):
+    """Where one upstream of a pool stands."""
+
+    IN = "in"  # takes traffic
+    EJECTED = "ejected"  # out until ``out_until``; the next pick after that probes it
+    HALF_OPEN = "half_open"  # its one probe is in flight
+    COOLING = "cooling"  # in, but skipped until its Retry-After passes (reported only)
+
+
+#: Every allowed move of a member's stored state (``cooling`` is derived, never stored).
+_TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+    MemberState.IN: frozenset({MemberState.EJECTED}),
+    MemberState.EJECTED: frozenset({MemberState.HALF_OPEN}),
+    # a failed probe ejects again; a probe that said nothing leaves it ejected, probe-ready
+    MemberState.HALF_OPEN: frozenset({MemberState.IN, MemberState.EJECTED}),
+    MemberState.COOLING: frozenset(),
+}
+
+
+class PoolError(RuntimeError):
+    """A member transition the table does not allow (a bug in the pool)."""
 
 
 class Health(enum.Enum):
@@ -80,8 +109,8 @@ class _Member:
         "failures",
         "lease",
         "out_until",
-        "probing",
         "returned_at",
+        "state",
         "weight",
     )
 
@@ -90,11 +119,16 @@ class _Member:
         self.active = 0  # attempts in flight
         self.failures = 0  # consecutive
         self.ejections = 0  # for the doubling
-        self.out_until: float | None = None  # ejected until then, half-open after
-        self.probing = False  # a probe is in flight
+        self.state = MemberState.IN
+        self.out_until: float | None = None  # while not in: ejected until then
         self.cool_until = 0.0  # Retry-After
         self.returned_at: float | None = None
         self.lease = Lease(index)
+
+    def move(self, to: MemberState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise PoolError(f"pool member: {self.state} -> {to} is not allowed")
+        self.state = to
 
 
 class Pool:
@@ -151,8 +185,8 @@ class Pool:
             return members[best].lease
         member = members[best]
         member.active += 1
-        if member.out_until is not None:  # half-open: this attempt is the probe
-            member.probing = True
+        if member.state is MemberState.EJECTED:  # its time is over: this attempt probes
+            member.move(MemberState.HALF_OPEN)
             return Lease(best, probe=True)
         return member.lease
 
@@ -164,8 +198,11 @@ class Pool:
     def _usable(self, member: _Member, now: float) -> bool:
         if member.cool_until > now:
             return False
+        state = member.state
+        if state is MemberState.IN:
+            return True
         out = member.out_until
-        return out is None or (now >= out and not member.probing)
+        return state is MemberState.EJECTED and out is not None and now >= out
 
     def _least_loaded(self, candidates: list[int]) -> int | None:
         """The candidate with the least ``active / weight``; ties at random, by weight."""
@@ -201,8 +238,8 @@ class Pool:
             return Change.NONE  # a pool of one is never ejected
         now = self._clock()
         if lease.probe:
-            member.probing = False
             if health is Health.OK:
+                member.move(MemberState.IN)
                 member.out_until = None
                 member.failures = 0
                 member.returned_at = now
@@ -210,8 +247,9 @@ class Pool:
             if health is Health.FAILED:
                 self._eject(member, now)
                 return Change.EJECTED
-            return Change.NONE  # still half-open: the next attempt routed to it probes
-        if member.out_until is not None:
+            member.move(MemberState.EJECTED)  # its time is over: the next pick probes again
+            return Change.NONE
+        if member.state is not MemberState.IN:
             return Change.NONE  # started before the ejection
         if health is Health.OK:
             member.failures = 0
@@ -232,6 +270,7 @@ class Pool:
         returned = member.returned_at  # None while out (a failed probe ejects it again)
         if returned is not None and now - returned >= policy.max_seconds:
             member.ejections = 0
+        member.move(MemberState.EJECTED)
         member.returned_at = None
         member.ejections += 1
         doubling = 2.0 ** min(member.ejections - 1, 32)
@@ -239,7 +278,7 @@ class Pool:
         member.failures = 0
 
     def _out_count(self) -> int:
-        return sum(1 for m in self._members if m.out_until is not None)
+        return sum(1 for m in self._members if m.state is not MemberState.IN)
 
     # -- state, for metrics and tests ---------------------------------------------------
 
@@ -249,7 +288,14 @@ class Pool:
 
     def is_out(self, index: int) -> bool:
         """Whether upstream ``index`` is ejected or half-open (not yet returned by a probe)."""
-        return self._members[index].out_until is not None
+        return self._members[index].state is not MemberState.IN
+
+    def state(self, index: int) -> MemberState:
+        """Where upstream ``index`` stands now (``cooling``: in, but waiting out a Retry-After)."""
+        member = self._members[index]
+        if member.state is MemberState.IN and member.cool_until > self._clock():
+            return MemberState.COOLING
+        return member.state
 
     def out_until(self, index: int) -> float | None:
         """When upstream ``index``'s ejection ends (clock time), or None when it is in."""

@@ -34,6 +34,7 @@ from gateway.capture.tap import Tap
 from gateway.guard import Reason, StreamGuard
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
+from gateway.policy.errors import RequestError
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -78,7 +79,7 @@ def response_headers(
 
 def drop_stalled_client(exchange: Exchange) -> NoReturn:
     """The client stopped taking bytes: abort its connection, never wait on it."""
-    exchange.record.error = "client_stalled"
+    exchange.record.error = RequestError.CLIENT_STALLED
     abort_connection(exchange.scope)
     raise AbortConnection
 
@@ -214,7 +215,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
     try:
         obj = loads(body)
     except (ValueError, RecursionError):
-        record.error = "invalid_json"
+        record.error = RequestError.INVALID_JSON
         return
     if isinstance(obj, dict):
         record.usage = exchange.spec.answer_usage(obj)
@@ -267,7 +268,9 @@ async def relay_plain(
             drop_stalled_client(exchange)
         # Headers are out: the only honest signal left is to break the connection.
         record.error = (
-            "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_disconnect"
+            RequestError.UPSTREAM_TIMEOUT
+            if isinstance(exc, TimeoutError)
+            else RequestError.UPSTREAM_DISCONNECT
         )
         raise AbortConnection from None
     try:
@@ -415,6 +418,23 @@ async def relay_stream(
         guard.abort(exchange.stop_reason, force=watchdog.sending)
     finally:
         watchdog.cancel()
+    await end_stream(exchange, guard, reader, timing, annotate=annotate, draining=draining)
+
+
+async def end_stream(
+    exchange: Exchange,
+    guard: StreamGuard,
+    reader: ReadChunk,
+    timing: _Timing,
+    *,
+    annotate: bool,
+    draining: bool,
+) -> None:
+    """The end of a relayed stream, once its verdict is reached: record the verdict;
+    a client that left gets nothing more, a stalled one is dropped; else the trailer
+    (the annotation) is the last send, and a complete upstream body is drained so that
+    its connection can be reused."""
+    record = exchange.record
     verdict = guard.verdict
     assert verdict is not None
     record.verdict = verdict

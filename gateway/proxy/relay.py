@@ -40,6 +40,7 @@ from gateway.guard import Reason, SSEDecoder, StreamGuard
 from gateway.guard.jsonparse import loads
 from gateway.lifecycle import Lifecycle
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
+from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
     AttemptFailure,
     Result,
@@ -92,7 +93,9 @@ _HELD_PLAIN_FAILURES = {
     Reason.FIRST_BYTE_TIMEOUT: AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT),
     Reason.TOTAL_TIMEOUT: AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT),
 }
-_HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_DISCONNECT)
+_HELD_PLAIN_BROKEN = AttemptFailure(
+    RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
+)
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 
@@ -272,88 +275,120 @@ class Relay:
         body: bytes,
         request_json: dict[str, Any] | None,
     ) -> Lease | None:
-        """One attempt on the leased upstream: answer the client, or return the next
+        """One attempt on the leased upstream, in two layers: get an answer or a failure
+        (``_exchange``), then account for it (``_account``). Returns the next
         upstream's lease when this one failed before anything reached the client."""
-        route, record = exchange.route, exchange.record
+        route = exchange.route
         endpoint = route.endpoints[lease.index]
-        exchange.timeouts = timeouts = endpoint.timeouts
+        exchange.timeouts = endpoint.timeouts
         content = _body_for(endpoint, body, request_json)
-        record.bytes_in += len(content)
+        exchange.record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
-        started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
-        result = Result.OK
-        reason: Reason | None = None
-        answered = False  # the answer went to the client: its result is read off the record
-        stopped = False  # cancelled: says nothing about the upstream
-        retry: Lease | None = None  # the next attempt's upstream, once claimed
-        response: httpx.Response | None = None
+        tally = _Tally(time.monotonic())  # uvloop's loop.time() counts whole milliseconds
         try:
-            # Built in the call: no local keeps the request alive while a stream lasts.
-            outcome = await attempt(
-                self.upstream,
-                self.upstream.request(
-                    exchange.scope["method"],
-                    endpoint.url_for(target),
-                    _with_credential(headers, endpoint),
-                    content,
-                    timeouts.connect,
-                ),
-                timeouts.first_byte,
-                exchange.total_deadline,
-            )
-            if isinstance(outcome, AttemptFailure):
-                result, reason = result_of_failure(outcome), outcome.reason
-                retry = self._retry(exchange, result, tried)
-                if retry is None:
-                    await self._fail_before_response(exchange, outcome)
-                return retry
-            response = outcome
-            result = result_of_status(response.status_code)
-            if result is Result.STATUS_429 or result is Result.STATUS_5XX:
-                self._cool_down(route, lease.index, response)
-                retry = self._retry(exchange, result, tried)
-                if retry is not None:
-                    return retry
-            guard = self._stream_guard(exchange, response)
-            held: Held | None = None
-            if result is Result.OK and self._may_hold(exchange, tried):
-                if guard is not None:
-                    held = await hold_stream(exchange, response, guard)
-                else:
-                    held = await hold_plain(exchange, response)
-                if held.failure is not None:
-                    result, reason = result_of_held(held.failure), held.failure
-                    retry = self._retry(exchange, result, tried)
-                    if retry is not None:
-                        return retry
-                    if guard is None:
-                        failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
-                        await self._fail_before_response(exchange, failure)
-                        return None
-            record.upstream = endpoint.name
-            answered = held is None or held.failure is None  # else: its result stands
-            await self._answer(exchange, response, guard, held)
-            return None
+            return await self._exchange(exchange, endpoint, tried, tally, target, headers, content)
         except asyncio.CancelledError:
-            result, reason, answered, stopped = Result.INCOMPLETE, exchange.stop_reason, False, True
+            tally.stopped()
             raise
         finally:
+            self._account(exchange, endpoint, lease, tally)
+
+    async def _exchange(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        tried: list[int],
+        tally: _Tally,
+        target: Target,
+        headers: RawHeaders,
+        content: bytes,
+    ) -> Lease | None:
+        """Send the request; relay the answer, or fail, or claim the retry's upstream.
+        Its one cleanup: the response is closed, whatever happened."""
+        timeouts = endpoint.timeouts
+        # Built in the call: no local keeps the request alive while a stream lasts.
+        outcome = await attempt(
+            self.upstream,
+            self.upstream.request(
+                exchange.scope["method"],
+                endpoint.url_for(target),
+                _with_credential(headers, endpoint),
+                content,
+                timeouts.connect,
+            ),
+            timeouts.first_byte,
+            exchange.total_deadline,
+        )
+        if isinstance(outcome, AttemptFailure):
+            tally.result, tally.reason = result_of_failure(outcome), outcome.reason
+            retry = self._retry(exchange, tally.result, tried)
+            if retry is None:
+                await self._fail_before_response(exchange, outcome)
+            return retry
+        retry = None
+        try:
+            retry = await self._answer_or_retry(exchange, endpoint, tried, tally, outcome)
+            return retry
+        finally:
             try:
-                if response is not None:
-                    await close_quietly(response)
+                await close_quietly(outcome)
             except BaseException:
                 if retry is not None:  # claimed, but this request will not get to use it
-                    route.pool.done(retry, Health.NEUTRAL)
+                    exchange.route.pool.done(retry, Health.NEUTRAL)
                 raise
-            finally:
-                if answered:
-                    verdict = record.verdict
-                    result = result_of_answer(record.status, verdict, record.error)
-                    reason = verdict.reason if verdict is not None else None
-                health = Health.NEUTRAL if stopped else health_of(result, reason, record.error)
-                duration = time.monotonic() - started
-                record.attempts.append(Attempt(endpoint.name, result, duration))
-                self._attempt_done(route, endpoint, lease, health)
+
+    async def _answer_or_retry(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        tried: list[int],
+        tally: _Tally,
+        response: httpx.Response,
+    ) -> Lease | None:
+        """A response head came back: retry it, hold it, or relay it to the client."""
+        tally.result = result = result_of_status(response.status_code)
+        if result is Result.STATUS_429 or result is Result.STATUS_5XX:
+            self._cool_down(exchange.route, tried[-1], response)
+            retry = self._retry(exchange, result, tried)
+            if retry is not None:
+                return retry
+        guard = self._stream_guard(exchange, response)
+        held: Held | None = None
+        if result is Result.OK and self._may_hold(exchange, tried):
+            if guard is not None:
+                held = await hold_stream(exchange, response, guard)
+            else:
+                held = await hold_plain(exchange, response)
+            if held.failure is not None:
+                tally.result, tally.reason = result_of_held(held.failure), held.failure
+                retry = self._retry(exchange, tally.result, tried)
+                if retry is not None:
+                    return retry
+                if guard is None:
+                    failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
+                    await self._fail_before_response(exchange, failure)
+                    return None
+        exchange.record.upstream = endpoint.name
+        tally.answered = held is None or held.failure is None  # else: its result stands
+        await self._answer(exchange, response, guard, held)
+        return None
+
+    def _account(self, exchange: Exchange, endpoint: Endpoint, lease: Lease, tally: _Tally) -> None:
+        """An attempt ended: its result (an answer's is read off the record), its
+        upstream's health, the access log's attempt, the pool and the metrics."""
+        record = exchange.record
+        result, reason = tally.result, tally.reason
+        if tally.answered:
+            verdict = record.verdict
+            result = result_of_answer(record.status, verdict, record.error)
+            reason = verdict.reason if verdict is not None else None
+        if tally.cancelled:
+            result, reason = Result.INCOMPLETE, exchange.stop_reason
+            health = Health.NEUTRAL  # cancelled: says nothing about the upstream
+        else:
+            health = health_of(result, reason, record.error)
+        record.attempts.append(Attempt(endpoint.name, result, time.monotonic() - tally.started))
+        self._attempt_done(exchange.route, endpoint, lease, health)
 
     def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
         """The next upstream's lease when ``result`` may be retried now, else None."""
@@ -555,6 +590,25 @@ class Relay:
         record.bytes_out += await send_error(
             send, status, message, type_, code, record.request_id, extra
         )
+
+
+class _Tally:
+    """What one attempt came to, filled in as it goes and read once at its end."""
+
+    __slots__ = ("answered", "cancelled", "reason", "result", "started")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.result = Result.OK
+        self.reason: Reason | None = None
+        #: The answer went to the client: its result is read off the record.
+        self.answered = False
+        #: Cancelled (the client left, the drain): says nothing about the upstream.
+        self.cancelled = False
+
+    def stopped(self) -> None:
+        self.answered = False
+        self.cancelled = True
 
 
 def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
