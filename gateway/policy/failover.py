@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -29,10 +30,12 @@ __all__ = [
     "AttemptFailure",
     "Result",
     "health_of",
+    "is_context_length",
     "result_of_answer",
     "result_of_failure",
     "result_of_held",
     "result_of_status",
+    "retry_after_ms",
     "retry_after_seconds",
     "retryable",
 ]
@@ -55,6 +58,8 @@ class Result(enum.StrEnum):
     STATUS_429 = "status_429"
     STATUS_5XX = "status_5xx"
     STATUS_4XX = "status_4xx"
+    #: a 400 that says the prompt is too long for the model (opt-in retry on a higher tier)
+    CONTEXT_LENGTH = "context_length"
     EARLY_EOF = "early_eof"
     INCOMPLETE = "incomplete"
 
@@ -66,6 +71,7 @@ _CAUSES = {
     Result.STATUS_429: "429",
     Result.STATUS_5XX: "5xx",
     Result.EARLY_EOF: "early_eof",
+    Result.CONTEXT_LENGTH: "context_length",
 }
 
 #: Incomplete reasons that say nothing about the upstream: the client, the gateway,
@@ -143,7 +149,7 @@ def health_of(
     result: Result, reason: Reason | None = None, error: RequestError | None = None
 ) -> Health:
     """What an attempt says about its upstream (``reason``: the stream's or the failure's)."""
-    if result in (Result.OK, Result.STATUS_4XX):
+    if result in (Result.OK, Result.STATUS_4XX, Result.CONTEXT_LENGTH):
         return Health.OK
     if reason is not None and reason in _BLAMELESS:
         return Health.NEUTRAL
@@ -170,5 +176,40 @@ def retry_after_seconds(value: bytes | str | None, now: float, ceiling: float) -
             return None
         seconds = when.timestamp() - now
     if seconds <= 0:
+        return None
+    return min(seconds, ceiling)
+
+
+def is_context_length(body: bytes) -> bool:
+    """Whether a 400's JSON body says the prompt is too long for the model: OpenAI's
+    ``context_length_exceeded`` code, or Anthropic's "prompt is too long"
+    ``invalid_request_error``."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    error = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(error, dict):
+        return False
+    if error.get("code") == "context_length_exceeded":
+        return True
+    message = error.get("message")
+    return (
+        error.get("type") == "invalid_request_error"
+        and isinstance(message, str)
+        and message.lower().startswith("prompt is too long")
+    )
+
+
+def retry_after_ms(value: bytes | str | None, ceiling: float) -> float | None:
+    """A ``retry-after-ms`` header's wait in seconds (OpenAI's), at most ``ceiling``."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    try:
+        seconds = float(text.strip()) / 1000.0
+    except ValueError:
+        return None
+    if not seconds > 0 or seconds != seconds:
         return None
     return min(seconds, ceiling)

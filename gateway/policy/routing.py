@@ -26,6 +26,7 @@ from urllib.parse import quote, unquote_plus, urlsplit
 from pydantic import SecretStr
 
 from gateway.policy.pool import EjectionPolicy, Pool
+from gateway.policy.retry import RetryPolicy
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
@@ -77,6 +78,7 @@ class Endpoint:
     credential_style: CredentialStyle
     weight: int
     models: Mapping[str, str]
+    priority: int = 0
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -130,6 +132,7 @@ def _endpoint(
         credential_style=credential_style(config.credential_style, route.protocol, config.url),
         weight=config.weight,
         models=dict(config.models),
+        priority=config.priority,
     )
 
 
@@ -146,6 +149,7 @@ class Route:
     endpoints: tuple[Endpoint, ...] = field(init=False)
     pool: Pool = field(init=False)
     retry_on: frozenset[str] = field(init=False)
+    retry: RetryPolicy = field(init=False)
 
     def __post_init__(self) -> None:
         config = self.config
@@ -161,8 +165,15 @@ class Route:
                 max_seconds=config.eject_max_seconds,
                 max_ejected_percent=config.max_ejected_percent,
             ),
+            tiers=[e.priority for e in self.endpoints],
         )
         self.retry_on = frozenset(config.retry_on)
+        self.retry = RetryPolicy(
+            max_attempts=config.max_attempts,
+            retry_on=self.retry_on,
+            backoff_seconds=config.retry_backoff_seconds,
+            max_retry_after_seconds=config.max_retry_after_seconds,
+        )
 
     @property
     def name(self) -> str:

@@ -45,14 +45,16 @@ from gateway.policy.failover import (
     AttemptFailure,
     Result,
     health_of,
+    is_context_length,
     result_of_answer,
     result_of_failure,
     result_of_held,
     result_of_status,
+    retry_after_ms,
     retry_after_seconds,
-    retryable,
 )
 from gateway.policy.pool import Change, Health, Lease
+from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import ContractOptions, CredentialStyle
 from gateway.proxy.admission import Admission, ClientGone, Refused
@@ -252,18 +254,31 @@ class Relay:
         exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
         headers = self._upstream_headers(exchange.scope, exchange.record)
         tried: list[int] = []
-        lease = route.pool.pick()  # a request's first pick is never empty (panic routing)
+        # A request's first pick is never empty (panic routing).
+        first = route.pool.pick(model=exchange.record.model)
+        assert first is not None
+        retry: Retry | None = Retry(first)
         try:
-            while lease is not None:
-                tried.append(lease.index)
-                lease = await self._attempt(
-                    exchange, lease, tried, target, headers, body, request_json
+            while retry is not None:
+                if retry.wait > 0:
+                    await self._wait(exchange, retry)
+                tried.append(retry.lease.index)
+                retry = await self._attempt(
+                    exchange, retry.lease, tried, target, headers, body, request_json
                 )
         except asyncio.CancelledError:
             if not exchange.claim_stop():
                 raise
             # stopped by a client disconnect or by the drain before any response byte
             await self._stopped_before_response(exchange)
+
+    async def _wait(self, exchange: Exchange, retry: Retry) -> None:
+        """A retry's backoff or Retry-After, holding its claim on the upstream."""
+        try:
+            await asyncio.sleep(retry.wait)
+        except BaseException:
+            exchange.route.pool.done(retry.lease, Health.NEUTRAL)
+            raise
 
     async def _attempt(
         self,
@@ -274,10 +289,10 @@ class Relay:
         headers: RawHeaders,
         body: bytes,
         request_json: dict[str, Any] | None,
-    ) -> Lease | None:
+    ) -> Retry | None:
         """One attempt on the leased upstream, in two layers: get an answer or a failure
         (``_exchange``), then account for it (``_account``). Returns the next
-        upstream's lease when this one failed before anything reached the client."""
+        upstream's lease (and wait) when this one failed before anything reached the client."""
         route = exchange.route
         endpoint = route.endpoints[lease.index]
         exchange.timeouts = endpoint.timeouts
@@ -302,7 +317,7 @@ class Relay:
         target: Target,
         headers: RawHeaders,
         content: bytes,
-    ) -> Lease | None:
+    ) -> Retry | None:
         """Send the request; relay the answer, or fail, or claim the retry's upstream.
         Its one cleanup: the response is closed, whatever happened."""
         timeouts = endpoint.timeouts
@@ -321,7 +336,8 @@ class Relay:
         )
         if isinstance(outcome, AttemptFailure):
             tally.result, tally.reason = result_of_failure(outcome), outcome.reason
-            retry = self._retry(exchange, tally.result, tried)
+            silent = outcome.error is RequestError.CONNECT_TIMEOUT
+            retry = self._retry(exchange, tally.result, tried, silent=silent)
             if retry is None:
                 await self._fail_before_response(exchange, outcome)
             return retry
@@ -334,7 +350,7 @@ class Relay:
                 await close_quietly(outcome)
             except BaseException:
                 if retry is not None:  # claimed, but this request will not get to use it
-                    exchange.route.pool.done(retry, Health.NEUTRAL)
+                    exchange.route.pool.done(retry.lease, Health.NEUTRAL)
                 raise
 
     async def _answer_or_retry(
@@ -344,16 +360,23 @@ class Relay:
         tried: list[int],
         tally: _Tally,
         response: httpx.Response,
-    ) -> Lease | None:
+    ) -> Retry | None:
         """A response head came back: retry it, hold it, or relay it to the client."""
         tally.result = result = result_of_status(response.status_code)
+        held: Held | None = None
         if result is Result.STATUS_429 or result is Result.STATUS_5XX:
-            self._cool_down(exchange.route, tried[-1], response)
-            retry = self._retry(exchange, result, tried)
+            wait = self._cool_down(exchange, tried[-1], response)
+            retry = self._retry(exchange, result, tried, retry_after=wait)
             if retry is not None:
                 return retry
+        elif response.status_code == 400 and "context_length" in exchange.route.retry_on:
+            held = await _read_refusal(response)
+            if held.failure is None and is_context_length(held.out):
+                tally.result = Result.CONTEXT_LENGTH
+                retry = self._retry(exchange, Result.CONTEXT_LENGTH, tried)
+                if retry is not None:
+                    return retry
         guard = self._stream_guard(exchange, response)
-        held: Held | None = None
         if result is Result.OK and self._may_hold(exchange, tried):
             if guard is not None:
                 held = await hold_stream(exchange, response, guard)
@@ -390,36 +413,58 @@ class Relay:
         record.attempts.append(Attempt(endpoint.name, result, time.monotonic() - tally.started))
         self._attempt_done(exchange.route, endpoint, lease, health)
 
-    def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
-        """The next upstream's lease when ``result`` may be retried now, else None."""
+    def _retry(
+        self,
+        exchange: Exchange,
+        result: Result,
+        tried: list[int],
+        *,
+        retry_after: float | None = None,
+        silent: bool = False,
+    ) -> Retry | None:
+        """The next attempt (claimed, with its wait) when ``result`` may be retried,
+        else None (``gateway.policy.retry``)."""
         route = exchange.route
-        if (
-            len(tried) >= route.config.max_attempts
-            or not retryable(result, route.retry_on)
-            or asyncio.get_running_loop().time() >= exchange.total_deadline
-        ):
-            return None
-        return route.pool.pick(tried, panic=False)
+        return next_attempt(
+            route.pool,
+            route.retry,
+            result=result,
+            tried=tried,
+            model=exchange.record.model,
+            time_left=exchange.total_deadline - asyncio.get_running_loop().time(),
+            retry_after=retry_after,
+            silent=silent,
+        )
 
     def _may_hold(self, exchange: Exchange, tried: list[int]) -> bool:
-        """Whether an answer that breaks before it starts could still be retried."""
+        """Whether an answer that breaks before it starts could still be retried: on
+        another upstream, or (an early end) on the same one once more."""
         route = exchange.route
+        pool = route.pool
         return (
-            len(route.endpoints) > len(tried)
+            len(pool) > 1
             and len(tried) < route.config.max_attempts
             and ("early_eof" in route.retry_on or "first_byte_timeout" in route.retry_on)
             and asyncio.get_running_loop().time() < exchange.total_deadline
-            and route.pool.available(tried)
+            and (pool.available(tried, model=exchange.record.model) or tried.count(tried[-1]) < 2)
         )
 
-    def _cool_down(self, route: Route, index: int, response: httpx.Response) -> None:
+    def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
+        """A 429's or 503's Retry-After cools ``index`` down for the request's model (a 429
+        without one: its doubling backoff); returns the Retry-After in seconds, if any."""
         if response.status_code not in _COOL_DOWN_STATUSES:
-            return
-        seconds = retry_after_seconds(
-            response.headers.get("retry-after"), time.time(), route.config.eject_max_seconds
-        )
+            return None
+        route, model = exchange.route, exchange.record.model
+        ceiling = route.config.eject_max_seconds
+        headers = response.headers
+        seconds = retry_after_ms(headers.get("retry-after-ms"), ceiling)
+        if seconds is None:
+            seconds = retry_after_seconds(headers.get("retry-after"), time.time(), ceiling)
         if seconds is not None:
-            route.pool.cool_down(index, seconds)
+            route.pool.cool_down(index, seconds, model)
+        elif response.status_code == 429:
+            route.pool.throttle(index, model, route.retry.backoff_seconds, BACKOFF_CAP_SECONDS)
+        return seconds
 
     def _attempt_done(self, route: Route, endpoint: Endpoint, lease: Lease, health: Health) -> None:
         self.metrics.upstream_ended(route.name, endpoint.name)
@@ -611,6 +656,26 @@ class _Tally:
         self.cancelled = True
 
 
+#: The most of a 400's body read to tell whether it says the prompt is too long.
+_REFUSAL_LIMIT = 64 * 1024
+
+
+async def _read_refusal(response: httpx.Response) -> Held:
+    """A 400's body (up to ``_REFUSAL_LIMIT``, then the rest goes on as ``chunks``)."""
+    chunks = response.aiter_raw().__aiter__()
+    out: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in chunks:
+            out.append(chunk)
+            size += len(chunk)
+            if size >= _REFUSAL_LIMIT:
+                break
+    except (httpx.TransportError, OSError):
+        return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
+    return Held(b"".join(out), chunks=chunks)
+
+
 def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
     """The request body as a JSON object, or None (not JSON, or not parseable by us)."""
     if not body or body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
@@ -644,11 +709,12 @@ def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
 
 def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | None) -> bytes:
     """The body for ``endpoint``: with its name for the client's model when its ``models``
-    map has one; otherwise ``body`` as it is, byte for byte."""
+    map has one (or a ``"*"`` entry); otherwise ``body`` as it is, byte for byte."""
     if not endpoint.models or request_json is None:
         return body
     model = request_json.get("model")
-    mapped = endpoint.models.get(model) if isinstance(model, str) else None
+    models = endpoint.models
+    mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
     if mapped is None:
         return body
     return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
