@@ -292,6 +292,11 @@ class RouteConfig(_Strict):
         "auto", description="Contract; auto: by the path's last segment."
     )
     require_finish_reason: bool = True
+    termination: Literal["done", "finish"] = Field(
+        "done",
+        description='How a Chat or Completions stream ends: "done" ([DONE]); "finish": '
+        "a clean end once every choice finished, for servers that never send [DONE].",
+    )
     inject_include_usage: bool = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)

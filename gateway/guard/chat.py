@@ -52,7 +52,10 @@ class ChatContract(Contract):
     """OpenAI Chat Completions stream contract.
 
     ``require_finish_reason=False`` accepts ``[DONE]`` alone for providers that
-    never send a finish reason (some Ollama versions). ``withhold_usage=True``
+    never send a finish reason (some Ollama versions). ``end_on_finish=True``
+    (a route's ``termination = "finish"``) accepts a clean end of the body in
+    place of ``[DONE]`` once every choice has finished, for servers that never
+    send it; every other check stays as strict. ``withhold_usage=True``
     drops usage-only chunks (``choices: []``) from what the client receives,
     for requests where the gateway injected ``include_usage`` itself.
     """
@@ -72,9 +75,11 @@ class ChatContract(Contract):
         require_finish_reason: bool = True,
         withhold_usage: bool = False,
         keep_text: bool = False,
+        end_on_finish: bool = False,
     ) -> None:
         super().__init__()
         self.require_finish_reason = require_finish_reason
+        self.end_on_finish = end_on_finish
         self.withhold_usage = withhold_usage
         self.keep_text = keep_text
         self._choices: dict[int, _Choice] = {}
@@ -154,6 +159,14 @@ class ChatContract(Contract):
             return self._complete(Reason.OTHER)
         lowest = min(self.finish_reasons)
         return self._complete(self.normalize(self.finish_reasons[lowest]))
+
+    def _on_clean_end(self) -> None:
+        if (
+            self.end_on_finish
+            and self._choices
+            and all(c.finish is not None for c in self._choices.values())
+        ):
+            self._on_done()
 
     def _content_of(self, choice: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
         """Text pieces and raw tool-call deltas of one choice (chat: from ``delta``)."""

@@ -133,8 +133,9 @@ class StreamGuard:
                 events = []
             if events:
                 self.final = self._judge(events, self._held, None)
+        clean = not self._held.strip()  # no unfinished event left over
         self._held = b""
-        return self.contract.on_eof()
+        return self.contract.on_eof(clean=clean)
 
     def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
         """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...).

@@ -516,6 +516,7 @@ class Relay:
         options = ContractOptions(
             require_finish_reason=exchange.route.config.require_finish_reason,
             withhold_usage=exchange.withhold_usage,
+            end_on_finish=exchange.route.config.termination == "finish",
         )
         return StreamGuard(
             exchange.spec.new_contract(options),
