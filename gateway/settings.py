@@ -221,6 +221,11 @@ class UpstreamConfig(_Strict):
         le=100,
         description="Tier: traffic goes to the lowest tier with an available upstream.",
     )
+    continuation: Literal["none", "assistant_prefill", "continue_final_message", "prefix"] = Field(
+        "none",
+        description="How this upstream continues a partial answer after a cut "
+        "(routes with continue_after_cut).",
+    )
     models: dict[str, str] = Field(
         default_factory=dict,
         description="Client model name -> the name this upstream wants (rewrites the body); "
@@ -337,6 +342,14 @@ class RouteConfig(_Strict):
         gt=0,
         le=2,
         description="Wait before a retry on the same upstream; doubles, at most 2 s.",
+    )
+    continue_after_cut: bool = Field(
+        False,
+        description="A stream cut after some text reached the client is continued by an "
+        "upstream that can (its continuation key), as the same stream.",
+    )
+    max_continuations: int = Field(
+        1, ge=0, le=5, description="Continuations of one answer, at most."
     )
     max_retry_after_seconds: float = Field(
         5.0,

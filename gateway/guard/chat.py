@@ -83,6 +83,11 @@ class ChatContract(Contract):
         self.withhold_usage = withhold_usage
         self.keep_text = keep_text
         self._choices: dict[int, _Choice] = {}
+        #: With ``keep_text``: the first chunk's id, created, model and
+        #: system_fingerprint (a continuation's chunks are rewritten to them), and
+        #: whether anything but ``content`` (a refusal, reasoning, audio) was seen.
+        self.first_ids: dict[str, Any] = {}
+        self.other_content = False
 
     # -- results for callers that asked for them -----------------------------
 
@@ -118,6 +123,10 @@ class ChatContract(Contract):
             return self._upstream_error()
         if self.model is None:
             self._note_model(obj.get("model"))
+            if self.keep_text and not self.first_ids:
+                self.first_ids = {
+                    k: obj[k] for k in ("id", "created", "model", "system_fingerprint") if k in obj
+                }
         choices = obj.get("choices")
         if choices is None:
             choices = []
@@ -160,6 +169,21 @@ class ChatContract(Contract):
         lowest = min(self.finish_reasons)
         return self._complete(self.normalize(self.finish_reasons[lowest]))
 
+    def continuable(self) -> bool:
+        """Whether the answer so far can be continued by another request: one choice,
+        only text (no tool call, refusal, reasoning or audio), not finished. Reads what
+        the contract keeps with ``keep_text``."""
+        choice = self._choices.get(0)
+        return (
+            self.keep_text
+            and len(self._choices) == 1
+            and choice is not None
+            and choice.finish is None
+            and not choice.tools
+            and not self.other_content
+            and bool(choice.text)
+        )
+
     def _on_clean_end(self) -> None:
         if (
             self.end_on_finish
@@ -184,6 +208,10 @@ class ChatContract(Contract):
                 raise self._reject(Reason.INVALID_SHAPE, f"delta.{key} is not a string")
             if value:
                 pieces.append(value)
+                if key != "content":
+                    self.other_content = True
+        if "audio" in delta:
+            self.other_content = True
         tools = delta.get("tool_calls")
         legacy = delta.get("function_call")
         if tools is None and isinstance(legacy, dict):

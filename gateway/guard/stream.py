@@ -146,8 +146,9 @@ class StreamGuard:
         self._held = b""
         return self.contract.abort(reason, detail, force=force)
 
-    def annotation(self, request_id: str) -> bytes:
-        """The trailer the relay appends after the last forwarded byte."""
+    def annotation(self, request_id: str, continued: int = 0) -> bytes:
+        """The trailer the relay appends after the last forwarded byte (``continued``: how
+        many continuations the answer took, after a cut)."""
         verdict = self.contract.verdict
         if verdict is None:
             raise RuntimeError("annotation before the verdict is final")
@@ -156,4 +157,5 @@ class StreamGuard:
             verdict,
             request_id,
             last_sequence_number=self.contract.last_sequence_number,
+            continued=continued,
         )

@@ -56,6 +56,8 @@ class RequestRecord:
     chunk_gaps: list[float] = field(default_factory=list)
     rejected: str | None = None  # reason label when refused before reaching an upstream
     error: RequestError | None = None  # a closed vocabulary, never exception text
+    #: Continuations of a stream cut after some text reached the client.
+    continued: int = 0
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     # Set by a trace hook at the start (gateway.observe.hooks): its handle (a span), ended

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from gateway.policy.pool import EjectionPolicy, Pool
 from gateway.policy.retry import RetryPolicy
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
+from gateway.protocols.continuation import ContinuationStyle
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
 __all__ = [
@@ -79,6 +80,7 @@ class Endpoint:
     weight: int
     models: Mapping[str, str]
     priority: int = 0
+    continuation: ContinuationStyle = ContinuationStyle.NONE
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -133,6 +135,7 @@ def _endpoint(
         weight=config.weight,
         models=dict(config.models),
         priority=config.priority,
+        continuation=ContinuationStyle(config.continuation),
     )
 
 

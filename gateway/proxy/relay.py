@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from starlette.types import Receive, Scope, Send
@@ -61,6 +61,7 @@ from gateway.proxy.admission import Admission, ClientGone, Refused
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
 from gateway.proxy.connection import edge_refusal, watch_connection
+from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
@@ -301,7 +302,8 @@ class Relay:
         self.metrics.upstream_started(route.name, endpoint.name)
         tally = _Tally(time.monotonic())  # uvloop's loop.time() counts whole milliseconds
         try:
-            return await self._exchange(exchange, endpoint, tried, tally, target, headers, content)
+            outgoing = _Outgoing(target, headers, len(body), request_json)
+            return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
         except asyncio.CancelledError:
             tally.stopped()
             raise
@@ -314,8 +316,7 @@ class Relay:
         endpoint: Endpoint,
         tried: list[int],
         tally: _Tally,
-        target: Target,
-        headers: RawHeaders,
+        outgoing: _Outgoing,
         content: bytes,
     ) -> Retry | None:
         """Send the request; relay the answer, or fail, or claim the retry's upstream.
@@ -326,8 +327,8 @@ class Relay:
             self.upstream,
             self.upstream.request(
                 exchange.scope["method"],
-                endpoint.url_for(target),
-                _with_credential(headers, endpoint),
+                endpoint.url_for(outgoing.target),
+                _with_credential(outgoing.headers, endpoint),
                 content,
                 timeouts.connect,
             ),
@@ -343,7 +344,7 @@ class Relay:
             return retry
         retry = None
         try:
-            retry = await self._answer_or_retry(exchange, endpoint, tried, tally, outcome)
+            retry = await self._answer_or_retry(exchange, endpoint, tried, tally, outcome, outgoing)
             return retry
         finally:
             try:
@@ -360,6 +361,7 @@ class Relay:
         tried: list[int],
         tally: _Tally,
         response: httpx.Response,
+        outgoing: _Outgoing,
     ) -> Retry | None:
         """A response head came back: retry it, hold it, or relay it to the client."""
         tally.result = result = result_of_status(response.status_code)
@@ -393,8 +395,39 @@ class Relay:
                     return None
         exchange.record.upstream = endpoint.name
         tally.answered = held is None or held.failure is None  # else: its result stands
-        await self._answer(exchange, response, guard, held)
+        rescuer = self._rescuer(exchange, tried[-1], outgoing) if guard is not None else None
+        try:
+            await self._answer(exchange, response, guard, held, rescuer)
+        finally:
+            if rescuer is not None:
+                await rescuer.aclose()
+        if rescuer is not None and rescuer.original is not None:
+            # this attempt was cut: the continuation's result is its own attempt's
+            tally.answered = False
+            tally.result, tally.reason = Result.INCOMPLETE, rescuer.original
         return None
+
+    def _rescuer(self, exchange: Exchange, index: int, outgoing: _Outgoing) -> Rescuer | None:
+        """A continuation helper for a route that continues cut streams, else None."""
+        if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
+            return None
+        route = exchange.route
+
+        def done(endpoint: Endpoint, lease: Lease, health: Health) -> None:
+            self._attempt_done(route, endpoint, lease, health)
+
+        return Rescuer(
+            exchange=exchange,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            index=index,
+            target=outgoing.target,
+            headers=lambda endpoint: _with_credential(outgoing.headers, endpoint),
+            request_json=outgoing.request_json,
+            body_size=outgoing.body_size,
+            new_guard=lambda response: self._stream_guard(exchange, response),
+            done=done,
+        )
 
     def _account(self, exchange: Exchange, endpoint: Endpoint, lease: Lease, tally: _Tally) -> None:
         """An attempt ended: its result (an answer's is read off the record), its
@@ -518,8 +551,11 @@ class Relay:
             withhold_usage=exchange.withhold_usage,
             end_on_finish=exchange.route.config.termination == "finish",
         )
+        contract = exchange.spec.new_contract(options)
+        if exchange.route.config.continue_after_cut and hasattr(contract, "keep_text"):
+            contract.keep_text = True  # the text sent so far is what a continuation prefills
         return StreamGuard(
-            exchange.spec.new_contract(options),
+            contract,
             SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
             max_stream_bytes=limits.max_response_bytes,
         )
@@ -530,6 +566,7 @@ class Relay:
         response: httpx.Response,
         guard: StreamGuard | None,
         held: Held | None = None,
+        rescuer: Rescuer | None = None,
     ) -> None:
         record = exchange.record
         upstream_id = None
@@ -562,6 +599,7 @@ class Relay:
             annotate=self.settings.annotate,
             draining=draining,
             held=held,
+            rescue=rescuer.rescue if rescuer is not None else None,
         )
 
     # -- errors of our own ----------------------------------------------------------------
@@ -636,6 +674,15 @@ class Relay:
         record.bytes_out += await send_error(
             send, status, message, type_, code, record.request_id, extra
         )
+
+
+class _Outgoing(NamedTuple):
+    """What one request sends upstream, the same for each of its attempts."""
+
+    target: Target
+    headers: RawHeaders
+    body_size: int
+    request_json: dict[str, Any] | None
 
 
 class _Tally:

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.simulator._continuation import Refusal, continuation_of, continue_plan
 from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
 from gateway.simulator._protocols import (
     ProtocolName,
@@ -55,7 +56,9 @@ class _Simulator:
         fault_seconds: float | None = None,
         retry_after: str | None = "1",
         context_length: bool = False,
+        continuation: str = "any",
     ) -> None:
+        self.continuation = continuation
         self.default_tps = default_tps
         self.fault_requests = fault_requests
         self.fault_seconds = fault_seconds
@@ -174,7 +177,14 @@ class _Simulator:
             payload = error_body(protocol, 404, "The model does not exist.", upstream_id)
             return self._json(404, payload, id_headers)
 
+        prefill = continuation_of(protocol, body, self.continuation)
+        if isinstance(prefill, Refusal):
+            payload = error_body(protocol, 400, prefill.message, upstream_id)
+            return self._json(400, payload, id_headers)
         plan = make_plan(protocol, body, knobs, size, model=model)
+        if prefill is not None and not continue_plan(plan, knobs, prefill):
+            message = "The prefill is not a prefix of the simulator's scripted answer."
+            return self._json(400, error_body(protocol, 400, message, upstream_id), id_headers)
         renderer = make_renderer(plan, crlf=knobs.crlf)
         partition_seed = knobs.seed if knobs.partition else None
         if stream is None:
@@ -287,6 +297,7 @@ def create_simulator_app(
     fault_seconds: float | None = None,
     retry_after: str | None = "1",
     context_length: bool = False,
+    continuation: str = "any",
 ) -> Starlette:
     """The simulator as an ASGI application.
 
@@ -305,6 +316,12 @@ def create_simulator_app(
     ``context_length``, a 400 says the prompt is too long, in the provider's
     own words (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is
     too long").
+
+    A request whose last message is the assistant's (a prefill) is continued:
+    the answer is the rest of the scripted one after that text, exactly. Which
+    continuation requests are taken (``continuation``): ``any`` (a plain
+    prefill, ``continue_final_message`` or ``"prefix": true``), one of those
+    styles only, or ``reject`` (a 400, as a model that rejects prefill).
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")
@@ -324,6 +341,7 @@ def create_simulator_app(
         fault_seconds=fault_seconds,
         retry_after=retry_after,
         context_length=context_length,
+        continuation=continuation,
     )
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),

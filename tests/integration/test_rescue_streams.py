@@ -6,15 +6,19 @@ Real gateways in front of simulators, driven with httpx and the real SDKs.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gateway.simulator import expected_text
-from tests.conftest import ServerThread
+from gateway.simulator import create_simulator_app, expected_text
+from tests import web
+from tests.conftest import ServerThread, running
 from tests.integration.helpers import annotation, gateway_for, metric_value
 from tests.integration.test_failover import CHAT, chat_text, metrics, stream
-from tests.sdk import openai
+from tests.sdk import anthropic, openai
 
 TEXT = expected_text(20)
 
@@ -62,6 +66,163 @@ def test_termination_finish_through_the_openai_sdk(simulator: ServerThread) -> N
 
 
 def gw_post(gw: ServerThread, path: str, body: Any, headers: dict[str, str]) -> Any:
-    from tests import web
-
     return web.post(gw.url + path, json=body, headers=headers, timeout=30)
+
+
+# -- continuation after a cut ------------------------------------------------------------------
+
+MESSAGES = {
+    "model": "sim-1",
+    "max_tokens": 256,
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+}
+
+
+def continuing(*upstreams: dict[str, Any], **keys: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "chat",
+            "prefix": "/v1",
+            "upstreams": list(upstreams),
+            "continue_after_cut": True,
+            "max_attempts": 3,
+            **keys,
+        }
+    ]
+
+
+def sim_up(name: str, server: ServerThread, **keys: Any) -> dict[str, Any]:
+    return {"name": name, "url": server.url + "/v1", "continuation": "assistant_prefill", **keys}
+
+
+@contextlib.contextmanager
+def sim(**options: Any) -> Iterator[ServerThread]:
+    with running(create_simulator_app(**options)) as server:
+        yield server
+
+
+def continued_chat(gw: ServerThread, rid: str) -> Any:
+    return web.post(
+        gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": rid}, timeout=30
+    )
+
+
+@pytest.mark.parametrize("fault", ["drop_after_text", "abort_mid_body", "invalid_json"])
+def test_a_chat_stream_cut_after_some_text_is_continued_exactly(fault: str) -> None:
+    with (
+        sim(default_fault=fault, fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = continued_chat(gw, f"cut-{fault}")
+        assert response.status_code == 200
+        assert chat_text(response.content) == TEXT
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"], note.get("continued")) == (
+            "complete",
+            "stop",
+            "1",
+        )
+        assert response.content.count(b"data: [DONE]") == 1
+        assert response.content.count(b'"role"') == 1
+        ids = {
+            json.loads(line[6:])["id"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {")
+        }
+        assert len(ids) == 1  # the continuation's chunks carry the original id
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="ok") == 1
+        assert metric_value(text, "gateway_streams_total", outcome="complete") == 1
+
+
+def test_openai_sdk_holds_exactly_the_text_after_a_cut_and_a_stall() -> None:
+    for fault, keys in [
+        ("drop_after_text", {}),
+        ("stall_mid_stream", {"timeouts": {"idle": 1.0}}),
+        ("invalid_json", {}),
+    ]:
+        with sim(default_fault=fault, fault_requests=1) as upstream:
+            routes = continuing(sim_up("only", upstream), **keys)
+            with gateway_for("", routes=routes) as gw:
+                client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+                chunks = client.chat.completions.create(**CHAT)
+                got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                assert got == TEXT, fault
+
+
+def test_anthropic_sdk_holds_exactly_the_text_after_a_cut() -> None:
+    for fault in ["drop_after_text", "abort_mid_body", "invalid_json"]:
+        with sim(default_fault=fault, fault_requests=1) as upstream:
+            routes = [{**continuing(sim_up("only", upstream))[0], "prefix": "/v1"}]
+            with gateway_for("", routes=routes) as gw:
+                client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+                with client.messages.stream(
+                    model="sim-1", max_tokens=256, messages=[{"role": "user", "content": "hi"}]
+                ) as events:
+                    text = "".join(events.text_stream)
+                    final = events.get_final_message()
+                assert text == TEXT, fault
+                assert final.stop_reason == "end_turn"
+                assert [b.type for b in final.content] == ["text"]
+
+
+def test_a_fallback_that_rejects_prefill_gives_the_original_reason() -> None:
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim(continuation="reject") as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary, continuation="none"),
+            sim_up("fallback", fallback, priority=1),
+        )
+        with gateway_for("", routes=routes) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+            with pytest.raises(openai.APIError) as raised:
+                for _ in client.chat.completions.create(**CHAT):
+                    pass
+            assert "missing_done" in str(raised.value.body or raised.value)
+            text = metrics(gw)
+            assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
+            assert metric_value(text, "gateway_streams_total", reason="missing_done") == 1
+
+
+def test_a_cut_inside_a_tool_call_is_not_continued() -> None:
+    with sim() as upstream, gateway_for("", routes=continuing(sim_up("only", upstream))) as gw:
+        body = {**CHAT, "tools": [TOOL]}
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            json=body,
+            headers={"x-sim-fault": "drop_mid_event"},
+            timeout=30,
+        )
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"]) == ("incomplete", "missing_done")
+        assert "continued" not in note
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="not_continuable") == 1
+
+
+def test_a_continuation_that_is_itself_cut_gives_the_original_reason() -> None:
+    with (
+        sim(default_fault="abort_mid_body") as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = continued_chat(gw, "twice")
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"], note["continued"]) == (
+            "incomplete",
+            "upstream_disconnect",
+            "1",
+        )
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="failed") == 1
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+    },
+}
