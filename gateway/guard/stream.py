@@ -41,6 +41,11 @@ class StreamGuard:
         self.forwarded_bytes = 0
         #: Bytes that became forwardable only at the end of the upstream body (``eof``).
         self.final = b""
+        #: Set by a route that continues cut streams: the upstream's own error event
+        #: is not forwarded when it is judged but kept in ``withheld``, and sent before
+        #: the annotation only when no continuation takes the stream over.
+        self.withhold_errors = False
+        self.withheld = b""
 
     @property
     def verdict(self) -> Verdict | None:
@@ -105,6 +110,11 @@ class StreamGuard:
                 cursor = event.end
                 continue
             stop = event.end if action is Action.FINISH else event.start
+            verdict = self.contract.verdict
+            if self.withhold_errors and verdict is not None and verdict.error_forwarded:
+                # The upstream's own error event waits while a continuation is tried.
+                self.withheld = held[event.start - base : event.end - base]
+                stop = event.start
             break
         upto = stop if stop is not None else self.decoder.boundary
         out.append(held[cursor - base : upto - base])

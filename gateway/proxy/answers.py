@@ -483,6 +483,8 @@ async def end_stream(
     if exchange.stop_reason is Reason.CLIENT_STALLED:
         drop_stalled_client(exchange)
     trailer = guard.annotation(record.request_id, continued) if annotate else b""
+    if guard.withheld:  # the upstream's own error event, withheld for a continuation
+        trailer = guard.withheld + trailer
     if trailer:
         timing.first_byte()
     exchange.response_done = True

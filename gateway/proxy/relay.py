@@ -554,11 +554,13 @@ class Relay:
         contract = exchange.spec.new_contract(options)
         if exchange.route.config.continue_after_cut and hasattr(contract, "keep_text"):
             contract.keep_text = True  # the text sent so far is what a continuation prefills
-        return StreamGuard(
+        guard = StreamGuard(
             contract,
             SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
             max_stream_bytes=limits.max_response_bytes,
         )
+        guard.withhold_errors = exchange.route.config.continue_after_cut
+        return guard
 
     async def _answer(
         self,

@@ -226,3 +226,43 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
     },
 }
+
+
+def test_an_upstream_error_event_mid_stream_is_withheld_while_a_continuation_is_tried() -> None:
+    with (
+        sim(default_fault="error_event", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+        chunks = client.chat.completions.create(**CHAT)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT
+    # with no upstream that can continue, the upstream's own error goes out as before
+    with sim(default_fault="error_event") as upstream:
+        routes = continuing(sim_up("only", upstream, continuation="none"))
+        with gateway_for("", routes=routes) as gw:
+            response = continued_chat(gw, "error-kept")
+            note = annotation(response.content)
+            assert (note["outcome"], note["reason"]) == ("incomplete", "upstream_error")
+            assert b'"error"' in response.content
+            assert response.content.count(b'data: {"error"') == 1
+
+
+def test_the_usage_of_a_continued_stream_is_the_sum_of_both_attempts() -> None:
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = web.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+        usage = [
+            json.loads(line[6:])["usage"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {") and b'"usage":{' in line
+        ]
+        assert len(usage) == 1
+        # the cut attempt's 3 deltas (estimated) and the continuation's 17 billed
+        assert usage[0]["completion_tokens"] == 20
+        assert usage[0]["total_tokens"] == usage[0]["prompt_tokens"] + 20
+        text = metrics(gw)
+        assert metric_value(text, "gateway_upstream_attempts_total", result="incomplete") == 1
+        assert metric_value(text, "gateway_upstream_attempts_total", result="ok") == 1
