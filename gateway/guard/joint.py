@@ -125,6 +125,8 @@ class ChatJoint(Joint):
         delta = choice.get("delta")
         if isinstance(delta, dict):
             delta.pop("role", None)
+            for key in [k for k, v in delta.items() if v is None]:
+                del delta[key]  # a null refusal (of the role chunk) carries nothing
             content = delta.get("content")
             if isinstance(content, str):
                 delta["content"] = self._take_skip(content)
