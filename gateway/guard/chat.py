@@ -44,6 +44,10 @@ class _Choice:
     last_slot: int | None = None
 
 
+#: Delta fields that make an answer more than text (not continued after a cut).
+_NOT_TEXT = ("refusal", "reasoning_content", "reasoning", "audio")
+
+
 def _is_done(data: str) -> bool:
     return data == "[DONE]" or data.strip() == "[DONE]"
 
@@ -208,10 +212,8 @@ class ChatContract(Contract):
                 raise self._reject(Reason.INVALID_SHAPE, f"delta.{key} is not a string")
             if value:
                 pieces.append(value)
-                if key != "content":
-                    self.other_content = True
-        if "audio" in delta:
-            self.other_content = True
+        if self.keep_text and not self.other_content:
+            self.other_content = any(delta.get(key) for key in _NOT_TEXT)
         tools = delta.get("tool_calls")
         legacy = delta.get("function_call")
         if tools is None and isinstance(legacy, dict):

@@ -245,3 +245,24 @@ def test_openai_sdk_gets_its_answer_from_the_fallback_tier_when_the_primary_is_d
             assert text
             assert attempts(gw, "primary") == 2  # once, and once more after the backoff
             assert attempts(gw, "fallback", "ok") == 1
+
+
+def test_the_status_page_shows_each_tier_and_whether_its_upstream_is_out() -> None:
+    with (
+        simulator(default_fault="status", default_status=503, retry_after=None) as primary,
+        simulator() as fallback,
+    ):
+        routes = tiers(
+            up("primary", primary.url + "/v1"),
+            up("fallback", fallback.url + "/v1", priority=1),
+            max_attempts=3,
+            eject_after=1,
+        )
+        with gateway_for("", routes=routes, status_page=True) as gw:
+            assert_complete_from(stream(gw, "to-status"), "fallback")
+            page = web.get(gw.url + "/status").text
+            section = page[page.index('<section id="pools">') :]
+            section = section[: section.index("</section>")]
+            assert "<td>primary</td>" in section
+            assert '<span class="bad">ejected</span>' in section
+            assert metric_value(metrics(gw), "gateway_upstream_ejected", upstream="primary") == 1
