@@ -161,13 +161,21 @@ class MessagesJoint(Joint):
         if kind == "message_start":
             return None
         index = obj.get("index")
+        before = b""
         if isinstance(index, int) and not isinstance(index, bool):
             if kind == "content_block_start" and self._first_block is None:
                 self._first_block = index
                 block = obj.get("content_block")
-                text = block.get("text") if isinstance(block, dict) else None
-                if not text:
-                    return None  # the open block goes on: no second start
+                if (
+                    isinstance(block, dict)
+                    and block.get("type") == "text"
+                    and not block.get("text")
+                ):
+                    return None  # the open text block goes on: no second start
+                # Something else comes first (a tool call): the open text block ends here.
+                stop = {"type": "content_block_stop", "index": self.shift}
+                before = _render("content_block_stop", _dumps(stop))
+                self.shift += 1
             obj["index"] = index + self.shift
         if kind == "content_block_delta":
             delta = obj.get("delta")
@@ -182,4 +190,4 @@ class MessagesJoint(Joint):
                 usage["output_tokens"] = _add(usage.get("output_tokens"), cut.output_tokens)
                 if "input_tokens" in usage:
                     usage["input_tokens"] = _add(usage.get("input_tokens"), cut.input_tokens)
-        return _render(event, _dumps(obj))
+        return before + _render(event, _dumps(obj))

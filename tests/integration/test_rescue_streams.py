@@ -16,7 +16,7 @@ import pytest
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
 from tests.conftest import ServerThread, running
-from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
 from tests.integration.test_failover import CHAT, chat_text, metrics, stream
 from tests.sdk import anthropic, openai
 
@@ -266,3 +266,21 @@ def test_the_usage_of_a_continued_stream_is_the_sum_of_both_attempts() -> None:
         text = metrics(gw)
         assert metric_value(text, "gateway_upstream_attempts_total", result="incomplete") == 1
         assert metric_value(text, "gateway_upstream_attempts_total", result="ok") == 1
+
+
+def test_the_access_log_records_both_attempts_of_a_continued_stream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), access_log=True) as gw,
+    ):
+        response = continued_chat(gw, "logged")
+        assert annotation(response.content)["continued"] == "1"
+        line = access_log_line(capsys, "logged")
+    assert line["continued"] is True
+    assert (line["outcome"], line["reason"]) == ("complete", "stop")
+    assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
+        ("only", "incomplete"),
+        ("only", "ok"),
+    ]

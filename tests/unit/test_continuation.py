@@ -295,3 +295,33 @@ def test_a_cut_inside_a_tool_call_or_with_two_choices_is_not_continuable() -> No
     plain = ChatContract(keep_text=True)
     run_guard(plain, [role_chunk(), text_chunk("a")])
     assert plain.continuable()
+
+
+def test_a_continuation_that_starts_with_a_tool_call_closes_the_open_text_block_first() -> None:
+    before = b"".join([START, block_start(0), text_delta(0, "Let me check. ")])
+    tool_start = messages_event(
+        "content_block_start",
+        index=0,
+        content_block={"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+    )
+    tool_input = messages_event(
+        "content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": "{}"}
+    )
+    continuation = b"".join(
+        [
+            START,
+            tool_start,
+            tool_input,
+            messages_event("content_block_stop", index=0),
+            messages_event(
+                "message_delta",
+                delta={"stop_reason": "tool_use", "stop_sequence": None},
+                usage={"output_tokens": 9},
+            ),
+            messages_event("message_stop"),
+        ]
+    )
+    whole = MessagesJoint(0, NO_USAGE).rewrite(continuation)
+    run = run_guard(MessagesContract(keep_text=True), [before + whole])
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.TOOL_CALLS)
+    assert run.guard.contract.tool_call_arguments() == [("t1", "f", "{}")]  # type: ignore[attr-defined]
