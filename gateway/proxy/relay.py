@@ -300,7 +300,9 @@ class Relay:
         content = _body_for(endpoint, body, request_json)
         exchange.record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
-        tally = _Tally(time.monotonic())  # uvloop's loop.time() counts whole milliseconds
+        # uvloop's loop.time() counts whole milliseconds; the position keeps the access
+        # log's attempts in the order they started (a continuation's ends first).
+        tally = _Tally(time.monotonic(), len(exchange.record.attempts))
         try:
             outgoing = _Outgoing(target, headers, len(body), request_json)
             return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
@@ -443,7 +445,8 @@ class Relay:
             health = Health.NEUTRAL  # cancelled: says nothing about the upstream
         else:
             health = health_of(result, reason, record.error)
-        record.attempts.append(Attempt(endpoint.name, result, time.monotonic() - tally.started))
+        entry = Attempt(endpoint.name, result, time.monotonic() - tally.started)
+        record.attempts.insert(tally.position, entry)
         self._attempt_done(exchange.route, endpoint, lease, health)
 
     def _retry(
@@ -690,10 +693,11 @@ class _Outgoing(NamedTuple):
 class _Tally:
     """What one attempt came to, filled in as it goes and read once at its end."""
 
-    __slots__ = ("answered", "cancelled", "reason", "result", "started")
+    __slots__ = ("answered", "cancelled", "position", "reason", "result", "started")
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, position: int) -> None:
         self.started = started
+        self.position = position
         self.result = Result.OK
         self.reason: Reason | None = None
         #: The answer went to the client: its result is read off the record.
