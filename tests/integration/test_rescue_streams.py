@@ -152,9 +152,14 @@ def test_openai_sdk_holds_exactly_the_text_after_a_cut_and_a_stall() -> None:
 
 
 def test_anthropic_sdk_holds_exactly_the_text_after_a_cut() -> None:
-    for fault in ["drop_after_text", "abort_mid_body", "invalid_json"]:
+    for fault, keys in [
+        ("drop_after_text", {}),
+        ("abort_mid_body", {}),
+        ("invalid_json", {}),
+        ("stall_mid_stream", {"timeouts": {"idle": 1.0}}),
+    ]:
         with sim(default_fault=fault, fault_requests=1) as upstream:
-            routes = [{**continuing(sim_up("only", upstream))[0], "prefix": "/v1"}]
+            routes = continuing(sim_up("only", upstream), **keys)
             with gateway_for("", routes=routes) as gw:
                 client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
                 with client.messages.stream(
@@ -284,3 +289,26 @@ def test_the_access_log_records_both_attempts_of_a_continued_stream(
         ("only", "incomplete"),
         ("only", "ok"),
     ]
+
+
+def test_anthropic_sdk_raises_with_the_original_reason_when_the_fallback_rejects_prefill() -> None:
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim(continuation="reject") as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary, continuation="none"),
+            sim_up("fallback", fallback, priority=1),
+        )
+        with gateway_for("", routes=routes) as gw:
+            client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+            with (
+                pytest.raises(anthropic.APIStatusError) as raised,
+                client.messages.stream(
+                    model="sim-1", max_tokens=256, messages=[{"role": "user", "content": "hi"}]
+                ) as events,
+            ):
+                "".join(events.text_stream)
+            assert "missing_done" in str(raised.value)
+            text = metrics(gw)
+            assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
