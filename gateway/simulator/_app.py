@@ -13,7 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.simulator._continuation import Refusal, continuation_of, continue_plan
+from gateway.simulator._continuation import (
+    Refusal,
+    continuation_of,
+    continue_completion,
+    continue_plan,
+)
 from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
 from gateway.simulator._protocols import (
     ProtocolName,
@@ -185,6 +190,8 @@ class _Simulator:
         if prefill is not None and not continue_plan(plan, knobs, prefill):
             message = "The prefill is not a prefix of the simulator's scripted answer."
             return self._json(400, error_body(protocol, 400, message, upstream_id), id_headers)
+        if protocol == "completions" and self.continuation != "reject":
+            continue_completion(plan, knobs, body.get("prompt"))
         renderer = make_renderer(plan, crlf=knobs.crlf)
         partition_seed = knobs.seed if knobs.partition else None
         if stream is None:

@@ -15,7 +15,7 @@ from gateway.simulator._knobs import Knobs
 from gateway.simulator._protocols import Plan
 from gateway.simulator._text import text_deltas
 
-__all__ = ["Refusal", "continuation_of", "continue_plan"]
+__all__ = ["Refusal", "continuation_of", "continue_completion", "continue_plan"]
 
 STYLES = ("any", "reject", "assistant_prefill", "continue_final_message", "prefix")
 
@@ -58,6 +58,19 @@ def continuation_of(protocol: str, body: dict[str, Any], accepts: str) -> str | 
     if protocol == "chat" and accepts != "any" and _style(body, last) != accepts:
         return Refusal(f"This server continues a final message only as {accepts}.")
     return content
+
+
+def continue_completion(plan: Plan, knobs: Knobs, prompt: object) -> None:
+    """Legacy Completions continue by the partial text appended to the prompt: a prompt
+    that ends with how the scripted answer starts is answered with the rest of it."""
+    lane = next((lane for lane in plan.lanes if lane.kind == "text"), None)
+    if lane is None or not isinstance(prompt, str):
+        return
+    full = "".join(text_deltas(lane.count, seed=knobs.seed, choice=lane.index))
+    for size in range(min(len(full), len(prompt)), 0, -1):
+        if prompt.endswith(full[:size]):
+            continue_plan(plan, knobs, full[:size])
+            return
 
 
 def continue_plan(plan: Plan, knobs: Knobs, prefill: str) -> bool:

@@ -312,3 +312,21 @@ def test_anthropic_sdk_raises_with_the_original_reason_when_the_fallback_rejects
             assert "missing_done" in str(raised.value)
             text = metrics(gw)
             assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
+
+
+def test_a_legacy_completions_stream_is_continued_by_appending_to_the_prompt() -> None:
+    body = {"model": "sim-1", "prompt": "Say something: ", "stream": True}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = web.post(gw.url + "/v1/completions", json=body, timeout=30)
+        note = annotation(response.content)
+        assert (note["outcome"], note["continued"]) == ("complete", "1")
+        text = "".join(
+            c.get("text") or ""
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {")
+            for c in json.loads(line[6:])["choices"]
+        )
+        assert text == TEXT
