@@ -356,6 +356,12 @@ class _Gateway:
             counts=board.counts(),
             incomplete=list(reversed(board.incomplete)),
             config=redacted(self.settings),
+            pools=[
+                (route.name, endpoint.name, endpoint.priority, str(route.pool.state(i)))
+                for route in self.routes
+                if len(route.endpoints) > 1
+                for i, endpoint in enumerate(route.endpoints)
+            ],
         )
 
 

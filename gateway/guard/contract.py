@@ -178,8 +178,16 @@ class Contract(abc.ABC):
             self._conclude(Outcome.INCOMPLETE, rejected.reason, rejected.detail)
             return Action.REJECT
 
-    def on_eof(self) -> Verdict:
-        """The upstream ended cleanly; returns the verdict (``missing_done`` if unfinished)."""
+    def on_eof(self, *, clean: bool = True) -> Verdict:
+        """The upstream ended; returns the verdict (``missing_done`` if unfinished).
+
+        ``clean``: the body ended at an event boundary (no unfinished event), so
+        a contract that may end without its terminator (``_on_clean_end``) may."""
+        if self.verdict is None and clean:
+            try:
+                self._on_clean_end()
+            except _Rejected as rejected:
+                self._conclude(Outcome.INCOMPLETE, rejected.reason, rejected.detail)
         if self.verdict is None:
             self._conclude(
                 Outcome.INCOMPLETE, Reason.MISSING_DONE, "the stream ended before its terminator"
@@ -199,6 +207,10 @@ class Contract(abc.ABC):
         return self.verdict
 
     # -- for subclasses -------------------------------------------------------
+
+    def _on_clean_end(self) -> None:
+        """A clean end before the terminator: conclude here to accept it (default: not)."""
+        return None
 
     @abc.abstractmethod
     def _on_event(self, event: Event) -> Action: ...
@@ -266,7 +278,7 @@ class FramingOnly(Contract):
     def _on_event(self, event: Event) -> Action:
         return Action.FORWARD
 
-    def on_eof(self) -> Verdict:
+    def on_eof(self, *, clean: bool = True) -> Verdict:
         if self.verdict is None:
             self._conclude(Outcome.COMPLETE, Reason.OTHER, "")
         assert self.verdict is not None

@@ -62,6 +62,11 @@ class StreamGuard:
         self.final = b""
         #: Upstream comment lines dropped because they began with the annotation's prefix.
         self.forged_comments = 0
+        #: Set by a route that continues cut streams: the upstream's own error event
+        #: is not forwarded when it is judged but kept in ``withheld``, and sent before
+        #: the annotation only when no continuation takes the stream over.
+        self.withhold_errors = False
+        self.withheld = b""
 
     @property
     def verdict(self) -> Verdict | None:
@@ -126,6 +131,11 @@ class StreamGuard:
                 cursor = event.end
                 continue
             stop = event.end if action is Action.FINISH else event.start
+            verdict = self.contract.verdict
+            if self.withhold_errors and verdict is not None and verdict.error_forwarded:
+                # The upstream's own error event waits while a continuation is tried.
+                self.withheld = held[event.start - base : event.end - base]
+                stop = event.start
             break
         upto = stop if stop is not None else self.decoder.boundary
         out.append(held[cursor - base : upto - base])
@@ -167,8 +177,9 @@ class StreamGuard:
                 events = []
             if events:
                 self.final = self._judge(events, self._held, None)
+        clean = not self._held.strip()  # no unfinished event left over
         self._held = b""
-        return self.contract.on_eof()
+        return self.contract.on_eof(clean=clean)
 
     def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
         """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...).
@@ -179,8 +190,9 @@ class StreamGuard:
         self._held = b""
         return self.contract.abort(reason, detail, force=force)
 
-    def annotation(self, request_id: str) -> bytes:
-        """The trailer the relay appends after the last forwarded byte."""
+    def annotation(self, request_id: str, continued: int = 0) -> bytes:
+        """The trailer the relay appends after the last forwarded byte (``continued``: how
+        many continuations the answer took, after a cut)."""
         verdict = self.contract.verdict
         if verdict is None:
             raise RuntimeError("annotation before the verdict is final")
@@ -189,4 +201,5 @@ class StreamGuard:
             verdict,
             request_id,
             last_sequence_number=self.contract.last_sequence_number,
+            continued=continued,
         )

@@ -70,6 +70,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         ],
         "rejected": record.rejected,
         "error": record.error,
+        "continued": record.continued > 0,
     }
 
 

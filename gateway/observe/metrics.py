@@ -241,6 +241,12 @@ class Metrics:
             ["route", "upstream", "result"],
             registry=reg,
         )
+        self.continuations = Counter(
+            "gateway_continuations_total",
+            "Streams cut after some text that were continued, by result.",
+            ["route", "upstream", "result"],
+            registry=reg,
+        )
         self.upstream_ejected = Gauge(
             "gateway_upstream_ejected",
             "1 from an upstream's ejection until a probe request succeeds (any worker).",
@@ -303,6 +309,10 @@ class Metrics:
     def upstream_out(self, route: str, upstream: str, out: bool) -> None:
         """An upstream was ejected (``out``), or returned by a successful probe."""
         self._child(self.upstream_ejected, route, upstream).set(1 if out else 0)
+
+    def continuation(self, route: str, upstream: str, result: str) -> None:
+        """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_continuable``."""
+        self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:
         """Show an upstream's gauges at 0 from the start (absent series hide a pool)."""

@@ -77,6 +77,8 @@ class StatusView:
     counts: dict[tuple[str, str], Counter[str]]
     incomplete: Sequence[IncompleteStream]  # newest first
     config: dict[str, Any] = field(default_factory=dict)
+    #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
+    pools: Sequence[tuple[str, str, int, str]] = ()
 
 
 #: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
@@ -197,6 +199,26 @@ def _counts(view: StatusView) -> str:
     return "".join(parts)
 
 
+def _pools(view: StatusView) -> str:
+    """Each pooled upstream's tier and state in this worker: which one serves now."""
+    if not view.pools:
+        return ""
+    rows = [
+        [
+            _e(route),
+            _e(upstream),
+            _e(tier),
+            f'<span class="bad">{_e(state)}</span>' if state != "in" else _e(state),
+        ]
+        for route, upstream, tier, state in view.pools
+    ]
+    return (
+        '<section id="pools"><h2>Upstream pools</h2>'
+        + _table(["route", "upstream", "priority", "state"], rows, {2})
+        + "</section>"
+    )
+
+
 def _incomplete(view: StatusView) -> str:
     parts = ['<section id="incomplete"><h2>Incomplete streams, newest first</h2>']
     if not view.incomplete:
@@ -272,6 +294,7 @@ def render(view: StatusView) -> str:
             "</p></header>",
             _live(view),
             _counts(view),
+            _pools(view),
             _incomplete(view),
             _build(view),
             "</body></html>",

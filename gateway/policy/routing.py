@@ -26,7 +26,9 @@ from urllib.parse import quote, unquote_plus, urlsplit
 from pydantic import SecretStr
 
 from gateway.policy.pool import EjectionPolicy, Pool
+from gateway.policy.retry import RetryPolicy
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
+from gateway.protocols.continuation import ContinuationStyle
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
 __all__ = [
@@ -81,6 +83,8 @@ class Endpoint:
     models: Mapping[str, str]
     #: ``auto`` style on a ``protocol = "auto"`` route: each request's protocol decides.
     style_by_protocol: bool = False
+    priority: int = 0
+    continuation: ContinuationStyle = ContinuationStyle.NONE
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -142,6 +146,8 @@ def _endpoint(
         weight=config.weight,
         models=dict(config.models),
         style_by_protocol=config.credential_style == "auto" and route.protocol == "auto",
+        priority=config.priority,
+        continuation=ContinuationStyle(config.continuation),
     )
 
 
@@ -158,6 +164,7 @@ class Route:
     endpoints: tuple[Endpoint, ...] = field(init=False)
     pool: Pool = field(init=False)
     retry_on: frozenset[str] = field(init=False)
+    retry: RetryPolicy = field(init=False)
 
     def __post_init__(self) -> None:
         config = self.config
@@ -173,8 +180,15 @@ class Route:
                 max_seconds=config.eject_max_seconds,
                 max_ejected_percent=config.max_ejected_percent,
             ),
+            tiers=[e.priority for e in self.endpoints],
         )
         self.retry_on = frozenset(config.retry_on)
+        self.retry = RetryPolicy(
+            max_attempts=config.max_attempts,
+            retry_on=self.retry_on,
+            backoff_seconds=config.retry_backoff_seconds,
+            max_retry_after_seconds=config.max_retry_after_seconds,
+        )
 
     @property
     def name(self) -> str:

@@ -42,6 +42,9 @@ class ContractOptions:
 
     require_finish_reason: bool = True
     withhold_usage: bool = False
+    #: A clean end after every choice finished is complete without ``[DONE]`` (Chat,
+    #: Completions: a route's ``termination = "finish"``).
+    end_on_finish: bool = False
 
 
 @dataclass(frozen=True, slots=True)

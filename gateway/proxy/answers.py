@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 import httpx
 
 from gateway.capture.tap import Tap
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import Reason, StreamGuard, Usage
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
+from gateway.policy.errors import RequestError
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -43,6 +44,8 @@ from gateway.proxy.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
 __all__ = [
     "Held",
+    "Rescue",
+    "Rescued",
     "hold_plain",
     "hold_stream",
     "relay_plain",
@@ -79,7 +82,7 @@ def response_headers(
 
 def drop_stalled_client(exchange: Exchange) -> NoReturn:
     """The client stopped taking bytes: abort its connection, never wait on it."""
-    exchange.record.error = "client_stalled"
+    exchange.record.error = RequestError.CLIENT_STALLED
     abort_connection(exchange.scope)
     raise AbortConnection
 
@@ -108,6 +111,22 @@ class Held:
     read: ReadChunk | None = None
     #: A plain body's chunks, to go on with.
     chunks: AsyncIterator[bytes] | None = None
+
+
+@dataclass(slots=True)
+class Rescued:
+    """A cut stream that was continued (``gateway.proxy.continuation``): the guard whose
+    verdict and annotation end it, the reader to drain, how many continuations, and
+    the usage billed across the attempts."""
+
+    guard: StreamGuard
+    read: ReadChunk
+    continued: int
+    usage: Usage | None = None
+
+
+#: Called with a relayed stream's guard once its verdict is incomplete; None: not rescued.
+Rescue = Callable[[StreamGuard], Awaitable[Rescued | None]]
 
 
 async def _ended() -> bytes:
@@ -220,7 +239,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
     try:
         obj = loads(body)
     except (ValueError, RecursionError):
-        record.error = "invalid_json"
+        record.error = RequestError.INVALID_JSON
         return
     if isinstance(obj, dict):
         record.usage = exchange.spec.answer_usage(obj)
@@ -273,7 +292,9 @@ async def relay_plain(
             drop_stalled_client(exchange)
         # Headers are out: the only honest signal left is to break the connection.
         record.error = (
-            "upstream_timeout" if isinstance(exc, TimeoutError) else "upstream_disconnect"
+            RequestError.UPSTREAM_TIMEOUT
+            if isinstance(exc, TimeoutError)
+            else RequestError.UPSTREAM_DISCONNECT
         )
         raise AbortConnection from None
     try:
@@ -351,11 +372,14 @@ async def relay_stream(
     annotate: bool,
     draining: bool,
     held: Held | None = None,
+    rescue: Rescue | None = None,
 ) -> None:
     """Relay a 2xx event stream through ``guard``, then append the annotation.
 
     ``held``: what ``hold_stream`` read (already fed to ``guard``), sent right
     after the head; a stream it saw end goes straight to its annotation.
+    ``rescue``: a route that continues cut streams; asked once the verdict is
+    incomplete, it may relay a continuation whose verdict then ends the stream.
     """
     send, record = exchange.send, exchange.record
     record.status = response.status_code
@@ -421,6 +445,41 @@ async def relay_stream(
         guard.abort(exchange.stop_reason, force=watchdog.sending)
     finally:
         watchdog.cancel()
+    rescued = None
+    verdict = guard.verdict
+    if rescue is not None and verdict is not None and not verdict.complete:
+        rescued = await rescue(guard)
+    if rescued is None:
+        await end_stream(exchange, guard, reader, timing, annotate=annotate, draining=draining)
+        return
+    await end_stream(
+        exchange,
+        rescued.guard,
+        rescued.read,
+        timing,
+        annotate=annotate,
+        draining=draining,
+        continued=rescued.continued,
+    )
+    if rescued.usage is not None:
+        exchange.record.usage = rescued.usage
+
+
+async def end_stream(
+    exchange: Exchange,
+    guard: StreamGuard,
+    reader: ReadChunk,
+    timing: _Timing,
+    *,
+    annotate: bool,
+    draining: bool,
+    continued: int = 0,
+) -> None:
+    """The end of a relayed stream, once its verdict is reached: record the verdict;
+    a client that left gets nothing more, a stalled one is dropped; else the trailer
+    (the annotation) is the last send, and a complete upstream body is drained so that
+    its connection can be reused."""
+    record = exchange.record
     verdict = guard.verdict
     assert verdict is not None
     record.verdict = verdict
@@ -429,7 +488,9 @@ async def relay_stream(
         return
     if exchange.stop_reason is Reason.CLIENT_STALLED:
         drop_stalled_client(exchange)
-    trailer = guard.annotation(record.request_id) if annotate else b""
+    trailer = guard.annotation(record.request_id, continued) if annotate else b""
+    if guard.withheld:  # the upstream's own error event, withheld for a continuation
+        trailer = guard.withheld + trailer
     if trailer:
         timing.first_byte()
     exchange.response_done = True

@@ -114,6 +114,11 @@ class BodyParser:
     async def rewrite(self, body: bytes, changes: dict[str, Any]) -> bytes | None:
         return await self._run(rewrite, body, changes)
 
+    async def document(self, body: bytes) -> dict[str, Any] | None:
+        """The whole JSON object body (a continuation's prefill needs its messages);
+        parsed again when asked, never kept by the relay."""
+        return await self._run(_document, body)
+
     async def _run(self, work: Callable[..., T], body: bytes, *args: Any) -> T:
         if len(body) <= self.off_loop_bytes:
             return work(body, *args)

@@ -41,6 +41,7 @@ __all__ = [
     "Lane",
     "Plan",
     "Renderer",
+    "context_length_body",
     "embeddings_body",
     "error_body",
     "make_plan",
@@ -844,6 +845,27 @@ def error_body(protocol: str, status: int, message: str, request_id: str) -> dic
         status, ("server_error" if status >= 500 else "invalid_request_error", None)
     )
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def context_length_body(protocol: str) -> dict[str, Any]:
+    """A 400 saying the prompt is too long for the model, as each provider says it."""
+    if protocol == "messages":
+        return {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208310 tokens > 200000 maximum",
+            },
+        }
+    message = "This model's maximum context length is 8192 tokens."
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
 
 
 def models_body(*, anthropic: bool) -> dict[str, Any]:

@@ -101,6 +101,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_rejected_requests_total": {"reason"},
     "gateway_request_errors_total": {"route", "error"},
     "gateway_upstream_attempts_total": {"route", "upstream", "result"},
+    "gateway_continuations_total": {"route", "upstream", "result"},
     "gateway_upstream_ejected": {"route", "upstream"},
     "gateway_upstream_active_streams": {"route", "upstream"},
     "gateway_observer_errors_total": {"observer"},
