@@ -22,14 +22,11 @@ import ipaddress
 import logging
 import os
 import platform
-import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from types import FrameType
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -55,6 +52,7 @@ from gateway.proxy.relay import Relay
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.redaction import redacted
 from gateway.settings import RouteConfig, Settings
+from gateway.signals import install_drain_handlers, restore_handlers
 
 __all__ = ["create_app"]
 
@@ -183,7 +181,7 @@ class _Gateway:
             lifecycle=self.lifecycle,
             tracer=self.tracing,
         )
-        previous = _chain_sigterm(self.lifecycle.begin_drain)
+        previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
         # What exists now lives as long as the process: keep it out of every GC pass.
         gc.freeze()
         self.lifecycle.ready = True
@@ -196,9 +194,7 @@ class _Gateway:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()
             await self.lifecycle.wait_idle(5.0)
-            if previous is not None:
-                with contextlib.suppress(ValueError):
-                    signal.signal(signal.SIGTERM, previous)
+            restore_handlers(previous)
             await upstream.aclose()
             self.access_log.flush()
             if self.captures is not None:
@@ -347,48 +343,6 @@ class _Gateway:
             incomplete=list(reversed(board.incomplete)),
             config=redacted(self.settings),
         )
-
-
-def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
-    """On SIGTERM drain first, then shut the server down; the process exits 0.
-
-    uvicorn's own handler records the signal and raises it again once the
-    server has stopped (``Server.capture_signals``), so that the process
-    dies by SIGTERM (exit status 143). After a drain the signal has been
-    handled: the server is told to exit through ``should_exit`` instead,
-    the way a uvicorn ``Server`` is stopped from code. A second SIGTERM
-    (or SIGINT, left to the server) stops at once, through uvicorn's handler.
-    """
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-    except (ValueError, RuntimeError):
-        return None
-    state = {"signalled": False}
-    server = getattr(previous, "__self__", None)
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        def stop_now() -> None:
-            if callable(previous):
-                previous(signum, frame)
-
-        def drained() -> None:
-            if isinstance(server, uvicorn.Server):
-                server.should_exit = True
-            else:
-                stop_now()
-
-        if state["signalled"]:
-            stop_now()
-            return
-        state["signalled"] = True
-        loop.call_soon_threadsafe(begin_drain, drained)
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a test server in a thread)
-        return None
-    return previous
 
 
 _TRACING_SHUTDOWN_SECONDS = 5.0

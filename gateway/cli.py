@@ -61,7 +61,7 @@ _SETTING_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "drain_timeout",
         "--drain-timeout",
-        _SECONDS | {"help": "seconds in-flight streams get after SIGTERM"},
+        _SECONDS | {"help": "seconds in-flight streams get after SIGTERM or Ctrl-C"},
     ),
     (
         "metrics_dir",
