@@ -169,6 +169,12 @@ class Limits(_Strict):
     max_response_bytes: int = Field(
         1024 * 1024 * 1024, gt=0, description="Streamed response limit (limit_exceeded)."
     )
+    max_buffered_answer_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        description="Plain 2xx JSON answers up to this Content-Length are read whole first "
+        "(a cut or unparseable one becomes a 502); 0: relay every answer as it arrives.",
+    )
     max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
     max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
     max_concurrent_streams: int | None = Field(

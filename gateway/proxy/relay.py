@@ -465,7 +465,13 @@ class Relay:
                     if not 200 <= response.status_code < 300
                     else bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
                 )
-            await relay_plain(exchange, response, draining, held)
+            await relay_plain(
+                exchange,
+                response,
+                draining,
+                held,
+                buffer_limit=self.settings.limits.max_buffered_answer_bytes,
+            )
             return
         record.stream = True
         if not exchange.counted:
