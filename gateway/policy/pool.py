@@ -16,7 +16,9 @@ ejects it again, for twice as long. The doubling starts over once an
 upstream has stayed in for ``max_seconds``. At most ``max_ejected_percent``
 of a pool, and never all of it, is out at once (ejected or half-open): a
 failure that would eject one more is counted, and the upstream stays in.
-Results of attempts that started before an ejection do not count.
+Results of attempts that started before an ejection do not count. An
+ejected upstream that panic routing (below) sent an attempt to, and that
+answered it, is back in the pool at once: it is serving, so it is not out.
 
 A ``Retry-After`` makes an upstream cool down: it is skipped until then,
 without being ejected. When nothing is available for a request's first
@@ -70,6 +72,7 @@ class Lease:
 
     index: int
     probe: bool = False  # the half-open upstream's one probe
+    panic: bool = False  # sent to an upstream that was out, because nothing else was left
 
 
 class _Member:
@@ -147,8 +150,9 @@ class Pool:
             best = self._least_loaded([i for i in range(len(members)) if i not in exclude])
             if best is None:
                 return None
-            members[best].active += 1
-            return members[best].lease
+            member = members[best]
+            member.active += 1
+            return Lease(best, panic=True) if member.out_until is not None else member.lease
         member = members[best]
         member.active += 1
         if member.out_until is not None:  # half-open: this attempt is the probe
@@ -203,16 +207,17 @@ class Pool:
         if lease.probe:
             member.probing = False
             if health is Health.OK:
-                member.out_until = None
-                member.failures = 0
-                member.returned_at = now
+                self._return(member, now)
                 return Change.RETURNED
             if health is Health.FAILED:
                 self._eject(member, now)
                 return Change.EJECTED
             return Change.NONE  # still half-open: the next attempt routed to it probes
         if member.out_until is not None:
-            return Change.NONE  # started before the ejection
+            if lease.panic and health is Health.OK:  # out, and yet it answered: it is in
+                self._return(member, now)
+                return Change.RETURNED
+            return Change.NONE  # started before the ejection, or failed while out
         if health is Health.OK:
             member.failures = 0
         elif health is Health.FAILED:
@@ -226,6 +231,11 @@ class Pool:
         """Skip upstream ``index`` for ``seconds`` (its ``Retry-After``)."""
         member = self._members[index]
         member.cool_until = max(member.cool_until, self._clock() + seconds)
+
+    def _return(self, member: _Member, now: float) -> None:
+        member.out_until = None
+        member.failures = 0
+        member.returned_at = now
 
     def _eject(self, member: _Member, now: float) -> None:
         policy = self.policy

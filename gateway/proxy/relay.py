@@ -403,7 +403,7 @@ class Relay:
             )
         else:
             log.info(
-                "route %s: upstream %s is back (a probe request succeeded)",
+                "route %s: upstream %s is back (it answered a request)",
                 route.name,
                 endpoint.name,
             )
