@@ -431,5 +431,5 @@ def create_worker_app() -> Starlette:
     from gateway.settings import settings_for_worker
 
     settings = settings_for_worker()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return create_app(settings)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 
 from gateway import __version__, guard_build
-from gateway.logsetup import configure_logging
+from gateway.logsetup import configure_logging, uvicorn_log_config
 from gateway.redaction import redact_url, redacted
 from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
@@ -322,7 +322,7 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     _prepare_metrics_dir(settings)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
     from gateway.edge import uvicorn_options
 
@@ -337,6 +337,7 @@ def serve(settings: Settings) -> None:
         # uvicorn's own rewriting would let a client on 127.0.0.1 replace its address.
         "proxy_headers": False,
         "log_level": settings.log_level,
+        "log_config": uvicorn_log_config(settings.log_level, settings.log_format),
         # The drain (lifecycle.py) runs before uvicorn's own shutdown starts, and
         # streams stopped by it flush their trailer within 5 s: uvicorn needs little.
         "timeout_graceful_shutdown": 5,

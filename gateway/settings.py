@@ -451,6 +451,10 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="The process log on stderr: timestamped text lines, or one JSON object each.",
+    )
     tracing: Tracing = Tracing()
     status_page: bool = Field(
         False,
