@@ -112,7 +112,7 @@ class _Gateway:
     ) -> None:
         self.settings = settings
         self.transport = transport
-        self.metrics = Metrics()
+        self.metrics = Metrics(_longest_request(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(settings.access_log)
         self.captures = CaptureWriter.for_settings(
@@ -346,6 +346,12 @@ class _Gateway:
 
 
 _TRACING_SHUTDOWN_SECONDS = 5.0
+
+
+def _longest_request(settings: Settings) -> float:
+    """The longest total deadline of any route: the duration histogram's top bucket."""
+    totals = [settings.route_timeouts(route).total for route in settings.effective_routes()]
+    return max([settings.timeouts.total, *totals])
 
 
 def _json_error(status: int, message: str, code: str, request_id: str) -> Response:
