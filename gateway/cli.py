@@ -253,10 +253,34 @@ def _die(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _origin(url: str) -> str:
-    """``scheme://host[:port]`` of a URL, user-info masked as in ``check-config``."""
+def _base(url: str) -> str:
+    """An upstream's base URL as the start-up lines show it: its path kept (requests go
+    below it), user-info and query values masked as in ``check-config``."""
     parts = urlsplit(redact_url(url) or "")
-    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+
+
+def _warn_pathless(route: str, prefix: str, urls: list[str]) -> None:
+    """A ``/v1`` route in front of a base URL with no path: every request gets a 404.
+
+    The path below the prefix is appended to the base URL, so ``/v1/chat/completions``
+    in front of ``http://host:11434`` goes to ``http://host:11434/chat/completions``.
+    """
+    if not prefix.rstrip("/").endswith("/v1"):
+        return
+    for url in urls:
+        if urlsplit(url).path.strip("/") == "":
+            log.warning(
+                "route %s: %s fronts %s, a base URL with no path: %s/chat/completions goes to "
+                "%s/chat/completions (OpenAI-compatible servers answer under /v1: did you mean "
+                "%s/v1?)",
+                route,
+                prefix,
+                _base(url),
+                prefix.rstrip("/"),
+                _base(url).rstrip("/"),
+                _base(url).rstrip("/"),
+            )
 
 
 def _prepare_metrics_dir(settings: Settings) -> None:
@@ -282,7 +306,7 @@ def _log_start(settings: Settings) -> None:
         log.info("guard: pure Python (not compiled: no C compiler at install, or not asked to)")
     for route in settings.effective_routes():
         if route.upstreams:
-            pool = ", ".join(f"{u.name} {_origin(u.url)}" for u in route.upstreams)
+            pool = ", ".join(f"{u.name} {_base(u.url)}" for u in route.upstreams)
             log.info(
                 "route %s: %s -> %s (protocol %s, max_attempts %d, retry_on %s)",
                 route.name,
@@ -292,14 +316,16 @@ def _log_start(settings: Settings) -> None:
                 route.max_attempts,
                 ",".join(route.retry_on) or "nothing",
             )
+            _warn_pathless(route.name, route.prefix, [u.url for u in route.upstreams])
             continue
         log.info(
             "route %s: %s -> %s (protocol %s)",
             route.name,
             route.prefix,
-            _origin(route.upstream or ""),
+            _base(route.upstream or ""),
             route.protocol,
         )
+        _warn_pathless(route.name, route.prefix, [route.upstream or ""])
     if not settings.annotate:
         log.warning(
             "annotate = false: a stream the upstream cut ends without an error event, so "
