@@ -230,7 +230,7 @@ def test_every_setting_has_a_variable_that_is_read(
         ),
         (
             {"GATEWAY_ROUTES": '[{"name": "a", "upstream": "http://exa mple.com/v1"}]'},
-            "routes.0.upstream (environment variable GATEWAY_ROUTES): must not contain spaces",
+            "routes[0].upstream (environment variable GATEWAY_ROUTES): must not contain spaces",
         ),
         (
             {"GATEWAY_UPSTREAM_URL": UPSTREAM, "GATEWAY_CLIENT_KEY_SHA256": '["abc"]'},
@@ -398,7 +398,7 @@ def test_an_upstream_url_with_an_invalid_host_is_refused_at_load(
     with pytest.raises(ValidationError) as caught:
         load_settings(routes=[{"upstream": url}])
     message = describe_errors(caught.value)
-    assert "routes.0.upstream" in message
+    assert "routes[0].upstream" in message
     assert expected in message
 
 
