@@ -22,18 +22,22 @@ INSTALL_INPUTS := pyproject.toml setup.py $(wildcard gateway/guard/*.py)
 # What a compiling install leaves beside the guard's source (and the group's shared module).
 COMPILED_GUARD := gateway/guard/*.so gateway_guard__mypyc*.so
 
+# The pip the venv comes with (Python 3.11's does editable installs): upgrading it first
+# cost about 10 s of a first `make run` on a loaded two-core machine.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # The quick install for `make run`: the guard as pure Python (it behaves the same; the
 # gateway logs that it is not compiled, and gateway_build_info{guard="python"} says so).
 # A compiled guard older than this install's inputs is removed, never left to shadow its
 # newer source, and so are the marks of the installs that compiled it: the next
 # `make test` compiles it again.
+# Built without build isolation, with only setuptools: an isolated build would install
+# mypy (the compiler) first, for nothing.
 $(VENV)/.installed-run: $(INSTALL_INPUTS) | $(BIN)/python
 	rm -f $(COMPILED_GUARD) $(VENV)/.compiled-guard $(VENV)/.installed-test $(VENV)/.installed-perf
-	PURE_PYTHON_GUARD=1 $(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet 'setuptools>=77.0.3'
+	PURE_PYTHON_GUARD=1 $(BIN)/python -m pip install --quiet --no-build-isolation -e .
 	touch $@
 
 # The guard compiled with mypyc, in place beside its source (the install `make test` runs).
