@@ -31,7 +31,24 @@ __all__ = ["main"]
 
 log = logging.getLogger("gateway")
 
-_SECONDS: dict[str, Any] = {"type": float, "metavar": "SECONDS", "help": "seconds"}
+
+def _default(key: str) -> Any:
+    """The default of a dotted settings key (``timeouts.idle``), read from the model."""
+    model: Any = Settings
+    *sections, leaf = key.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return model.model_fields[leaf].default
+
+
+def _seconds(key: str, meaning: str) -> dict[str, Any]:
+    """A flag in seconds: its meaning, its default and the setting it sets."""
+    return {
+        "type": float,
+        "metavar": "SECONDS",
+        "help": f"{meaning} (default {_default(key):g}; the setting {key})",
+    }
+
 
 #: The flags of ``serve`` and ``check-config``: (settings key, flag, argparse options).
 #: A dotted key sets one key of a section (pydantic-settings deep-merges sources).
@@ -54,19 +71,49 @@ _SETTING_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("host", "--host", {"metavar": "ADDRESS", "help": "listen address (default 127.0.0.1)"}),
     ("port", "--port", {"type": int, "help": "listen port (default 8080)"}),
     ("workers", "--workers", {"type": int, "metavar": "N", "help": "worker processes (default 1)"}),
-    ("timeouts.connect", "--connect-timeout", _SECONDS),
-    ("timeouts.first_byte", "--first-byte-timeout", _SECONDS),
-    ("timeouts.idle", "--idle-timeout", _SECONDS),
-    ("timeouts.total", "--total-timeout", _SECONDS),
+    (
+        "timeouts.connect",
+        "--connect-timeout",
+        _seconds("timeouts.connect", "longest wait for the TCP/TLS connection to an upstream"),
+    ),
+    (
+        "timeouts.first_byte",
+        "--first-byte-timeout",
+        _seconds(
+            "timeouts.first_byte",
+            "longest wait from sending a request upstream to the first byte of its answer",
+        ),
+    ),
+    (
+        "timeouts.idle",
+        "--idle-timeout",
+        _seconds(
+            "timeouts.idle",
+            "longest silence between two chunks of a running answer (heartbeats count)",
+        ),
+    ),
+    (
+        "timeouts.total",
+        "--total-timeout",
+        _seconds("timeouts.total", "longest a whole request may take, first to last byte"),
+    ),
     (
         "drain_timeout",
         "--drain-timeout",
-        _SECONDS | {"help": "seconds in-flight streams get after SIGTERM or Ctrl-C"},
+        _seconds(
+            "drain_timeout",
+            "how long in-flight streams may go on after SIGTERM or Ctrl-C, before they are "
+            "ended with gateway_shutdown",
+        ),
     ),
     (
         "metrics_dir",
         "--metrics-dir",
-        {"metavar": "DIR", "help": "prometheus multiprocess directory"},
+        {
+            "metavar": "DIR",
+            "help": "prometheus multiprocess directory (default: a new temporary one when "
+            "--workers is above 1)",
+        },
     ),
 )
 
