@@ -9,7 +9,6 @@ import pytest
 from gateway.settings import Settings, Timeouts
 from tests.cli import run_cli
 
-
 DRAIN = Settings.model_fields["drain_timeout"].default
 
 
