@@ -208,9 +208,7 @@ class Relay:
         spec = exchange.spec = route.spec_for(rest)
         record.protocol = spec.name
         request_json = _parse_request(body, scope["headers"])
-        if request_json is not None:
-            model = request_json.get("model")
-            record.model = model if isinstance(model, str) else None
+        record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
         if (
             record.stream
