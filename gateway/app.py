@@ -24,6 +24,7 @@ import os
 import platform
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,6 +44,7 @@ from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
 from gateway.observe.status_page import HEADERS as STATUS_HEADERS
 from gateway.observe.status_page import LiveStream, StatusView, render
+from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
 from gateway.proxy.errors import error_body, error_headers, send_error
@@ -132,6 +134,7 @@ class _Gateway:
             )
             gateway_observers.append(self.tracing)
         self.status_board: StatusBoard | None = None
+        self.status_share: StatusShare | None = None
         if settings.status_page:
             self.status_board = StatusBoard()
             gateway_observers.append(self.status_board)
@@ -182,6 +185,14 @@ class _Gateway:
             tracer=self.tracing,
         )
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
+        if self.status_board is not None and self.metrics.multiprocess_dir is not None:
+            self.status_share = StatusShare(
+                Path(self.metrics.multiprocess_dir),
+                self.status_board,
+                self._live_streams,
+                lambda: [(route.name, route.active) for route in self.routes],
+            )
+            self.status_share.start()
         # What exists now lives as long as the process: keep it out of every GC pass.
         gc.freeze()
         self.lifecycle.ready = True
@@ -195,6 +206,8 @@ class _Gateway:
             self.lifecycle.stop_all()
             await self.lifecycle.wait_idle(5.0)
             restore_handlers(previous)
+            if self.status_share is not None:
+                await self.status_share.stop()
             await upstream.aclose()
             self.access_log.flush()
             if self.captures is not None:
@@ -312,7 +325,37 @@ class _Gateway:
         )
 
     def _status_view(self, board: StatusBoard) -> StatusView:
-        now = time.time()
+        live = self._live_streams()
+        active = [(route.name, route.active) for route in self.routes]
+        started, counts, incomplete = (
+            board.started,
+            board.counts(),
+            list(reversed(board.incomplete)),
+        )
+        merged_workers = None
+        if self.status_share is not None:  # several workers: every worker's share
+            merged = self.status_share.merged()
+            live, active, started = merged.live, merged.active, merged.started
+            counts, incomplete, merged_workers = merged.counts, merged.incomplete, merged.workers
+        return StatusView(
+            now=time.time(),
+            version=__version__,
+            python=f"{platform.python_implementation()} {platform.python_version()}",
+            pid=os.getpid(),
+            workers=self.settings.workers,
+            started=started,
+            tracing=self.tracing is not None,
+            minutes=board.minutes,
+            active=active,
+            live=live,
+            counts=counts,
+            incomplete=incomplete,
+            config=redacted(self.settings),
+            merged_workers=merged_workers,
+        )
+
+    def _live_streams(self) -> list[LiveStream]:
+        """This process's streams in flight, the oldest first."""
         live = []
         for key in self.lifecycle.inflight_keys():
             if isinstance(key, Exchange) and key.record.stream:
@@ -328,21 +371,7 @@ class _Gateway:
                     )
                 )
         live.sort(key=lambda stream: -stream.age)
-        return StatusView(
-            now=now,
-            version=__version__,
-            python=f"{platform.python_implementation()} {platform.python_version()}",
-            pid=os.getpid(),
-            workers=self.settings.workers,
-            started=board.started,
-            tracing=self.tracing is not None,
-            minutes=board.minutes,
-            active=[(route.name, route.active) for route in self.routes],
-            live=live,
-            counts=board.counts(),
-            incomplete=list(reversed(board.incomplete)),
-            config=redacted(self.settings),
-        )
+        return live
 
 
 _TRACING_SHUTDOWN_SECONDS = 5.0

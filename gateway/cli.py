@@ -342,6 +342,8 @@ def _prepare_metrics_dir(settings: Settings) -> None:
         # mistyped directory must not lose anybody's data.
         for stale in path.glob("*.db"):
             stale.unlink()
+        for stale in path.glob("gateway-status-*.json"):  # the status page's shares
+            stale.unlink()
     except OSError as exc:
         _die(f"metrics_dir {settings.metrics_dir or '(a new temporary directory)'}: {exc}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)

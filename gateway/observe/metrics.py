@@ -163,8 +163,10 @@ class Metrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         reg = self.registry
         self.multiprocess = multiprocess_enabled()
+        #: The multiprocess directory (None with one process); the status page shares it.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         #: process_* and python_* (gateway.observe.runtime), appended to the exposition.
-        self.runtime = runtime_registry(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.runtime = runtime_registry(self.multiprocess_dir)
         self.requests = Counter(
             "gateway_requests_total",
             "Proxied requests by the status the client got.",
