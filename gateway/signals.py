@@ -10,9 +10,12 @@ gateway takes both signals from uvicorn:
   in-flight request has ended, the server is told to exit through
   ``should_exit``, the way a uvicorn ``Server`` is stopped from code, and the
   process exits 0 (the signal has been handled);
-- a second one (either signal) stops every in-flight request now with
+- a second one of the same signal stops every in-flight request now with
   ``gateway_shutdown`` (each still gets its annotation and its log line) and
-  then tells the server to exit.
+  then tells the server to exit. The other signal does not: with
+  ``--workers N`` a terminal's Ctrl-C reaches every worker, and uvicorn's
+  supervisor then sends each a SIGTERM too, which must not cut the drain
+  short.
 
 Where there is no uvicorn ``Server`` behind the previous handler (a test
 server in a thread installs none), the previous handler is called instead.
@@ -50,7 +53,7 @@ def install_drain_handlers(
         previous: Handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     except (ValueError, RuntimeError):
         return {}
-    state = {"signalled": False}
+    first: list[int] = []  # the signal that started the drain
 
     def handler(signum: int, frame: FrameType | None) -> None:
         fallback = previous.get(signal.Signals(signum))
@@ -66,10 +69,11 @@ def install_drain_handlers(
             stop_all()
             exit_server()
 
-        if state["signalled"]:
-            loop.call_soon_threadsafe(stop_now)
+        if first:
+            if signum == first[0]:
+                loop.call_soon_threadsafe(stop_now)
             return
-        state["signalled"] = True
+        first.append(signum)
         loop.call_soon_threadsafe(begin_drain, exit_server)
 
     installed: Handlers = {}

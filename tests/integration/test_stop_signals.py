@@ -89,3 +89,37 @@ def test_a_second_ctrl_c_stops_at_once_with_annotations() -> None:
     assert {(line["outcome"], line["reason"]) for line in lines} == {
         ("incomplete", "gateway_shutdown")
     }
+
+
+def test_ctrl_c_drains_every_worker() -> None:
+    """A terminal's Ctrl-C reaches the supervisor and each worker (one process group);
+    the supervisor then sends each worker a SIGTERM too: that is no second signal, so the
+    workers drain, and a stream that ends during the drain ends complete."""
+    import psutil
+
+    with (
+        gated_upstream() as upstream,
+        gateway_process(
+            ["--upstream", upstream.url + "/v1", "--workers", "2", "--drain-timeout", "600"],
+            env={"GATEWAY_ACCESS_LOG": "false"},
+        ) as gw,
+    ):
+        gw.wait_stderr(b"Application startup complete.", count=2)
+        results, threads = _streams(gw, upstream, ["during"])
+        children = psutil.Process(gw.proc.pid).children()  # the workers (and a helper)
+        assert len(children) >= 2, children
+        for process in [gw.proc, *children]:  # what the terminal does: the whole group
+            process.send_signal(signal.SIGINT)
+        gw.wait_stderr(b"draining: 1 request(s) in flight")
+        gw.wait_stderr(b"draining: 0 request(s) in flight")
+        gw.wait_stderr(b"Terminated child process")  # the supervisor's SIGTERM to the busy one
+        assert not results  # still in flight: the drain waits for it
+        upstream.gate("during").open()
+        for thread in threads:
+            thread.join(60)
+        gw.proc.wait(timeout=60)
+        _out, err = gw.stop()
+    assert annotation(results["during"])["outcome"] == "complete"
+    assert gw.proc.returncode == 0, err
+    assert err.count(b"INFO gateway: drained") == 2, err
+    assert b"Traceback" not in err, err
