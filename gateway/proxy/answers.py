@@ -266,7 +266,11 @@ async def relay_plain(
     A 2xx JSON answer of known length up to ``buffer_limit`` is read whole first
     (``gateway.proxy.buffered``): a cut or unparseable one becomes a 502.
     """
-    length = buffered_length(response, buffer_limit) if buffer_limit else None
+    length = (
+        buffered_length(response, buffer_limit)
+        if buffer_limit and exchange.scope["method"] != "HEAD"  # a HEAD answer has no body
+        else None
+    )
     if length is not None:
         await _relay_buffered(exchange, response, draining, held, length)
         return

@@ -163,3 +163,19 @@ def _assert_200_then_cut(url: str) -> None:
         assert response.status_code == 200
         with pytest.raises(httpx.HTTPError):
             response.read()
+
+
+def test_a_head_answer_announces_a_length_and_has_no_body(transport: str) -> None:
+    async def head_only(
+        request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n" % len(ANSWER)
+        )
+        await writer.drain()
+
+    with _gateway(head_only, transport) as gw:
+        response = httpx.head(gw.url + "/v1/models", timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-length"] == str(len(ANSWER))
