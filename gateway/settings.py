@@ -24,7 +24,7 @@ import tempfile
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -171,6 +171,12 @@ class Limits(_Strict):
     )
     max_response_bytes: int = Field(
         1024 * 1024 * 1024, gt=0, description="Streamed response limit (limit_exceeded)."
+    )
+    max_buffered_answer_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        description="Plain 2xx JSON answers up to this Content-Length are read whole first "
+        "(a cut or unparseable one becomes a 502); 0: relay every answer as it arrives.",
     )
     max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
     max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
@@ -487,6 +493,10 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="The process log on stderr: timestamped text lines, or one JSON object each.",
+    )
     tracing: Tracing = Tracing()
     status_page: bool = Field(
         False,
@@ -764,21 +774,70 @@ def describe_errors(
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc)
+        key = key_path(err["loc"])
         flag = next((flags[k] for k in _prefixes(loc) if k in flags), None)
         env_name = _environment_origin(loc)
+        unknown = err["type"] == "extra_forbidden"
         if flag:
             origin = f" (command-line flag {flag})"
         elif env_name:
             origin = f" (environment variable {env_name})"
         elif config and loc:
-            origin = f" (config file {config}, or its default)"
+            # an unknown key is never a default: it can only come from the file
+            origin = (
+                f" (config file {config})"
+                if unknown
+                else f" (config file {config}, or its default)"
+            )
         else:
             origin = ""
         error = err.get("ctx", {}).get("error")
-        message = str(error) if err["type"] == "value_error" and error else err["msg"]
+        if unknown:
+            message = f"is not a setting ({_unknown_key_hint(err['loc'])})"
+        elif err["type"] == "value_error" and error:
+            message = str(error)
+        else:
+            message = err["msg"]
         lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """A location as the one key-path notation of every error: ``routes[0].max_attempts``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The settings model that holds the last key of ``loc`` (list indexes skipped)."""
+    model: type[BaseModel] | None = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            continue
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _model_in(annotation)
+        if model is None:
+            for member in _union_members(annotation):
+                for arg in typing.get_args(member):
+                    model = model or _model_in(arg)
+    return model
+
+
+def _unknown_key_hint(loc: Sequence[int | str]) -> str:
+    """``did you mean …?`` for a mistyped key, as for a mistyped ``GATEWAY_*`` variable."""
+    model = _model_at(loc)
+    known = [k for k in model.model_fields if k not in _NOT_FROM_ENVIRONMENT] if model else []
+    close = difflib.get_close_matches(str(loc[-1]), known, 1, 0.6)
+    if close:
+        return f"did you mean {key_path([*loc[:-1], close[0]])}?"
+    return "no setting has a similar name; see config/gateway.example.toml"
 
 
 def _prefixes(loc: list[str]) -> list[str]:
@@ -815,17 +874,23 @@ def _with_credentials(settings: Settings) -> Settings:
                 continue
             value = os.environ.get(upstream.credential_env)
             if not value:
-                where = (
-                    f"routes[{route.name}].upstreams[{upstream.name}]"
-                    if route.upstreams
-                    else f"routes[{route.name}]"
-                )
+                where = _credential_key(settings, route, upstream)
                 raise ValueError(
                     f"{where}.credential_env: environment variable "
                     f"{upstream.credential_env} is not set or empty"
                 )
             credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
     return settings.model_copy(update={"credentials": credentials})
+
+
+def _credential_key(settings: Settings, route: RouteConfig, upstream: UpstreamConfig) -> str:
+    """Where a ``credential_env`` was set, in the key-path notation of every error."""
+    if not settings.routes:
+        return "credential_env"
+    index = settings.routes.index(route)
+    if route.upstreams:
+        return f"routes[{index}].upstreams[{route.upstreams.index(upstream)}]"
+    return f"routes[{index}]"
 
 
 _WORKER_ENV = "GATEWAY_WORKER_SETTINGS"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from gateway.logsetup import utc_timestamp
 from gateway.observe.record import RequestRecord
 
 # json.dumps with options builds a new encoder per call; one encoder serves every line.
@@ -41,6 +43,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     verdict = record.verdict
     usage = record.usage
     return {
+        "time": utc_timestamp(time.time()),
         "request_id": record.request_id,
         "route": record.route or None,  # "": refused at the edge, under no route
         "method": record.method or None,

@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import __version__, guard_build
 from gateway.observe.record import RequestRecord
+from gateway.observe.runtime import runtime_registry
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -44,6 +45,20 @@ __all__ = [
 OPERATION_DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+
+
+def duration_buckets(longest: float) -> tuple[float, ...]:
+    """The GenAI operation-duration buckets, doubled on past 81.92 s until ``longest``.
+
+    A request lasts up to its total deadline (``timeouts.total``, 3600 s by
+    default): without buckets up there every long stream lands in ``+Inf``.
+    """
+    buckets = list(OPERATION_DURATION_BUCKETS)
+    while buckets[-1] < longest:
+        buckets.append(round(buckets[-1] * 2, 2))
+    return tuple(buckets)
+
+
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )  # fmt: skip
@@ -152,12 +167,16 @@ class Metrics:
 
     name = "metrics"
 
-    def __init__(self) -> None:
+    def __init__(self, longest_request_seconds: float = 3600.0) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[Any, ...], Any] = {}
         reg = self.registry
         self.multiprocess = multiprocess_enabled()
+        #: The multiprocess directory (None with one process); the status page shares it.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        #: process_* and python_* (gateway.observe.runtime), appended to the exposition.
+        self.runtime = runtime_registry(self.multiprocess_dir)
         self.requests = Counter(
             "gateway_requests_total",
             "Proxied requests by the status the client got.",
@@ -168,7 +187,7 @@ class Metrics:
             "gateway_request_duration_seconds",
             "Request received to last byte sent.",
             ["route", "stream"],
-            buckets=OPERATION_DURATION_BUCKETS,
+            buckets=duration_buckets(longest_request_seconds),
             registry=reg,
         )
         self.streams = Counter(
@@ -380,5 +399,5 @@ class Metrics:
         if self.multiprocess:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+            return generate_latest(registry) + generate_latest(self.runtime)
+        return generate_latest(self.registry) + generate_latest(self.runtime)

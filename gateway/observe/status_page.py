@@ -77,6 +77,8 @@ class StatusView:
     counts: dict[tuple[str, str], Counter[str]]
     incomplete: Sequence[IncompleteStream]  # newest first
     config: dict[str, Any] = field(default_factory=dict)
+    #: With several workers: how many workers' shares the page merged (None: one process's).
+    merged_workers: int | None = None
     #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
     pools: Sequence[tuple[str, str, int, str]] = ()
 
@@ -279,8 +281,13 @@ def render(view: StatusView) -> str:
     uptime = _duration(max(0.0, view.now - view.started))
     meta = (
         f"Version {view.version}, up {uptime}; as of {_utc(view.now)} UTC, refreshed every "
-        f"{REFRESH_SECONDS} s. Counts are this worker process's"
-        + (f" (one of {view.workers})." if view.workers > 1 else ".")
+        f"{REFRESH_SECONDS} s. "
+        + (
+            f"Counts and streams are those of all {view.merged_workers} worker processes."
+            if view.merged_workers is not None
+            else "Counts are this worker process's"
+            + (f" (one of {view.workers})." if view.workers > 1 else ".")
+        )
     )
     return "".join(
         [

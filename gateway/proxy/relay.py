@@ -222,9 +222,7 @@ class Relay:
         record.protocol = spec.name
         # The body's small top-level members only: the document itself is never kept.
         request_json = await self.bodies.summary(exchange.body)
-        if request_json is not None:
-            model = request_json.get("model")
-            record.model = model if isinstance(model, str) else None
+        record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
         if (
             record.stream
@@ -537,7 +535,7 @@ class Relay:
             )
         else:
             log.info(
-                "route %s: upstream %s is back (a probe request succeeded)",
+                "route %s: upstream %s is back (it answered a request)",
                 route.name,
                 endpoint.name,
             )
@@ -612,7 +610,13 @@ class Relay:
                         Reason.INVALID_SHAPE, f"not {exchange.spec.framing.media_type}"
                     )
                 )
-            await relay_plain(exchange, response, draining, held)
+            await relay_plain(
+                exchange,
+                response,
+                draining,
+                held,
+                buffer_limit=self.settings.limits.max_buffered_answer_bytes,
+            )
             return
         record.stream = True
         try:

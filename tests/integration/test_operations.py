@@ -70,17 +70,34 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
     [
         ('port = "eighty"\n', {}, "port (config file"),
         ("bogus_key = 1\n", {}, "bogus_key (config file"),
+        (
+            "[timeouts]\nidel = 3\n",
+            {},
+            "bad.toml): is not a setting (did you mean timeouts.idle?)",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\nmax_atempts = 2\n',
+            {},
+            "bad.toml): is not a setting (did you mean routes[0].max_attempts?)",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\n'
+            '[[routes.upstreams]]\nname = "u"\nurl = "http://x"\nwieght = 2\n',
+            {},
+            "bad.toml): is not a setting (did you mean routes[0].upstreams[0].weight?)",
+        ),
+        ("zzzz_qqqq = 1\n", {}, "bad.toml): is not a setting (no setting has a similar"),
         ("[timeouts]\nidle = -1\n", {}, "timeouts.idle"),
         ("", {"GATEWAY_TIMEOUTS__IDLE": "soon"}, "environment variable GATEWAY_TIMEOUTS__IDLE"),
         (
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "ftp://x"\n',
             {},
-            "routes.0.upstream",
+            "routes[0].upstream",
         ),
         (
             '[[routes]]\nname = "a"\nprefix = "v1/"\nupstream = "http://x"\n',
             {},
-            "routes.0.prefix",
+            "routes[0].prefix",
         ),
         (
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
@@ -92,7 +109,7 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
             'credential_env = "GW_TEST_UNSET_KEY"\n',
             {},
-            "routes[a].credential_env: environment variable GW_TEST_UNSET_KEY is not set",
+            "routes[0].credential_env: environment variable GW_TEST_UNSET_KEY is not set",
         ),
         ('client_key_sha256 = ["abc"]\n', {}, "client_key_sha256"),
         ("[limits]\nmax_request_bytes = 0\n", {}, "limits.max_request_bytes"),
