@@ -327,7 +327,7 @@ def test_a_member_walks_in_ejected_half_open_in_and_reports_cooling() -> None:
     [
         (MemberState.IN, MemberState.HALF_OPEN),
         (MemberState.IN, MemberState.IN),
-        (MemberState.EJECTED, MemberState.IN),
+        (MemberState.EJECTED, MemberState.EJECTED),
         (MemberState.HALF_OPEN, MemberState.HALF_OPEN),
         (MemberState.IN, MemberState.COOLING),
     ],
