@@ -200,6 +200,8 @@ class _Gateway:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, previous)
             await upstream.aclose()
+            if self.relay.limiter is not None:
+                await self.relay.limiter.close()
             self.access_log.flush()
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)

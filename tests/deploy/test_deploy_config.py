@@ -88,14 +88,19 @@ BUILTIN_MANIFESTS = (
 
 # Fixed by the lead: metric -> label names (histograms also have `le`).
 METRIC_LABELS: dict[str, set[str]] = {
-    "gateway_requests_total": {"route", "method", "code"},
+    "gateway_requests_total": {"route", "method", "code", "client"},
     "gateway_request_duration_seconds": {"route", "stream"},
-    "gateway_streams_total": {"route", "model", "outcome", "reason"},
+    "gateway_streams_total": {"route", "model", "outcome", "reason", "client"},
     "gateway_active_streams": {"route"},
     "gateway_time_to_first_byte_seconds": {"route"},
     "gateway_time_to_first_token_seconds": {"route", "model"},
     "gateway_time_per_output_chunk_seconds": {"route", "model"},
-    "gateway_tokens_total": {"route", "model", "type"},
+    "gateway_tokens_total": {"route", "model", "type", "client"},
+    "gateway_client_tokens_total": {"client", "route", "model", "type", "source"},
+    "gateway_limited_requests_total": {"client", "limit"},
+    "gateway_client_budget_remaining_tokens": {"client", "window"},
+    "gateway_client_budget_tokens": {"client", "window"},
+    "gateway_limit_backend_errors_total": {"operation"},
     "gateway_usage_unknown_total": {"route", "model"},
     "gateway_relayed_bytes_total": {"route", "direction"},
     "gateway_rejected_requests_total": {"reason"},

@@ -1,0 +1,305 @@
+"""The limiter: the relay's one question before an upstream, and its one report after.
+
+``reserve`` turns a request into its checks (the client's own limits, its
+share of the route, its share of the model) with the reservation estimate,
+and asks the backend to apply them all or none: a refusal is a
+``LimitRefused`` (429, in the protocol's own shape), an admission a
+``Reservation``. ``settle`` replaces the reservation by the cost
+(``gateway.policy.limits.cost_of``) and counts the stream out.
+
+The backend is bounded by ``limits_timeout``: unreachable, slow or failing,
+the request is admitted unreserved (``on_backend_error = "allow"``, counted
+in ``gateway_limit_backend_errors_total`` and logged at most once a minute)
+or refused with 503 (``"deny"``). A reservation that failed is never
+settled, and nothing is replayed when the backend is back: no counter is
+ever charged twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.limits.backend import Backend, BackendError
+from gateway.limits.memory import MemoryBackend
+from gateway.policy.limits import (
+    Check,
+    Cost,
+    Limit,
+    Rule,
+    Window,
+    checks_for,
+    estimate_input,
+    requested_output,
+    window_end,
+)
+from gateway.settings import ClientConfig, ClientLimits, Settings
+
+__all__ = ["LimitRefused", "Limiter", "Reservation", "build_limiter"]
+
+log = logging.getLogger("gateway")
+
+#: The budget gauges' windows, by limit.
+BUDGETS = {Limit.TOKENS_PER_DAY: Window.DAY, Limit.TOKENS_PER_MONTH: Window.MONTH}
+#: The x-ratelimit-* header families, by limit (OpenAI's names).
+_HEADER_FAMILIES = {Limit.REQUESTS_PER_MINUTE: b"requests", Limit.TOKENS_PER_MINUTE: b"tokens"}
+
+
+class LimitRefused(Exception):
+    """A request that does not fit a limit of its client (429), or a backend that
+    could not be asked with ``on_backend_error = "deny"`` (503)."""
+
+    def __init__(
+        self, status: int, limit: Limit | None, retry_after: float, headers: list[Any]
+    ) -> None:
+        super().__init__(str(limit))
+        self.status = status
+        self.limit = limit
+        self.retry_after = retry_after
+        self.headers = headers
+
+    @property
+    def label(self) -> str:
+        return str(self.limit) if self.limit is not None else "backend_error"
+
+
+@dataclass(slots=True)
+class Reservation:
+    """One admitted request's hold on its client's counters."""
+
+    client: str
+    member: str
+    checks: list[Check]
+    reserved: int
+    estimated_input: int
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    settled: bool = False
+
+
+def _rule(scope: str, limits: ClientLimits, divisor: int) -> Rule | None:
+    values = {
+        Limit(name): max(value // divisor, 1)
+        for name, value in limits.model_dump().items()
+        if value is not None
+    }
+    return Rule(scope, values) if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class _ClientRules:
+    own: Rule | None
+    routes: Mapping[str, Rule]
+    models: Mapping[str, Rule]
+
+
+class Limiter:
+    """Reserves and settles the named clients' limits on one backend."""
+
+    def __init__(
+        self,
+        clients: list[ClientConfig],
+        backend: Backend,
+        *,
+        timeout: float = 0.05,
+        deny_on_error: bool = False,
+        divisor: int = 1,
+        on_error: Callable[[str], None] | None = None,
+        on_budget: Callable[[str, Window, int, int], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.timeout = timeout
+        self.deny_on_error = deny_on_error
+        self._on_error = on_error
+        self._on_budget = on_budget
+        self._clock = clock
+        self._last_logged = -1e9
+        self._rules: dict[str, _ClientRules] = {}
+        for client in clients:
+            if not client.limited():
+                continue
+            routes = {
+                name: rule
+                for name, limits in client.route_limits.items()
+                if (rule := _rule(f"{client.name}/route={name}", limits, divisor)) is not None
+            }
+            models = {
+                name: rule
+                for name, limits in client.model_limits.items()
+                if (rule := _rule(f"{client.name}/model={name}", limits, divisor)) is not None
+            }
+            own = _rule(client.name, client.limits, divisor)
+            self._rules[client.name] = _ClientRules(own, routes, models)
+
+    def limited(self, client: str) -> bool:
+        return client in self._rules
+
+    def rules_of(self, client: str) -> list[Rule]:
+        rules = self._rules.get(client)
+        if rules is None:
+            return []
+        found = [rules.own] if rules.own is not None else []
+        return found + list(rules.routes.values()) + list(rules.models.values())
+
+    def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
+        rules = self._rules[client]
+        found = [rules.own] if rules.own is not None else []
+        if route in rules.routes:
+            found.append(rules.routes[route])
+        if model is not None and model in rules.models:
+            found.append(rules.models[model])
+        return found
+
+    async def reserve(
+        self,
+        client: str,
+        route: str,
+        model: str | None,
+        request: Mapping[str, Any] | None,
+        body_size: int,
+        default_output: int,
+        stream: bool,
+        member: str,
+        hold: float,
+    ) -> Reservation:
+        """Reserve the request's estimate in every counter it touches, or LimitRefused."""
+        now = self._clock()
+        estimated_input = estimate_input(request, body_size)
+        reserved = estimated_input + requested_output(request, default_output)
+        checks = checks_for(self._rules_for(client, route, model), reserved, stream, now)
+        try:
+            answer = await self._ask(self.backend.reserve(checks, member, now, hold))
+        except BackendError as exc:
+            self._failed("reserve", exc)
+            if self.deny_on_error:
+                raise LimitRefused(503, None, 1.0, [(b"retry-after", b"1")]) from None
+            return Reservation(client, member, [], 0, estimated_input, settled=True)
+        if answer.refused is not None:
+            check = checks[answer.refused]
+            raise LimitRefused(429, check.limit, self._retry_after(check, now), []) from None
+        reservation = Reservation(client, member, checks, reserved, estimated_input)
+        reservation.headers = self._headers(checks, answer.used, now)
+        self._budgets(client, checks, answer.used)
+        return reservation
+
+    async def settle(self, reservation: Reservation, cost: Cost) -> None:
+        """Replace the reservation by ``cost``; once (a second call does nothing)."""
+        if reservation.settled:
+            return
+        reservation.settled = True
+        checks = reservation.checks
+        try:
+            after = await self._ask(
+                self.backend.settle(checks, cost.total - reservation.reserved, reservation.member)
+            )
+        except BackendError as exc:
+            self._failed("settle", exc)
+            return
+        self._budgets(reservation.client, checks, after)
+
+    async def usage(self, client: str) -> list[tuple[Rule, Limit, int]]:
+        """Each limit of ``client`` with its counter now (the status page)."""
+        now = self._clock()
+        rules = self.rules_of(client)
+        checks = checks_for(rules, 0, True, now)
+        values = await self._ask(self.backend.read(checks, now))
+        by_scope = {rule.scope: rule for rule in rules}
+        return [(by_scope[c.scope], c.limit, v) for c, v in zip(checks, values, strict=True)]
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def _ask(self, call: Any) -> Any:
+        if not self.backend.remote:
+            return await call
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await call
+        except TimeoutError:
+            raise BackendError("timeout") from None
+
+    def _failed(self, operation: str, exc: BackendError) -> None:
+        if self._on_error is not None:
+            self._on_error(operation)
+        now = time.monotonic()
+        if now - self._last_logged >= 60.0:
+            self._last_logged = now
+            log.warning(
+                "limits backend: %s failed (%s); %s until it answers again "
+                "(logged at most once a minute)",
+                operation,
+                exc,
+                "refusing limited clients (503)" if self.deny_on_error else "serving unlimited",
+            )
+
+    def _retry_after(self, check: Check, now: float) -> float:
+        if check.expires is None:
+            return 1.0
+        return max(check.expires - now, 0.001)
+
+    def _headers(self, checks: list[Check], used: list[int], now: float) -> list[Any]:
+        """OpenAI's x-ratelimit-* headers for the first scope with each per-minute limit."""
+        headers: list[tuple[bytes, bytes]] = []
+        done: set[Limit] = set()
+        for check, count in zip(checks, used, strict=True):
+            family = _HEADER_FAMILIES.get(check.limit)
+            if family is None or check.limit in done:
+                continue
+            done.add(check.limit)
+            reset = window_end(Window.MINUTE, now) - now
+            headers += [
+                (b"x-ratelimit-limit-" + family, str(check.value).encode()),
+                (b"x-ratelimit-remaining-" + family, str(max(check.value - count, 0)).encode()),
+                (b"x-ratelimit-reset-" + family, f"{reset:.3f}s".encode()),
+            ]
+        return headers
+
+    def _budgets(
+        self, client: str, checks: list[Check], values: list[int | None] | list[int]
+    ) -> None:
+        if self._on_budget is None:
+            return
+        for check, value in zip(checks, values, strict=True):
+            window = BUDGETS.get(check.limit)
+            if window is not None and value is not None and check.scope == client:
+                self._on_budget(client, window, check.value, value)
+
+
+def build_limiter(
+    settings: Settings,
+    on_error: Callable[[str], None] | None = None,
+    on_budget: Callable[[str, Window, int, int], None] | None = None,
+) -> Limiter | None:
+    """The limiter the settings ask for; None when no client has a limit."""
+    if not any(c.limited() for c in settings.clients):
+        return None
+    backend: Backend
+    if settings.limits_backend == "redis":
+        from gateway.limits.redis_backend import RedisBackend
+
+        assert settings.redis_url is not None
+        backend = RedisBackend(settings.redis_url, settings.limits_timeout)
+        divisor = 1
+    else:
+        backend = MemoryBackend()
+        divisor = settings.workers if settings.limits_per_worker else 1
+        if divisor > 1:
+            log.info(
+                "limits_per_worker: each of the %d workers enforces every client limit "
+                "divided by %d",
+                divisor,
+                divisor,
+            )
+    return Limiter(
+        settings.clients,
+        backend,
+        timeout=settings.limits_timeout,
+        deny_on_error=settings.on_backend_error == "deny",
+        divisor=divisor,
+        on_error=on_error,
+        on_budget=on_budget,
+    )
