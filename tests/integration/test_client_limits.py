@@ -1,0 +1,233 @@
+"""Named clients and their limits on the memory backend: a real gateway in front of the
+simulator, driven with httpx and the real openai and anthropic SDKs."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+from tests import web
+from tests.conftest import ServerThread
+from tests.integration.helpers import access_log_line, gateway_for, metric_value
+from tests.sdk import anthropic, openai
+
+KEY_A, KEY_B, KEY_C = "sk-team-a-0123", "sk-team-b-4567", "sk-team-c-89ab"
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _chat(content: str = "hello there", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": content}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+
+
+CLIENTS: list[dict[str, Any]] = [
+    {"name": "team-a", "key_sha256": [_sha(KEY_A), _sha("sk-team-a-next")]},
+    {
+        "name": "team-b",
+        "key_sha256": [_sha(KEY_B)],
+        "limits": {"requests_per_minute": 2, "tokens_per_day": 100000},
+    },
+    {"name": "team-c", "key_sha256": [_sha(KEY_C)], "limits": {"max_concurrent_streams": 1}},
+]
+
+
+@pytest.fixture(scope="module")
+def gw(simulator: ServerThread) -> Iterator[ServerThread]:
+    with gateway_for(simulator.url + "/v1", clients=CLIENTS, access_log=True) as server:
+        yield server
+
+
+def _post(gw: ServerThread, key: str | None, rid: str, body: dict[str, Any], **headers: str):  # type: ignore[no-untyped-def]
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    headers["x-request-id"] = rid
+    return web.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def _seen_by_simulator(simulator: ServerThread, rid: str) -> dict[str, Any]:
+    headers: dict[str, Any] = web.get(f"{simulator.url}/_sim/requests/{rid}").json()["headers"]
+    return headers
+
+
+def test_a_named_client_is_labelled_and_its_key_never_reaches_the_upstream(
+    gw: ServerThread, simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for rid, key in (("named-a", KEY_A), ("named-a-next", "sk-team-a-next")):
+        response = _post(gw, key, rid, _chat())
+        assert response.status_code == 200, response.text
+        seen = _seen_by_simulator(simulator, rid)
+        assert "authorization" not in seen, seen
+        line = access_log_line(capsys, rid)
+        assert line["client_name"] == "team-a"
+        assert line["charged"]["source"] == "reported"
+    assert _post(gw, None, "nokey", _chat()).status_code == 401
+    assert _post(gw, "sk-stranger", "stranger", _chat()).status_code == 401
+    text = web.get(gw.url + "/metrics").text
+    assert metric_value(text, "gateway_streams_total", client="team-a", outcome="complete") >= 2
+    assert metric_value(text, "gateway_requests_total", client="team-a", code="200") >= 2
+    assert metric_value(text, "gateway_requests_total", client="anonymous", code="401") >= 2
+    assert metric_value(
+        text, "gateway_client_tokens_total", client="team-a", type="output", source="reported"
+    ) == metric_value(text, "gateway_tokens_total", client="team-a", type="output")
+
+
+def test_a_key_of_a_client_and_of_a_route_list_is_refused_at_start() -> None:
+    route = {"name": "r", "prefix": "/v1", "upstream": "http://127.0.0.1:9/v1"}
+    with pytest.raises(ValidationError, match="also in a client_key_sha256 list"):
+        Settings(
+            routes=[{**route, "client_key_sha256": [_sha(KEY_A)]}],
+            clients=[{"name": "team-a", "key_sha256": [_sha(KEY_A)]}],
+        )
+    with pytest.raises(ValidationError, match="share a key"):
+        Settings(
+            routes=[route],
+            clients=[
+                {"name": "a", "key_sha256": [_sha(KEY_A)]},
+                {"name": "b", "key_sha256": [_sha(KEY_A)]},
+            ],
+        )
+    with pytest.raises(ValidationError, match="limits_per_worker"):
+        Settings(
+            routes=[route],
+            workers=2,
+            clients=[{"name": "a", "key_sha256": [_sha(KEY_A)], "limits": {"tokens_per_day": 9}}],
+        )
+    with pytest.raises(ValidationError, match="route"):
+        Settings(
+            routes=[route], clients=[{"name": "a", "key_sha256": [_sha(KEY_A)], "routes": ["x"]}]
+        )
+
+
+def test_requests_per_minute_answers_429_in_openais_shape_with_the_headers(
+    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = []
+    for index in range(4):
+        answers.append(_post(gw, KEY_B, f"rpm-{index}", _chat(max_tokens=30)))
+    ok = [a for a in answers if a.status_code == 200]
+    limited = [a for a in answers if a.status_code == 429]
+    assert ok
+    assert limited
+    assert ok[0].headers["x-ratelimit-limit-requests"] == "2"
+    assert int(ok[0].headers["x-ratelimit-remaining-requests"]) in (0, 1)
+    assert ok[0].headers["x-ratelimit-reset-requests"].endswith("s")
+    error = limited[0].json()["error"]
+    assert error["code"] == "rate_limit_exceeded"
+    assert error["type"] == "requests"
+    assert 1 <= int(limited[0].headers["retry-after"]) <= 60
+    assert 0 < int(limited[0].headers["retry-after-ms"]) <= 60000
+    rid = limited[0].headers["x-request-id"]
+    assert access_log_line(capsys, rid)["rejected"] == "rate_limited"
+    text = web.get(gw.url + "/metrics").text
+    assert metric_value(
+        text, "gateway_limited_requests_total", client="team-b", limit="requests_per_minute"
+    ) == len(limited)
+    remaining = metric_value(
+        text, "gateway_client_budget_remaining_tokens", client="team-b", window="day"
+    )
+    assert 0 < remaining < 100000
+
+
+def _slow_stream(gw: ServerThread, done: threading.Event) -> None:
+    body = _chat(max_tokens=30)
+    with web.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {KEY_C}", "x-sim-tokens": "8", "x-sim-tps": "8"},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        done.set()
+        for _ in response.iter_bytes():
+            pass
+
+
+def test_the_openai_sdk_gets_rate_limit_error_and_its_retry_waits_for_room(
+    gw: ServerThread,
+) -> None:
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY_C, max_retries=0)
+    started = threading.Event()
+    holder = threading.Thread(target=_slow_stream, args=(gw, started))
+    holder.start()
+    try:
+        assert started.wait(20)
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(**_chat(), extra_headers={"x-sim-tokens": "3"})
+        assert raised.value.status_code == 429
+        patient = client.with_options(max_retries=8)
+        stream = patient.chat.completions.create(**_chat(), extra_headers={"x-sim-tokens": "3"})
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text
+    finally:
+        holder.join(30)
+
+
+def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) -> None:
+    clients = [
+        {"name": "team-m", "key_sha256": [_sha(KEY_A)], "limits": {"max_concurrent_streams": 1}}
+    ]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key=KEY_A, max_retries=0)
+        body = {"model": "sim", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+        slow = {"x-sim-tokens": "6", "x-sim-tps": "6"}
+        with (
+            client.messages.stream(**body, extra_headers=slow),
+            pytest.raises(anthropic.RateLimitError) as raised,
+        ):
+            client.messages.create(**body, stream=True)
+        assert raised.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        patient = client.with_options(max_retries=6)
+        message = patient.messages.create(**body)
+        assert message.content
+
+
+def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(
+    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = _post(gw, KEY_A, "cut-a", _chat(), **{"x-sim-fault": "drop_after_text"})
+    assert cut.status_code == 200
+    charged = access_log_line(capsys, "cut-a")["charged"]
+    assert charged["source"] == "estimated"
+    assert charged["output"] > 0
+    assert charged["input"] > 0
+    with web.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=_chat(),
+        headers={
+            "authorization": f"Bearer {KEY_A}",
+            "x-request-id": "left-a",
+            "x-sim-tokens": "200",
+            "x-sim-tps": "50",
+        },
+        timeout=30,
+    ) as response:
+        for chunk in response.iter_bytes():
+            if b"content" in chunk:
+                break
+    line = access_log_line(capsys, "left-a")
+    assert line["reason"] == "client_disconnect"
+    assert line["charged"]["source"] == "estimated"
+    assert line["charged"]["output"] > 0
+
+
+def test_a_named_client_without_limits_gets_no_limit_headers(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", clients=CLIENTS[:1]) as server:
+        response = _post(server, KEY_A, "unlimited", _chat())
+        assert response.status_code == 200
+        assert "x-ratelimit-limit-requests" not in response.headers
