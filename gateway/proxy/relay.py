@@ -280,8 +280,9 @@ class Relay:
         record = exchange.record
         record.rejected = "rate_limited" if refused.status == 429 else "limits_unavailable"
         record.status = refused.status
+        # Counted apart from gateway_rejected_requests_total: a team at its limit is no
+        # sign of an overloaded gateway.
         self.metrics.limited(record.client_name, refused.label)
-        self.metrics.reject(record.rejected)
         record.bytes_out += await send_limited(
             exchange.send, str(exchange.spec.name), refused, record.request_id
         )
