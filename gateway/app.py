@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import ipaddress
 import logging
@@ -40,6 +41,7 @@ from gateway import __version__
 from gateway.capture.writer import CaptureWriter
 from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
+from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
@@ -297,7 +299,10 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        return HTMLResponse(render(self._status_view(board)), headers=STATUS_HEADERS)
+        view = self._status_view(board)
+        if relay.limiter is not None:
+            view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
         """None when the client may see the page: it is on loopback (behind trusted

@@ -135,6 +135,10 @@ class Limiter:
             own = _rule(client.name, client.limits, divisor)
             self._rules[client.name] = _ClientRules(own, routes, models)
 
+    def clients(self) -> list[str]:
+        """The limited clients, in configuration order."""
+        return list(self._rules)
+
     def limited(self, client: str) -> bool:
         return client in self._rules
 

@@ -231,3 +231,32 @@ def test_a_named_client_without_limits_gets_no_limit_headers(simulator: ServerTh
         response = _post(server, KEY_A, "unlimited", _chat())
         assert response.status_code == 200
         assert "x-ratelimit-limit-requests" not in response.headers
+
+
+def test_the_status_page_shows_each_clients_use_against_its_limits(
+    simulator: ServerThread,
+) -> None:
+    with gateway_for(simulator.url + "/v1", clients=CLIENTS, status_page=True) as server:
+        assert _post(server, KEY_B, "status-b", _chat(max_tokens=30)).status_code == 200
+        page = web.get(server.url + "/status").text
+    section = page.split('<section id="clients">', 1)[1].split("</section>", 1)[0]
+    assert "team-b" in section
+    assert "requests_per_minute" in section
+    assert "tokens_per_day" in section
+    assert "team-a" not in section  # no limits, nothing to show
+    assert KEY_B not in page
+    assert _sha(KEY_B) not in page  # digests are cut, as the global ones are
+
+
+def test_check_config_masks_the_redis_password() -> None:
+    from gateway.redaction import redacted
+
+    settings = Settings(
+        upstream_url="http://127.0.0.1:9/v1",
+        limits_backend="redis",
+        redis_url="rediss://:s3cret@redis.internal:6380/0",
+        clients=CLIENTS,
+    )
+    shown = redacted(settings)
+    assert "s3cret" not in str(shown)
+    assert shown["redis_url"] == "rediss://<redacted>@redis.internal:6380/0"
