@@ -34,9 +34,12 @@ class Backend(Protocol):
     #: Whether the backend is across a network (its calls are bounded by limits_timeout).
     remote: bool
 
-    async def reserve(self, checks: list[Check], member: str, now: float, hold: float) -> Reserved:
-        """Apply ``checks`` all or none; a stream (concurrency) is held by ``member`` for
-        at most ``hold`` seconds, should it never be settled (a process that died)."""
+    async def reserve(
+        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    ) -> Reserved:
+        """Apply ``checks`` all or none (``reserved`` tokens to the token counters, 1 to the
+        others); a stream (concurrency) is held by ``member`` for at most ``hold`` seconds,
+        should it never be settled (a process that died)."""
         ...
 
     async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:

@@ -35,7 +35,6 @@ from gateway.policy.limits import (
     checks_for,
     estimate_input,
     requested_output,
-    window_end,
 )
 from gateway.settings import ClientConfig, ClientLimits, Settings
 
@@ -45,8 +44,17 @@ log = logging.getLogger("gateway")
 
 #: The budget gauges' windows, by limit.
 BUDGETS = {Limit.TOKENS_PER_DAY: Window.DAY, Limit.TOKENS_PER_MONTH: Window.MONTH}
-#: The x-ratelimit-* header families, by limit (OpenAI's names).
-_HEADER_FAMILIES = {Limit.REQUESTS_PER_MINUTE: b"requests", Limit.TOKENS_PER_MINUTE: b"tokens"}
+#: The x-ratelimit-* headers (limit, remaining, reset), by limit: OpenAI's names.
+_HEADER_PARTS = (b"limit", b"remaining", b"reset")
+_HEADER_NAMES = {
+    limit: tuple(
+        b"x-ratelimit-%s-%s" % (part, family) for part in (b"limit", b"remaining", b"reset")
+    )
+    for limit, family in (
+        (Limit.REQUESTS_PER_MINUTE, b"requests"),
+        (Limit.TOKENS_PER_MINUTE, b"tokens"),
+    )
+}
 
 
 class LimitRefused(Exception):
@@ -119,6 +127,8 @@ class Limiter:
         self._clock = clock
         self._last_logged = -1e9
         self._rules: dict[str, _ClientRules] = {}
+        #: (client, route, model, stream) -> its plan for the current minute
+        self._plans: dict[tuple[str, str, str | None, bool], _Plan] = {}
         for client in clients:
             if not client.limited():
                 continue
@@ -149,12 +159,25 @@ class Limiter:
         found = [rules.own] if rules.own is not None else []
         return found + list(rules.routes.values()) + list(rules.models.values())
 
+    def _plan(self, client: str, route: str, model: str | None, stream: bool, now: float) -> _Plan:
+        """The request's checks and header layout, kept for the current minute (the
+        counters' names change at most once a minute)."""
+        minute = int(now) // 60
+        key = (client, route, model, stream)
+        plan = self._plans.get(key)
+        if plan is None or plan.minute != minute:
+            if len(self._plans) > 4096:  # models are the client's claims: keep it bounded
+                self._plans.clear()
+            checks = checks_for(self._rules_for(client, route, model), stream, now)
+            plan = self._plans[key] = _Plan(minute, checks, _header_layout(checks))
+        return plan
+
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
         rules = self._rules[client]
         found = [rules.own] if rules.own is not None else []
-        if route in rules.routes:
+        if rules.routes and route in rules.routes:
             found.append(rules.routes[route])
-        if model is not None and model in rules.models:
+        if rules.models and model is not None and model in rules.models:
             found.append(rules.models[model])
         return found
 
@@ -174,9 +197,11 @@ class Limiter:
         now = self._clock()
         estimated_input = estimate_input(request, body_size)
         reserved = estimated_input + requested_output(request, default_output)
-        checks = checks_for(self._rules_for(client, route, model), reserved, stream, now)
+        plan = self._plan(client, route, model, stream, now)
+        checks = plan.checks
         try:
-            answer = await self._ask(self.backend.reserve(checks, member, now, hold))
+            call = self.backend.reserve(checks, reserved, member, now, hold)
+            answer = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("reserve", exc)
             if self.deny_on_error:
@@ -186,7 +211,8 @@ class Limiter:
             check = checks[answer.refused]
             raise LimitRefused(429, check.limit, self._retry_after(check, now), []) from None
         reservation = Reservation(client, member, checks, reserved, estimated_input)
-        reservation.headers = self._headers(checks, answer.used, now)
+        if plan.headers:
+            reservation.headers = _headers(plan.headers, answer.used, now)
         self._budgets(client, checks, answer.used)
         return reservation
 
@@ -197,9 +223,10 @@ class Limiter:
         reservation.settled = True
         checks = reservation.checks
         try:
-            after = await self._ask(
-                self.backend.settle(checks, cost.total - reservation.reserved, reservation.member)
+            call = self.backend.settle(
+                checks, cost.total - reservation.reserved, reservation.member
             )
+            after = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("settle", exc)
             return
@@ -209,7 +236,7 @@ class Limiter:
         """Each limit of ``client`` with its counter now (the status page)."""
         now = self._clock()
         rules = self.rules_of(client)
-        checks = checks_for(rules, 0, True, now)
+        checks = checks_for(rules, True, now)
         values = await self._ask(self.backend.read(checks, now))
         by_scope = {rule.scope: rule for rule in rules}
         return [(by_scope[c.scope], c.limit, v) for c, v in zip(checks, values, strict=True)]
@@ -245,23 +272,6 @@ class Limiter:
             return 1.0
         return max(check.expires - now, 0.001)
 
-    def _headers(self, checks: list[Check], used: list[int], now: float) -> list[Any]:
-        """OpenAI's x-ratelimit-* headers for the first scope with each per-minute limit."""
-        headers: list[tuple[bytes, bytes]] = []
-        done: set[Limit] = set()
-        for check, count in zip(checks, used, strict=True):
-            family = _HEADER_FAMILIES.get(check.limit)
-            if family is None or check.limit in done:
-                continue
-            done.add(check.limit)
-            reset = window_end(Window.MINUTE, now) - now
-            headers += [
-                (b"x-ratelimit-limit-" + family, str(check.value).encode()),
-                (b"x-ratelimit-remaining-" + family, str(max(check.value - count, 0)).encode()),
-                (b"x-ratelimit-reset-" + family, f"{reset:.3f}s".encode()),
-            ]
-        return headers
-
     def _budgets(
         self, client: str, checks: list[Check], values: list[int | None] | list[int]
     ) -> None:
@@ -271,6 +281,39 @@ class Limiter:
             window = BUDGETS.get(check.limit)
             if window is not None and value is not None and check.scope == client:
                 self._on_budget(client, window, check.value, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    minute: int
+    checks: list[Check]
+    #: (index of the check, its three header names, its value as bytes, its value)
+    headers: list[tuple[int, tuple[bytes, ...], bytes, int]]
+
+
+def _header_layout(checks: list[Check]) -> list[tuple[int, tuple[bytes, ...], bytes, int]]:
+    """Which checks give OpenAI's x-ratelimit-* headers: for each per-minute limit, the
+    first scope's (the client's own when it has one)."""
+    layout = []
+    seen: set[Limit] = set()
+    for index, check in enumerate(checks):
+        names = _HEADER_NAMES.get(check.limit)
+        if names is not None and check.limit not in seen:
+            seen.add(check.limit)
+            layout.append((index, names, b"%d" % check.value, check.value))
+    return layout
+
+
+def _headers(
+    layout: list[tuple[int, tuple[bytes, ...], bytes, int]], used: list[int], now: float
+) -> list[tuple[bytes, bytes]]:
+    reset = b"%.3fs" % (60.0 - now % 60.0)
+    headers = []
+    for index, names, value_bytes, value in layout:
+        headers.append((names[0], value_bytes))
+        headers.append((names[1], b"%d" % max(value - used[index], 0)))
+        headers.append((names[2], reset))
+    return headers
 
 
 def build_limiter(

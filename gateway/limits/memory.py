@@ -18,50 +18,54 @@ class MemoryBackend:
     remote = False
 
     def __init__(self) -> None:
-        #: key -> [count, window end (0: no window)]
-        self._counters: dict[str, list[int]] = {}
+        #: key -> count; a window's key names its window, so a new window is a new key
+        self._counters: dict[str, int] = {}
+        #: key -> its window's end, for the sweep (the concurrency count has none)
+        self._expires: dict[str, int] = {}
         self._next_sweep = 0.0
 
-    async def reserve(self, checks: list[Check], member: str, now: float, hold: float) -> Reserved:
+    async def reserve(
+        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    ) -> Reserved:
         if now >= self._next_sweep:
             self._sweep(now)
         counters = self._counters
-        used: list[int] = []
+        after: list[int] = []
         for index, check in enumerate(checks):
-            entry = counters.get(check.key)
-            count = entry[0] if entry is not None and (not entry[1] or entry[1] > now) else 0
-            if count + check.amount > check.value:
-                return Reserved(index, [count])
-            used.append(count)
-        for check, count in zip(checks, used, strict=True):
-            counters[check.key] = [count + check.amount, check.expires or 0]
-        return Reserved(None, [count + c.amount for c, count in zip(checks, used, strict=True)])
+            count = counters.get(check.key, 0) + (reserved if check.tokens else 1)
+            if count > check.value:
+                return Reserved(index, [count - (reserved if check.tokens else 1)])
+            after.append(count)
+        for check, count in zip(checks, after, strict=True):
+            if check.key not in counters and check.expires is not None:
+                self._expires[check.key] = check.expires
+            counters[check.key] = count
+        return Reserved(None, after)
 
     async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
+        counters = self._counters
         after: list[int | None] = []
         for check in checks:
-            entry = self._counters.get(check.key)
-            if entry is None:
-                after.append(None)
-                continue
-            if check.expires is None:
-                entry[0] = max(entry[0] - 1, 0)
-            elif check.limit.counts_tokens:
-                entry[0] = max(entry[0] + delta, 0)
-            after.append(entry[0])
+            count = counters.get(check.key)
+            if count is not None:
+                if check.expires is None:
+                    count = max(count - 1, 0)
+                elif check.tokens:
+                    count = max(count + delta, 0)
+                counters[check.key] = count
+            after.append(count)
         return after
 
     async def read(self, checks: list[Check], now: float) -> list[int]:
-        values = []
-        for check in checks:
-            entry = self._counters.get(check.key)
-            alive = entry is not None and (not entry[1] or entry[1] > now)
-            values.append(entry[0] if entry is not None and alive else 0)
-        return values
+        return [self._counters.get(check.key, 0) for check in checks]
 
     async def close(self) -> None:
         self._counters.clear()
+        self._expires.clear()
 
     def _sweep(self, now: float) -> None:
-        self._counters = {k: v for k, v in self._counters.items() if not v[1] or v[1] > now}
+        ended = [key for key, end in self._expires.items() if end <= now]
+        for key in ended:
+            del self._expires[key]
+            self._counters.pop(key, None)
         self._next_sweep = now + 60.0

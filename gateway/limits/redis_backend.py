@@ -113,13 +113,15 @@ class RedisBackend:
         client = check.scope.partition("/")[0]
         return f"{self._prefix}:{{{client}}}:{check.key}"
 
-    async def reserve(self, checks: list[Check], member: str, now: float, hold: float) -> Reserved:
+    async def reserve(
+        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    ) -> Reserved:
         args: list[Any] = [repr(now), member]
         for check in checks:
             if check.expires is None:
-                args += ["z", check.value, check.amount, repr(now + hold)]
+                args += ["z", check.value, 1, repr(now + hold)]
             else:
-                args += ["c", check.value, check.amount, check.expires]
+                args += ["c", check.value, check.amount(reserved), check.expires]
         try:
             answer = await self._reserve(keys=[self._key(c) for c in checks], args=args)
         except (RedisError, OSError) as exc:
@@ -130,9 +132,7 @@ class RedisBackend:
         return Reserved(None, [int(v) for v in answer[1:]])
 
     async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
-        kinds = [
-            "z" if c.expires is None else "t" if c.limit.counts_tokens else "c" for c in checks
-        ]
+        kinds = ["z" if c.expires is None else "t" if c.tokens else "c" for c in checks]
         try:
             answer = await self._settle(
                 keys=[self._key(c) for c in checks], args=[delta, member, *kinds]

@@ -21,9 +21,9 @@ from __future__ import annotations
 import calendar
 import enum
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -130,38 +130,43 @@ class Rule:
     limits: Mapping[Limit, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One counter a request must fit in: ``used + amount <= limit`` within its window.
+class Check(NamedTuple):
+    """One counter a request must fit in: ``used + amount <= value`` within its window,
+    where the amount is the request's reserved tokens (``tokens``), else 1.
 
     ``key`` names the counter (scope, limit, window start); ``expires`` is its
-    window's end (None: the concurrency count, which has no window).
+    window's end (None: the concurrency count, which has no window). Nothing in it
+    depends on the request but its scopes and the minute: checks are kept and reused.
     """
 
     scope: str
     limit: Limit
     value: int
     key: str
-    amount: int
+    tokens: bool
     expires: int | None
 
+    def amount(self, reserved: int) -> int:
+        return reserved if self.tokens else 1
 
-def checks_for(rules: Iterable[Rule], reserved: int, stream: bool, now: float) -> list[Check]:
-    """The counters a request touches: one request, ``reserved`` tokens, maybe one stream."""
+
+def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
+    """The counters a request touches at ``now``: requests, tokens, maybe one stream."""
     checks: list[Check] = []
+    bounds: dict[Window, tuple[int, int]] = {}
     for rule in rules:
         for limit, value in rule.limits.items():
-            window = limit.window
-            if limit is Limit.MAX_CONCURRENT_STREAMS:
-                if not stream:
-                    continue
-                amount, key, expires = 1, f"{rule.scope}|{limit}", None
-            else:
-                assert window is not None
-                amount = reserved if limit.counts_tokens else 1
-                start = window_start(window, now)
-                key, expires = f"{rule.scope}|{limit}|{start}", window_end(window, now)
-            checks.append(Check(rule.scope, limit, value, key, amount, expires))
+            window = _WINDOW_OF[limit]
+            if window is None:
+                if stream:
+                    key = f"{rule.scope}|{limit}"
+                    checks.append(Check(rule.scope, limit, value, key, False, None))
+                continue
+            bound = bounds.get(window)
+            if bound is None:
+                bound = bounds[window] = (window_start(window, now), window_end(window, now))
+            key = f"{rule.scope}|{limit}|{bound[0]}"
+            checks.append(Check(rule.scope, limit, value, key, limit in _TOKEN_LIMITS, bound[1]))
     return checks
 
 
@@ -180,7 +185,11 @@ def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
     """
     if request is None:
         return _tokens(body_size)
-    size = sum(_text_bytes(request.get(name)) for name in _INPUT_FIELDS)
+    size = 0
+    for name in _INPUT_FIELDS:
+        value = request.get(name)
+        if value is not None:
+            size += _text_bytes(value)
     return _tokens(size)
 
 
@@ -210,23 +219,21 @@ def _tokens(size: int) -> int:
 
 
 def _text_bytes(value: object) -> int:
-    """The UTF-8 bytes of every string in ``value`` (nested lists and objects)."""
+    """The UTF-8 bytes of every string in ``value`` (nested lists and objects, as JSON
+    parses them: exact types, checked with ``type`` because it is on the request path)."""
     total = 0
-    for text in _strings(value):
-        total += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
-    return total
-
-
-def _strings(value: object) -> Iterator[str]:
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        kind = type(item)
+        if kind is str:
+            text: str = item  # type: ignore[assignment]
+            total += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+        elif kind is dict:
+            stack.extend(item.values())  # type: ignore[attr-defined]
+        elif kind is list:
+            stack.extend(item)  # type: ignore[arg-type]
+    return total
 
 
 # -- the settlement -------------------------------------------------------------------------

@@ -88,15 +88,15 @@ def test_checks_name_a_counter_per_scope_limit_and_window() -> None:
             Limit.MAX_CONCURRENT_STREAMS: 2,
         },
     )
-    plain = checks_for([rule], 300, stream=False, now=NOW)
-    assert [(c.limit, c.amount) for c in plain] == [
+    plain = checks_for([rule], stream=False, now=NOW)
+    assert [(c.limit, c.amount(300)) for c in plain] == [
         (Limit.REQUESTS_PER_MINUTE, 1),
         (Limit.TOKENS_PER_DAY, 300),
     ]
     assert plain[0].key == f"team-a|requests_per_minute|{NOW - 30}"
-    stream = checks_for([rule], 300, stream=True, now=NOW)
+    stream = checks_for([rule], stream=True, now=NOW)
     assert stream[-1].expires is None
-    assert stream[-1].amount == 1
+    assert stream[-1].amount(300) == 1
 
 
 def _run(coro: Any) -> Any:
@@ -106,17 +106,17 @@ def _run(coro: Any) -> Any:
 def test_the_memory_backend_reserves_all_or_none_and_settles_the_difference() -> None:
     backend = MemoryBackend()
     rule = Rule("c", {Limit.TOKENS_PER_MINUTE: 100, Limit.REQUESTS_PER_MINUTE: 3})
-    first = checks_for([rule], 60, False, NOW)
-    assert _run(backend.reserve(first, "r1", NOW, 60)) == Reserved(None, [60, 1])
+    first = checks_for([rule], False, NOW)
+    assert _run(backend.reserve(first, 60, "r1", NOW, 60)) == Reserved(None, [60, 1])
     # 60 + 60 > 100: refused, and the request counter is not touched either
-    assert _run(backend.reserve(first, "r2", NOW, 60)).refused == 0
+    assert _run(backend.reserve(first, 60, "r2", NOW, 60)).refused == 0
     assert _run(backend.read(first, NOW)) == [60, 1]
     # the first one really cost 25: 35 come back, and the next fits
     assert _run(backend.settle(first, 25 - 60, "r1")) == [25, 1]
-    assert _run(backend.reserve(first, "r3", NOW, 60)) == Reserved(None, [85, 2])
+    assert _run(backend.reserve(first, 60, "r3", NOW, 60)) == Reserved(None, [85, 2])
     # a new minute: fresh counters; the old window's are swept
-    later = checks_for([rule], 60, False, NOW + 60)
-    assert _run(backend.reserve(later, "r4", NOW + 60, 60)) == Reserved(None, [60, 1])
+    later = checks_for([rule], False, NOW + 60)
+    assert _run(backend.reserve(later, 60, "r4", NOW + 60, 60)) == Reserved(None, [60, 1])
     assert len(backend._counters) == 2
 
 
@@ -193,14 +193,18 @@ def test_concurrent_streams_are_counted_out_at_settlement() -> None:
 class _Broken(MemoryBackend):
     remote = True
 
-    async def reserve(self, checks: list[Check], member: str, now: float, hold: float) -> Reserved:
+    async def reserve(
+        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    ) -> Reserved:
         raise BackendError("unreachable")
 
 
 class _Slow(MemoryBackend):
     remote = True
 
-    async def reserve(self, checks: list[Check], member: str, now: float, hold: float) -> Reserved:
+    async def reserve(
+        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    ) -> Reserved:
         await asyncio.sleep(3600)
         raise AssertionError("not reached")
 
