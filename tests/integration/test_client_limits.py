@@ -4,6 +4,7 @@ simulator, driven with httpx and the real openai and anthropic SDKs."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -260,3 +261,83 @@ def test_check_config_masks_the_redis_password() -> None:
     shown = redacted(settings)
     assert "s3cret" not in str(shown)
     assert shown["redis_url"] == "rediss://<redacted>@redis.internal:6380/0"
+
+
+def test_a_retried_stream_is_charged_for_the_attempt_that_answered(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 500 from the heavy primary, then the answer from the fallback: the failed
+    attempt produced no tokens, the answer's reported usage is the charge."""
+    from gateway.simulator import create_simulator_app
+    from tests.conftest import running
+
+    broken = create_simulator_app(default_fault="status", default_status=500)
+    with running(broken) as primary:
+        routes = [
+            {
+                "name": "chat",
+                "prefix": "/v1",
+                "upstreams": [
+                    {"name": "primary", "url": primary.url + "/v1", "weight": 1000},
+                    {"name": "fallback", "url": simulator.url + "/v1"},
+                ],
+            }
+        ]
+        clients = [{**CLIENTS[1], "limits": {"tokens_per_minute": 100000}}]
+        with gateway_for("", routes=routes, clients=clients, access_log=True) as server:
+            retried = None
+            for attempt in range(5):  # the pick is weighted: the primary first, nearly always
+                rid = f"retried-{attempt}"
+                response = _post(server, KEY_B, rid, _chat(max_tokens=30))
+                assert response.status_code == 200
+                usage = [
+                    json.loads(line[6:])["usage"]
+                    for line in response.text.splitlines()
+                    if line.startswith("data: {") and '"usage":{' in line
+                ]
+                line = access_log_line(capsys, rid)
+                if len(line["attempts"]) == 2:
+                    retried = (line, usage[0])
+                    break
+    assert retried is not None, "the primary was never tried first"
+    line, usage = retried
+    assert line["charged"] == {
+        "input": usage["prompt_tokens"],
+        "output": usage["completion_tokens"],
+        "source": "reported",
+    }
+
+
+def test_limits_per_worker_divides_every_limit() -> None:
+    from gateway.limits import build_limiter
+
+    settings = Settings(
+        upstream_url="http://127.0.0.1:9/v1",
+        workers=4,
+        limits_per_worker=True,
+        clients=[{**CLIENTS[1], "limits": {"requests_per_minute": 10, "tokens_per_day": 3}}],
+    )
+    limiter = build_limiter(settings)
+    assert limiter is not None
+    (rule,) = limiter.rules_of("team-b")
+    assert {str(k): v for k, v in rule.limits.items()} == {
+        "requests_per_minute": 2,
+        "tokens_per_day": 1,
+    }
+
+
+def test_an_anthropic_style_key_is_removed_too(gw: ServerThread, simulator: ServerThread) -> None:
+    response = web.post(
+        gw.url + "/v1/messages",
+        json={"model": "sim", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+        headers={
+            "x-api-key": KEY_A,
+            "x-request-id": "xapikey-a",
+            "anthropic-version": "2023-06-01",
+        },
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    seen = _seen_by_simulator(simulator, "xapikey-a")
+    assert "x-api-key" not in seen
+    assert "anthropic-version" in seen
