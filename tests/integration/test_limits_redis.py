@@ -49,7 +49,10 @@ def _toml(simulator: ServerThread, redis: RedisServer, tpm: int) -> str:
     return f"""
 limits_backend = "redis"
 redis_url = "{redis.url}"
-limits_timeout = 0.5
+# A reservation that cannot be made in time is refused (503), never admitted unlimited:
+# this test is about concurrency, and a loaded machine may be slow to answer.
+limits_timeout = 2.0
+on_backend_error = "deny"
 [[routes]]
 name = "chat"
 prefix = "/v1"
@@ -118,13 +121,15 @@ def test_two_gateways_sharing_redis_never_admit_past_the_limit(
         minutes = int(time.time()) // 60 - first_minute + 1
         metrics = [web.get(gw.url + "/metrics").text for gw in (one, two)]
     statuses = [status for status, _, _ in answers]
+    errors = sum(metric_value(text, "gateway_limit_backend_errors_total") for text in metrics)
     assert statuses.count(200) > 0
     assert statuses.count(429) > 0
-    assert set(statuses) <= {200, 429}
+    assert set(statuses) <= {200, 429, 503}
+    assert statuses.count(503) <= errors, (statuses.count(503), errors)
     charged = sum(
         metric_value(text, "gateway_client_tokens_total", client="shared") for text in metrics
     )
-    assert 0 < charged <= limit * minutes
+    assert 0 < charged <= limit * minutes, (charged, minutes, errors)
     expected = 0
     for status, body, cut in answers:
         if status != 200:
