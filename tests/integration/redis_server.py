@@ -34,13 +34,15 @@ def _binary() -> str:
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         options = {
@@ -51,6 +53,8 @@ class RedisServer:
             "daemonize": "no",
             "loglevel": "warning",
         }
+        if self.password:
+            options["requirepass"] = self.password
         args = [part for name, value in options.items() for part in (f"--{name}", value)]
         self.proc = subprocess.Popen(
             [_binary(), *args],
@@ -65,7 +69,7 @@ class RedisServer:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock,
             ):
                 sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
+                if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                     return self
             time.sleep(0.02)
         raise RuntimeError("redis-server did not answer PING")
@@ -82,8 +86,8 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+def redis_server(password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(password).start()
     try:
         yield server
     finally:

@@ -231,3 +231,23 @@ def test_a_slow_redis_adds_at_most_the_timeout(
         e for e in access_log_lines(capsys.readouterr().out) if e["request_id"] == "slow-redis"
     ]
     assert lines[0]["charged"] is not None
+
+
+def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_a_backend_error(
+    simulator: ServerThread,
+) -> None:
+    with redis_server(password="s3cret-pw") as secured:
+        good = {
+            "limits_backend": "redis",
+            "redis_url": secured.url,
+            "clients": _client({"requests_per_minute": 5}),
+        }
+        with gateway_for(simulator.url + "/v1", **good) as gw:
+            assert _request(gw, "auth-ok").headers["x-ratelimit-limit-requests"] == "5"
+        bad = {**good, "redis_url": secured.url.replace("s3cret-pw", "wrong")}
+        with gateway_for(simulator.url + "/v1", **bad) as gw:
+            response = _request(gw, "auth-bad")
+            text = web.get(gw.url + "/metrics").text
+        assert response.status_code == 200  # on_backend_error = "allow"
+        assert "x-ratelimit-limit-requests" not in response.headers
+        assert metric_value(text, "gateway_limit_backend_errors_total", operation="reserve") == 1
