@@ -341,3 +341,18 @@ def test_an_anthropic_style_key_is_removed_too(gw: ServerThread, simulator: Serv
     seen = _seen_by_simulator(simulator, "xapikey-a")
     assert "x-api-key" not in seen
     assert "anthropic-version" in seen
+
+
+def test_a_route_that_takes_client_keys_but_has_no_credential_is_named_at_start(
+    simulator: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level("WARNING", logger="gateway"),
+        gateway_for(simulator.url + "/v1", clients=CLIENTS[:1]),
+    ):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "no credential_env" in r.getMessage()]
+    assert warnings == [
+        "route default: clients authenticate with gateway keys, which are not forwarded, "
+        "and upstream(s) default have no credential_env: they get no credential"
+    ]
