@@ -356,3 +356,26 @@ def test_a_route_that_takes_client_keys_but_has_no_credential_is_named_at_start(
         "route default: clients authenticate with gateway keys, which are not forwarded, "
         "and upstream(s) default have no credential_env: they get no credential"
     ]
+
+
+def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
+    simulator: ServerThread,
+) -> None:
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 60}}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
+        small = {"x-sim-tokens": "3"}
+        client.chat.completions.create(**{**_chat(), "max_tokens": 5}, extra_headers=small)
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(**{**_chat(), "max_tokens": 50}, extra_headers=small)
+        text = web.get(server.url + "/metrics").text
+    assert raised.value.code == "insufficient_quota"
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert "resets at" in raised.value.message
+    # one refusal: the SDK's three retries were not spent on a budget that resets tomorrow
+    assert (
+        metric_value(
+            text, "gateway_limited_requests_total", client="team-a", limit="tokens_per_day"
+        )
+        == 1
+    )
