@@ -185,6 +185,8 @@ class _Gateway:
             lifecycle=self.lifecycle,
             tracer=self.tracing,
         )
+        if self.relay.limiter is not None:
+            await self.relay.limiter.start()
         previous = _chain_sigterm(self.lifecycle.begin_drain)
         # What exists now lives as long as the process: keep it out of every GC pass.
         gc.freeze()

@@ -42,6 +42,8 @@ __all__ = ["LimitRefused", "Limiter", "Reservation", "build_limiter"]
 
 log = logging.getLogger("gateway")
 
+#: How long the start waits for the backend to connect and load its scripts.
+_START_SECONDS = 5.0
 #: The budget gauges' windows, by limit.
 BUDGETS = {Limit.TOKENS_PER_DAY: Window.DAY, Limit.TOKENS_PER_MONTH: Window.MONTH}
 #: The x-ratelimit-* headers (limit, remaining, reset), by limit: OpenAI's names.
@@ -240,6 +242,20 @@ class Limiter:
         values = await self._ask(self.backend.read(checks, now))
         by_scope = {rule.scope: rule for rule in rules}
         return [(by_scope[c.scope], c.limit, v) for c, v in zip(checks, values, strict=True)]
+
+    async def start(self) -> None:
+        """Warm the backend up at start (a connection, the scripts loaded): the first
+        requests would otherwise pay for it within limits_timeout. A backend that is
+        not there yet is logged, not fatal: requests then follow on_backend_error."""
+        try:
+            async with asyncio.timeout(_START_SECONDS):
+                await self.backend.prepare()
+        except (BackendError, TimeoutError) as exc:
+            log.warning(
+                "limits backend not ready at start (%s); requests follow "
+                "on_backend_error until it answers",
+                exc or "timeout",
+            )
 
     async def close(self) -> None:
         await self.backend.close()

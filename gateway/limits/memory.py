@@ -59,6 +59,9 @@ class MemoryBackend:
     async def read(self, checks: list[Check], now: float) -> list[int]:
         return [self._counters.get(check.key, 0) for check in checks]
 
+    async def prepare(self) -> None:
+        pass
+
     async def close(self) -> None:
         self._counters.clear()
         self._expires.clear()

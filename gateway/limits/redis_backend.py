@@ -155,5 +155,13 @@ class RedisBackend:
             raise BackendError(type(exc).__name__) from None
         return [int(v or 0) for v in values]
 
+    async def prepare(self) -> None:
+        """Connect and load both scripts now, so that the first request pays neither."""
+        try:
+            for script in (self._reserve, self._settle):
+                script.sha = await self._redis.script_load(script.script)
+        except (RedisError, OSError) as exc:
+            raise BackendError(type(exc).__name__) from None
+
     async def close(self) -> None:
         await self._redis.aclose()

@@ -180,6 +180,7 @@ def test_redis_stopped_mid_run_then_restarted(
         "limits_backend": "redis",
         "redis_url": redis.url,
         "on_backend_error": policy,
+        "limits_timeout": 1.0,  # about Redis gone and back, not slow: a loaded machine is slow
         "clients": _client({"requests_per_minute": 3}),
     }
     with gateway_for(simulator.url + "/v1", **settings) as gw:
@@ -240,6 +241,7 @@ def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_a_backend_error(
         good = {
             "limits_backend": "redis",
             "redis_url": secured.url,
+            "limits_timeout": 1.0,
             "clients": _client({"requests_per_minute": 5}),
         }
         with gateway_for(simulator.url + "/v1", **good) as gw:
