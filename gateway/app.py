@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import ipaddress
 import logging
@@ -38,6 +39,7 @@ from gateway import __version__
 from gateway.capture.writer import CaptureWriter
 from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
+from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
@@ -184,6 +186,8 @@ class _Gateway:
             lifecycle=self.lifecycle,
             tracer=self.tracing,
         )
+        if self.relay.limiter is not None:
+            await self.relay.limiter.start()
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
         if self.status_board is not None and self.metrics.multiprocess_dir is not None:
             self.status_share = StatusShare(
@@ -210,6 +214,8 @@ class _Gateway:
                 await self.status_share.stop()
             await upstream.aclose()
             self.relay.bodies.close()  # the body parser's helper process, if it started
+            if self.relay.limiter is not None:
+                await self.relay.limiter.close()
             self.access_log.flush()
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)
@@ -314,7 +320,10 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        return HTMLResponse(render(self._status_view(board)), headers=STATUS_HEADERS)
+        view = self._status_view(board)
+        if relay.limiter is not None:
+            view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
         """None when the client may see the page: it is on loopback (behind trusted

@@ -50,6 +50,8 @@ from gateway.protocols import CredentialStyle
 
 __all__ = [
     "DEFAULT_RETRY_ON",
+    "ClientConfig",
+    "ClientLimits",
     "Limits",
     "RetryCause",
     "RouteConfig",
@@ -71,6 +73,10 @@ ProtocolName = Literal["auto"] | Protocol
 CredentialStyleName = Literal["auto"] | CredentialStyle
 _ROUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+#: A named client: a bounded metric label.
+_CLIENT_NAME = re.compile(r"^[a-z0-9_-]{1,40}$")
+#: The client label of requests that no named client made.
+ANONYMOUS = "anonymous"
 #: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
@@ -314,6 +320,12 @@ class RouteConfig(_Strict):
     inject_include_usage: bool = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
+    default_output_reservation: int = Field(
+        1024,
+        ge=1,
+        description="Output tokens reserved for a limited client's request that names no "
+        "max_tokens (replaced by what the answer really cost when it ends).",
+    )
     client_key_sha256: list[str] | None = Field(
         None,
         description="SHA-256 hex digests of the client keys this route accepts; "
@@ -438,6 +450,59 @@ class RouteConfig(_Strict):
         ]
 
 
+class ClientLimits(_Strict):
+    """A named client's limits (all of it, or one route's or one model's share)."""
+
+    requests_per_minute: int | None = Field(None, gt=0, description="Requests a UTC minute.")
+    tokens_per_minute: int | None = Field(
+        None, gt=0, description="Input + output tokens a UTC minute."
+    )
+    tokens_per_day: int | None = Field(None, gt=0, description="Token budget a UTC day.")
+    tokens_per_month: int | None = Field(None, gt=0, description="Token budget a UTC month.")
+    max_concurrent_streams: int | None = Field(None, gt=0, description="Streams at once.")
+
+    def any(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+class ClientConfig(_Strict):
+    """A named client: its keys, the routes it may use, its limits."""
+
+    name: str = Field(description="Label in metrics, the access log and traces.")
+    key_sha256: list[str] = Field(
+        min_length=1, description="SHA-256 hex digests of its keys (several: rotation)."
+    )
+    routes: list[str] | None = Field(
+        None, description="Routes it may use; default: every route that accepts keys."
+    )
+    limits: ClientLimits = ClientLimits()
+    route_limits: dict[str, ClientLimits] = Field(
+        default_factory=dict, description="Limits on its use of one route, by route name."
+    )
+    model_limits: dict[str, ClientLimits] = Field(
+        default_factory=dict, description="Limits on its use of one model, by model name."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _CLIENT_NAME.match(value) or value == ANONYMOUS:
+            raise ValueError(f"must be 1-40 of [a-z0-9_-], and not {ANONYMOUS!r}")
+        return value
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hashes(cls, value: list[str]) -> list[str]:
+        return _sha256_list(value)
+
+    def limited(self) -> bool:
+        return (
+            self.limits.any()
+            or any(v.any() for v in self.route_limits.values())
+            or any(v.any() for v in self.model_limits.values())
+        )
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. See config/gateway.example.toml."""
 
@@ -485,6 +550,25 @@ class Settings(BaseSettings):
     allow_unauthenticated: bool = Field(
         False,
         description="Allow listening beyond loopback with a route credential and no client keys.",
+    )
+    clients: list[ClientConfig] = Field(
+        default_factory=list, description="Named clients: keys, routes, limits."
+    )
+    limits_backend: Literal["memory", "redis"] = Field(
+        "memory", description="Where the clients' counters live: this process, or Redis."
+    )
+    redis_url: str | None = Field(
+        None, description="redis:// or rediss:// URL of the limits backend (password in it)."
+    )
+    limits_timeout: float = Field(
+        0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
+    )
+    on_backend_error: Literal["allow", "deny"] = Field(
+        "allow", description="Limits backend unreachable or slow: serve anyway, or 503."
+    )
+    limits_per_worker: bool = Field(
+        False,
+        description="Memory backend with several workers: each enforces limits divided by N.",
     )
     trusted_proxies: list[str] = Field(
         default_factory=list,
@@ -562,6 +646,58 @@ class Settings(BaseSettings):
                 "port would spend it. Set client_key_sha256 (globally or on the route), or "
                 "allow_unauthenticated = true (GATEWAY_ALLOW_UNAUTHENTICATED=true) if that "
                 "is intended"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _clients(self) -> Settings:
+        """Unique names, one owner per key, known routes, and a backend that can count."""
+        names = [c.name for c in self.clients]
+        if len(set(names)) != len(names):
+            raise ValueError("client names must be unique")
+        routes = {r.name for r in self.effective_routes()}
+        owner: dict[str, str] = {}
+        listed = set(self.client_key_sha256).union(
+            *(r.client_key_sha256 or () for r in self.effective_routes())
+        )
+        for client in self.clients:
+            for digest in client.key_sha256:
+                if digest in owner:
+                    raise ValueError(
+                        f"clients {owner[digest]} and {client.name} share a key: "
+                        "a key belongs to one client"
+                    )
+                if digest in listed:
+                    raise ValueError(
+                        f"a key of client {client.name} is also in a client_key_sha256 list: "
+                        "list it in one place (the client's key_sha256)"
+                    )
+                owner[digest] = client.name
+            unknown = sorted(set(client.routes or ()).union(client.route_limits).difference(routes))
+            if unknown:
+                raise ValueError(
+                    f"client {client.name} names route(s) {', '.join(unknown)} that do not exist"
+                )
+        limited = any(c.limited() for c in self.clients)
+        if self.limits_backend == "redis" and self.redis_url is None:
+            raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
+            "redis",
+            "rediss",
+            "unix",
+        ):
+            raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if (
+            limited
+            and self.limits_backend == "memory"
+            and self.workers > 1
+            and not self.limits_per_worker
+        ):
+            raise ValueError(
+                f'workers = {self.workers} with limits_backend = "memory": each worker '
+                "would count alone and admit up to N times every limit. Use "
+                'limits_backend = "redis", or limits_per_worker = true (each worker enforces '
+                "every limit divided by the number of workers)"
             )
         return self
 

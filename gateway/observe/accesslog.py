@@ -49,6 +49,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "method": record.method or None,
         "path": bounded(record.path) or None,
         "client": record.client,
+        "client_name": record.client_name,
         "status": record.status,
         "model": bounded(record.model),
         "upstream_model": bounded(record.upstream_model),
@@ -65,6 +66,13 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "bytes_in": record.bytes_in,
         "bytes_out": record.bytes_out,
         "usage": usage.as_dict() if usage is not None else None,
+        "charged": None
+        if record.charge is None
+        else {
+            "input": record.charge.input,
+            "output": record.charge.output,
+            "source": record.charge.source.value,
+        },
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
         "attempts": [

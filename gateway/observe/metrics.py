@@ -180,7 +180,7 @@ class Metrics:
         self.requests = Counter(
             "gateway_requests_total",
             "Proxied requests by the status the client got.",
-            ["route", "method", "code"],
+            ["route", "method", "code", "client"],
             registry=reg,
         )
         self.request_duration = Histogram(
@@ -193,7 +193,7 @@ class Metrics:
         self.streams = Counter(
             "gateway_streams_total",
             "Requests that asked for a stream, by verdict.",
-            ["route", "model", "outcome", "reason"],
+            ["route", "model", "outcome", "reason", "client"],
             registry=reg,
         )
         self.active_streams = Gauge(
@@ -227,7 +227,39 @@ class Metrics:
         self.tokens = Counter(
             "gateway_tokens_total",
             "Tokens as reported by the provider.",
-            ["route", "model", "type"],
+            ["route", "model", "type", "client"],
+            registry=reg,
+        )
+        self.client_tokens = Counter(
+            "gateway_client_tokens_total",
+            "Tokens charged to a named client: reported by the provider, or estimated.",
+            ["client", "route", "model", "type", "source"],
+            registry=reg,
+        )
+        self.limited_requests = Counter(
+            "gateway_limited_requests_total",
+            "Requests a named client's limits refused (429), or 503 with the backend down.",
+            ["client", "limit"],
+            registry=reg,
+        )
+        self.budget_remaining = Gauge(
+            "gateway_client_budget_remaining_tokens",
+            "Tokens left in a named client's day or month budget, as last counted.",
+            ["client", "window"],
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        )
+        self.budget_tokens = Gauge(
+            "gateway_client_budget_tokens",
+            "A named client's day or month token budget (per worker with limits_per_worker).",
+            ["client", "window"],
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        )
+        self.limit_backend_errors = Counter(
+            "gateway_limit_backend_errors_total",
+            "Limits backend calls that failed or timed out, by operation.",
+            ["operation"],
             registry=reg,
         )
         self.usage_unknown = Counter(
@@ -341,6 +373,17 @@ class Metrics:
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
 
+    def limited(self, client: str, limit: str) -> None:
+        self._child(self.limited_requests, client, limit).inc()
+
+    def limit_backend_failed(self, operation: str) -> None:
+        self._child(self.limit_backend_errors, operation).inc()
+
+    def budget(self, client: str, window: str, limit: int, used: int) -> None:
+        """A client's budget as last counted: ``used`` of ``limit`` in ``window``."""
+        self._child(self.budget_tokens, client, window).set(limit)
+        self._child(self.budget_remaining, client, window).set(max(limit - used, 0))
+
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
 
@@ -364,8 +407,8 @@ class Metrics:
     def observe(self, record: RequestRecord) -> None:
         """Record one finished proxied request."""
         child = self._child
-        route, model = record.route, record.model_label
-        child(self.requests, route, record.method, str(record.status)).inc()
+        route, model, client = record.route, record.model_label, record.client_name
+        child(self.requests, route, record.method, str(record.status), client).inc()
         child(self.request_duration, route, "true" if record.stream else "false").observe(
             record.duration
         )
@@ -388,9 +431,17 @@ class Metrics:
         if usage is not None:
             for kind, count in usage.as_dict().items():
                 if count:
-                    child(self.tokens, route, model, kind).inc(count)
+                    child(self.tokens, route, model, kind, client).inc(count)
+        charge = record.charge
+        if charge is not None:
+            source = charge.source.value
+            if charge.input:
+                child(self.client_tokens, client, route, model, "input", source).inc(charge.input)
+            if charge.output:
+                child(self.client_tokens, client, route, model, "output", source).inc(charge.output)
         if record.stream and verdict is not None:
-            child(self.streams, route, model, verdict.outcome.value, verdict.reason.value).inc()
+            outcome, reason = verdict.outcome.value, verdict.reason.value
+            child(self.streams, route, model, outcome, reason, client).inc()
             if usage is None:
                 child(self.usage_unknown, route, model).inc()
 

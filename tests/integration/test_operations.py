@@ -178,7 +178,7 @@ def test_check_config_redacts_secrets(tmp_path: Path) -> None:
 
 def test_readme_configuration_reference_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
-    from gateway.settings import RouteConfig, UpstreamConfig
+    from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     for name in Settings.model_fields:
         if name in ("credentials", "timeouts", "limits"):  # the sections are listed by key
@@ -192,6 +192,8 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
         assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
     for key in UpstreamConfig.model_fields:
         assert f"`routes[].upstreams[].{key}`" in readme, f"README lacks routes[].upstreams[].{key}"
+    for key in ClientConfig.model_fields:
+        assert f"`clients[].{key}`" in readme, f"README lacks clients[].{key}"
 
 
 def _readme_default(value: object) -> str:
@@ -209,7 +211,7 @@ def _readme_default(value: object) -> str:
 
 def test_readme_configuration_tables_give_each_settings_default() -> None:
     """Each row of the README's configuration tables is a setting, with the code's default."""
-    from gateway.settings import RouteConfig, UpstreamConfig
+    from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     section = (ROOT / "README.md").read_text().split("\n## Configuration\n", 1)[1]
     section = section.split("\n### Upstream pools and failover\n", 1)[0]
@@ -225,6 +227,7 @@ def test_readme_configuration_tables_give_each_settings_default() -> None:
             fields[name] = field
     fields |= {f"routes[].{k}": f for k, f in RouteConfig.model_fields.items()}
     fields |= {f"routes[].upstreams[].{k}": f for k, f in UpstreamConfig.model_fields.items()}
+    fields |= {f"clients[].{k}": f for k, f in ClientConfig.model_fields.items()}
     assert set(rows) == set(fields), set(rows) ^ set(fields)
     for key, field in fields.items():
         if key == "routes[].upstream":  # optional in the model; required without upstreams
