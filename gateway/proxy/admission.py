@@ -95,10 +95,14 @@ class Admission:
                 400, "bad_path", "The request path is not allowed.", "invalid_request_error"
             ) from None
         headers = scope["headers"]
+        self.check_key(route, headers)
+        return target, await self._read_body(headers, receive)
+
+    def check_key(self, route: Route, headers: list[tuple[bytes, bytes]]) -> None:
+        """Refused (401/403) unless the request presents a key the route accepts."""
         accepted = self._route_keys.get(route.name, self._global_keys)
         if accepted:
             self._check_key(accepted, headers)
-        return target, await self._read_body(headers, receive)
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
         """The whole body, counted in ``buffered_bytes`` until ``release(len(body))``."""
