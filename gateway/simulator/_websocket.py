@@ -16,7 +16,8 @@ faults act the same way, in this framing's terms:
   other content faults send their event as a message.
 
 A ``response.create`` with ``"generate": false`` (a client warming the
-connection up) gets a response with no output.
+connection up) gets a response with no output; one whose input ends with a
+tool's output is answered in text (the tool ran), so an agent's turn ends.
 """
 
 from __future__ import annotations
@@ -97,11 +98,21 @@ async def serve_responses_websocket(
                 continue
             if body.get("generate") is False:
                 knobs = dataclasses.replace(knobs, tokens=0)
+            if _answers_a_tool(body):
+                body.pop("tools", None)  # the tool ran: the model answers in text now
             await _respond(websocket, body, knobs, len(text), _close_code(headers, body))
     except WebSocketDisconnect:
         return
     except _Cut:
         return  # returning without a close frame: the server drops the connection
+
+
+def _answers_a_tool(body: dict[str, Any]) -> bool:
+    """The input ends with a tool's output (an agent's next turn after running it)."""
+    items = body.get("input")
+    if not isinstance(items, list) or not items or not isinstance(items[-1], dict):
+        return False
+    return items[-1].get("type") in ("function_call_output", "custom_tool_call_output")
 
 
 def _close_code(headers: dict[str, str], body: dict[str, Any]) -> int | None:
