@@ -48,6 +48,8 @@ class WsEdge:
 
 
 _DEFAULT = WsEdge()
+#: Seconds a failed connection waits for the client's close reply before it is closed.
+_LINGER = 1.0
 
 
 def ws_edge_state(edge: WsEdge) -> dict[str, Any]:
@@ -83,6 +85,8 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][WS_EXTENSION] = self._facts
 
     def handle_ping(self) -> None:
+        if self.close_sent:
+            return
         now = self.loop.time()
         if now - self._ping_window >= 1.0:
             self._ping_window = now
@@ -94,6 +98,27 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             self.handle_parser_exception()
             return
         super().handle_ping()
+
+    def handle_parser_exception(self) -> None:
+        """The connection failed (an oversized message, a protocol error, a ping flood):
+        tell the app once, send the close frame, and linger before closing.
+
+        uvicorn closes the transport at once; with the client's bytes still arriving
+        that resets the connection, and the reset can destroy the close frame before
+        the client reads it. Reading goes on (and is dropped) until the client's close
+        reply, or ``_LINGER`` seconds.
+        """
+        if self.close_sent:
+            return
+        sent = self.conn.close_sent
+        code, reason = (sent.code, sent.reason) if sent is not None else (1011, "")
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(_LINGER, self.transport.close)
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -359,7 +359,7 @@ class WebSocketRelay:
             if end.reason is not None:
                 response.guard.abort(end.reason, end.detail)
             text = response.guard.error_message(response.record.request_id)
-            if text is not None and client_code is not None:
+            if text is not None and client_code is not None and self.settings.annotate:
                 if await self._to_client_bounded(conn, text):
                     response.record.bytes_out += len(text)
                 else:

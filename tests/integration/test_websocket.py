@@ -393,3 +393,32 @@ def _lines_when(capsys: pytest.CaptureFixture[str], connection_id: str) -> list[
         except AssertionError:
             continue
     raise AssertionError("no access-log line")
+
+
+def test_the_drain_cuts_a_response_with_gateway_shutdown_then_1001() -> None:
+    """SIGTERM: an idle connection closes with 1001 at once; a response in flight gets
+    the gateway_shutdown error at the drain timeout, then 1001; the process exits 0."""
+    import signal
+
+    from tests.conftest import gateway_process
+
+    env = {"GATEWAY_DRAIN_TIMEOUT": "1"}
+    with gateway_process(["--simulator"], env) as gw:
+        url = f"ws://127.0.0.1:{gw.port}/v1/responses"
+        with connect(url) as busy, connect(url) as idle:
+            busy.send(_create(sim={"fault": "stall_mid_stream"}))
+            json.loads(busy.recv(timeout=20))  # in flight
+            idle.send(_create())
+            assert _until_terminal(idle)[-1]["type"] == "response.completed"
+            gw.proc.send_signal(signal.SIGTERM)
+            closed = _closed(idle)
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == 1001
+            events = _until_terminal(busy)
+            assert events[-1]["type"] == "error"
+            assert events[-1]["error"]["code"] == "gateway_shutdown"
+            closed = _closed(busy)
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == 1001
+        gw.proc.wait(timeout=30)
+        assert gw.proc.returncode == 0
