@@ -120,6 +120,10 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(_LINGER, self.transport.close)
 
+    def keepalive_timeout(self) -> None:
+        self._facts["ping_timeout"] = True
+        super().keepalive_timeout()
+
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._stall_timer is None:

@@ -115,6 +115,7 @@ class Close(enum.StrEnum):
     MAX_DURATION = "max_duration"  # ws_max_connection_seconds: 1000
     SHUTDOWN = "shutdown"  # the drain: 1001
     CLIENT_STALLED = "client_stalled"  # the client stopped reading: aborted
+    PING_TIMEOUT = "ping_timeout"  # a keepalive ping to the client went unanswered: 1011
     REFUSED = "refused"  # the handshake was refused (no route, key, drain)
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # no upstream completed the handshake
 
@@ -445,6 +446,15 @@ class WebSocketRelay:
                 1011,
                 Reason.LIMIT_EXCEEDED,
                 "a client message was over the limit",
+            )
+        if facts.get("ping_timeout"):
+            return _End(
+                Close.PING_TIMEOUT,
+                None,
+                "keepalive ping timeout",
+                1011,
+                Reason.CLIENT_STALLED,
+                "a keepalive ping went unanswered",
             )
         if facts.get("ping_flood"):
             return _End(Close.RATE_LIMITED, None, "too many pings", 1011, Reason.LIMIT_EXCEEDED)

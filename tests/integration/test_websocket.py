@@ -422,3 +422,45 @@ def test_the_drain_cuts_a_response_with_gateway_shutdown_then_1001() -> None:
             assert closed.rcvd.code == 1001
         gw.proc.wait(timeout=30)
         assert gw.proc.returncode == 0
+
+
+def test_a_quiet_client_is_pinged_and_closed_when_it_does_not_answer(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {"access_log": True, "ws_ping_interval_seconds": 0.3}
+    with gateway_for(simulator.url + "/v1", **settings) as server:
+        # A client that answers: it outlives several ping intervals.
+        with connect(_ws_url(server), additional_headers={"x-request-id": "ws-pinged"}) as ws:
+            ws.send(_create(sim={"tps": 10, "tokens": 15}))  # 1.5 s: five intervals
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        # One that stops reading (its library pauses at max_queue, pongs included).
+        headers = {"x-request-id": "ws-unanswered"}
+        with connect(_ws_url(server), additional_headers=headers, max_queue=1) as ws:
+            ws.send(_create(sim={"tokens": 50}))
+            lines = _lines_when(capsys, "ws-unanswered")
+    end = next(line for line in lines if line["request_id"] == "ws-unanswered")
+    assert end["websocket"]["close"] == "ping_timeout"
+
+
+def test_the_upstreams_pings_are_answered() -> None:
+    from websockets.sync.server import ServerConnection, serve
+
+    answered = threading.Event()
+
+    def handler(ws: ServerConnection) -> None:
+        ws.recv()
+        if ws.ping().wait(10):
+            answered.set()
+        completed = {"id": "r", "output": [], "usage": None}
+        ws.send(json.dumps({"type": "response.completed", "response": completed}))
+        with contextlib.suppress(ConnectionClosed):
+            ws.recv()
+
+    with serve(handler, "127.0.0.1", 0) as upstream:
+        threading.Thread(target=upstream.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{upstream.socket.getsockname()[1]}/v1"
+        with gateway_for(url) as server, connect(_ws_url(server)) as ws:
+            ws.send(_create())
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        upstream.shutdown()
+    assert answered.is_set()
