@@ -41,6 +41,9 @@ _CUTS: Final = frozenset(
 )
 
 
+_YIELD_EVERY_BYTES: Final = 256 * 1024
+
+
 class _Cut(Exception):
     """The scripted response ends the connection here."""
 
@@ -132,11 +135,18 @@ async def _respond(
     plan = make_plan("responses", body, knobs, size)
     renderer = make_renderer(plan, crlf=False)
     pace = 1.0 / knobs.tps if knobs.tps > 0 else 0.0
+    unyielded = 0
     for step in stream_steps(renderer, knobs):
         if isinstance(step, Write):
             messages, partial = _messages(step.data)
             for message in messages:
                 await websocket.send_text(message)
+            unyielded += len(step.data)
+            if unyielded >= _YIELD_EVERY_BYTES:
+                # A send that need not wait does not yield: let the server's other
+                # connections run during a long unpaced answer.
+                unyielded = 0
+                await asyncio.sleep(0)
             if partial:
                 await _cut(websocket, close_code)
             if step.paced and pace:

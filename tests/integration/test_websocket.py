@@ -18,13 +18,19 @@ from typing import Any
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as _ws_connect
 
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_until, gateway_for, metric_value
 from tests.sdk import openai
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def connect(url: str, **options: Any) -> ClientConnection:
+    """The websockets client, with a handshake timeout for a loaded machine."""
+    return _ws_connect(url, open_timeout=30, **options)
 
 
 def _ws_url(server: ServerThread) -> str:
@@ -369,11 +375,16 @@ def test_the_client_leaving_closes_the_upstream_at_once(
     assert end["websocket"]["close"] == "client_closed"
 
 
-def test_a_client_that_never_reads_is_cut_as_stalled(
-    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_client_that_never_reads_is_cut_as_stalled(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.simulator import create_simulator_app
+    from tests.conftest import running
+
     settings = {"access_log": True, "timeouts": {"client_send": 0.5}}
-    with gateway_for(simulator.url + "/v1", **settings) as server:
+    # Its own simulator: the long unpaced answer keeps it busy until the cut.
+    with (
+        running(create_simulator_app()) as simulator,
+        gateway_for(simulator.url + "/v1", **settings) as server,
+    ):
         headers = {"x-request-id": "ws-stalled"}
         # max_queue=1: the client's library stops reading its socket after one message.
         with connect(_ws_url(server), additional_headers=headers, max_queue=1) as ws:
@@ -427,11 +438,11 @@ def test_the_drain_cuts_a_response_with_gateway_shutdown_then_1001() -> None:
 def test_a_quiet_client_is_pinged_and_closed_when_it_does_not_answer(
     simulator: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = {"access_log": True, "ws_ping_interval_seconds": 0.3}
+    settings = {"access_log": True, "ws_ping_interval_seconds": 1.0}
     with gateway_for(simulator.url + "/v1", **settings) as server:
         # A client that answers: it outlives several ping intervals.
         with connect(_ws_url(server), additional_headers={"x-request-id": "ws-pinged"}) as ws:
-            ws.send(_create(sim={"tps": 10, "tokens": 15}))  # 1.5 s: five intervals
+            ws.send(_create(sim={"tps": 5, "tokens": 15}))  # 3 s: three intervals
             assert _until_terminal(ws)[-1]["type"] == "response.completed"
         # One that stops reading (its library pauses at max_queue, pongs included).
         headers = {"x-request-id": "ws-unanswered"}
