@@ -46,9 +46,15 @@ WS_STATUS: dict[str, int] = {
 
 
 def error_message(
-    reason: Reason, message: str, *, request_id: str, last_sequence_number: int | None = None
+    reason: Reason,
+    message: str,
+    *,
+    request_id: str,
+    last_sequence_number: int | None = None,
+    stream_id: str | None = None,
 ) -> str:
-    """The ``error`` event (one text message) that tells the client its response is cut."""
+    """The ``error`` event (one text message) that tells the client its response is cut
+    (on the lane ``stream_id`` names, when the response was created with one)."""
     payload: dict[str, object] = {
         "type": "error",
         "status": WS_STATUS.get(str(reason), 502),
@@ -61,6 +67,8 @@ def error_message(
         "sequence_number": 0 if last_sequence_number is None else last_sequence_number + 1,
         "request_id": request_id,
     }
+    if stream_id is not None:
+        payload["stream_id"] = stream_id
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -111,7 +119,7 @@ class MessageGuard:
         """Stop the response for a reason the relay saw (a deadline, a close, a limit)."""
         return self.contract.abort(reason, detail, force=force)
 
-    def error_message(self, request_id: str) -> str | None:
+    def error_message(self, request_id: str, stream_id: str | None = None) -> str | None:
         """The annotation: the error event of an incomplete response, None when the
         response is complete or its error was the upstream's own (forwarded already)."""
         verdict = self.contract.verdict
@@ -124,4 +132,5 @@ class MessageGuard:
             incomplete_message(self.contract.protocol, verdict.reason, request_id),
             request_id=request_id,
             last_sequence_number=self.contract.last_sequence_number,
+            stream_id=stream_id,
         )

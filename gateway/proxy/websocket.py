@@ -12,7 +12,8 @@ Responses contract through ``MessageGuard`` (the WebSocket message framing):
 one verdict, one access-log line and the stream metrics per response, the
 connection counted as a stream for admission while a response is in flight.
 A response created with a ``stream_id`` is its own lane; events name their
-lane the same way. A second ``response.create`` on a lane that is busy is
+lane the same way (an event that names none, or does not parse, belongs to
+the oldest response in flight). A second ``response.create`` on a lane that is busy is
 refused with an ``error`` event (``response_in_progress``), not forwarded.
 
 Ends, each with one ``Close`` (the ``close`` label of
@@ -276,6 +277,8 @@ class WebSocketRelay:
                 end = await self._run(conn)
             finally:
                 self._connections.discard(conn)
+                for response in list(conn.responses.values()):  # cancelled: count them out
+                    self._finish(conn, response)
             close, blamed = end.close, conn.failed
             facts.update(
                 responses=conn.count,
@@ -349,17 +352,35 @@ class WebSocketRelay:
             for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
-        end = next(iter(done)).result()
+        try:
+            end = next(iter(done)).result()
+        except Exception:
+            log.exception("websocket connection %s failed", conn.record.request_id)
+            end = _End(
+                Close.INCOMPLETE,
+                1011,
+                "gateway error",
+                1011,
+                Reason.UPSTREAM_DISCONNECT,
+                "gateway error",
+            )
         await self._end(conn, end)
         return end
 
     async def _end(self, conn: _Connection, end: _End) -> None:
         """Finish the responses in flight, tell the client why, close both sockets."""
         client_code = end.client_code
-        for response in list(conn.responses.values()):
-            if end.reason is not None:
-                response.guard.abort(end.reason, end.detail)
-            text = response.guard.error_message(response.record.request_id)
+        responses = list(conn.responses.values())
+        # A response cut by another one's end (its lane's neighbour was rejected) ends
+        # with that one's reason.
+        fallback = end.reason or next(
+            (r.guard.verdict.reason for r in responses if r.guard.verdict is not None),
+            Reason.UPSTREAM_DISCONNECT,
+        )
+        for response in responses:
+            if end.reason is not None or response.guard.verdict is None:
+                response.guard.abort(fallback, end.detail)
+            text = response.guard.error_message(response.record.request_id, response.lane)
             if text is not None and client_code is not None and self.settings.annotate:
                 if await self._to_client_bounded(conn, text):
                     response.record.bytes_out += len(text)
@@ -574,6 +595,10 @@ class WebSocketRelay:
                 )
             lane = _lane_of(text) if '"stream_id"' in text else None
             response = responses.get(lane)
+            if response is None and responses and lane is None:
+                # No lane to read (none named, or the message does not parse): the
+                # oldest response in flight is judged on it.
+                response = next(iter(responses.values()))
             if response is None:
                 # Not part of a response the client created here: relayed, unjudged.
                 if not await self._relay(conn, send, text):

@@ -15,9 +15,11 @@ faults act the same way, in this framing's terms:
   comments); ``invalid_json``, ``invalid_shape``, ``error_event`` and the
   other content faults send their event as a message.
 
-A ``response.create`` with ``"generate": false`` (a client warming the
-connection up) gets a response with no output; one whose input ends with a
-tool's output is answered in text (the tool ran), so an agent's turn ends.
+A ``response.create`` with a ``stream_id`` (a lane) gets it in each of its
+events; responses are answered one after the other. A ``response.create``
+with ``"generate": false`` (a client warming the connection up) gets a
+response with no output; one whose input ends with a tool's output is
+answered in text (the tool ran), so an agent's turn ends.
 """
 
 from __future__ import annotations
@@ -103,7 +105,15 @@ async def serve_responses_websocket(
                 knobs = dataclasses.replace(knobs, tokens=0)
             if _answers_a_tool(body):
                 body.pop("tools", None)  # the tool ran: the model answers in text now
-            await _respond(websocket, body, knobs, len(text), _close_code(headers, body))
+            lane = body.get("stream_id")
+            await _respond(
+                websocket,
+                body,
+                knobs,
+                len(text),
+                _close_code(headers, body),
+                f',"stream_id":{json.dumps(lane)}}}' if isinstance(lane, str) else None,
+            )
     except WebSocketDisconnect:
         return
     except _Cut:
@@ -130,8 +140,14 @@ def _close_code(headers: dict[str, str], body: dict[str, Any]) -> int | None:
 
 
 async def _respond(
-    websocket: WebSocket, body: dict[str, Any], knobs: Knobs, size: int, close_code: int | None
+    websocket: WebSocket,
+    body: dict[str, Any],
+    knobs: Knobs,
+    size: int,
+    close_code: int | None,
+    lane_tail: str | None,
 ) -> None:
+    """One response; ``lane_tail`` ends each event's object with its ``stream_id``."""
     plan = make_plan("responses", body, knobs, size)
     renderer = make_renderer(plan, crlf=False)
     pace = 1.0 / knobs.tps if knobs.tps > 0 else 0.0
@@ -140,6 +156,8 @@ async def _respond(
         if isinstance(step, Write):
             messages, partial = _messages(step.data)
             for message in messages:
+                if lane_tail is not None and message.endswith("}"):
+                    message = message[:-1] + lane_tail
                 await websocket.send_text(message)
             unyielded += len(step.data)
             if unyielded >= _YIELD_EVERY_BYTES:

@@ -475,3 +475,22 @@ def test_the_upstreams_pings_are_answered() -> None:
             assert _until_terminal(ws)[-1]["type"] == "response.completed"
         upstream.shutdown()
     assert answered.is_set()
+
+
+def test_lanes_are_judged_apart(gateway: ServerThread) -> None:
+    """Two responses in flight at once on two lanes (``stream_id``): each its own verdict;
+    a cut on one lane names that lane in its error."""
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(stream_id="a", sim={"tokens": 5}))
+        ws.send(_create(stream_id="b", sim={"tokens": 5}))
+        done: dict[str, str] = {}
+        while len(done) < 2:
+            event = json.loads(ws.recv(timeout=20))
+            if event["type"] in ("response.completed", "error"):
+                done[event["stream_id"]] = event["type"]
+        assert done == {"a": "response.completed", "b": "response.completed"}
+        ws.send(_create(stream_id="c", sim={"fault": "invalid_json"}))
+        events = _until_terminal(ws)
+        assert events[-1]["type"] == "error"
+        assert events[-1]["stream_id"] == "c"
+        assert events[-1]["error"]["code"] == "invalid_json"
