@@ -1,13 +1,15 @@
 # Two commands do all the set-up on a fresh machine with only Python:
 #   make run   - create .venv, install, start the gateway on 127.0.0.1:8080 in front of
 #                the built-in simulator (ARGS="--upstream URL" for a real provider)
-#   make test  - create .venv, install the test extras, run lint, types and the whole suite
+#   make test  - create .venv, install the test extras, run lint, types, the docs build and
+#                the whole suite
+#   make docs  - build the documentation site (docs/, mkdocs.yml) into site/, strictly
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test test-guard-python lint typecheck bench clean
+.PHONY: run test test-guard-python lint typecheck docs bench clean
 
 # setup.py compiles the guard with mypyc at install: a change to its source reinstalls.
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard gateway/guard/*.py)
@@ -37,6 +39,10 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check gateway tests
 	$(BIN)/ruff format --check gateway tests
 
+# --strict fails on any warning: a broken link or anchor, a page left out of the nav.
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 TYPECHECK := $(BIN)/mypy --strict gateway
 
 typecheck: $(VENV)/.installed-test
@@ -57,7 +63,7 @@ PYTEST_WORKERS ?= 5
 # mypy (about 9 s cold, one core) runs beside the suite rather than before it; its report
 # is printed after the suite's, and either failing fails `make test`.
 test: export PYTHONDONTWRITEBYTECODE :=
-test: lint
+test: lint docs
 	@echo "$(TYPECHECK) (beside the tests; its report follows theirs)"
 	@$(TYPECHECK) > $(VENV)/typecheck.out 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(ARGS); tests=$$?; \
@@ -74,5 +80,5 @@ bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_gateway.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis \
+	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache .hypothesis \
 		gateway/guard/*.so gateway_guard__mypyc*.so tests/perf/.venv-litellm
