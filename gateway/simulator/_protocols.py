@@ -839,7 +839,7 @@ def error_body(protocol: str, status: int, message: str, request_id: str) -> dic
 def models_body(*, anthropic: bool) -> dict[str, Any]:
     """``GET /v1/models`` in the OpenAI or (with ``anthropic-version``) Anthropic shape.
 
-    One model, the name the README's examples use (any name is answered alike).
+    One model, the name the documentation's examples use (any name is answered alike).
     """
     names = (DEFAULT_MODEL,)
     if anthropic:
