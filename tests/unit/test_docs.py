@@ -5,7 +5,8 @@ and free of the project's internal bookkeeping.
   whose strict build (``make docs``, run by ``make test``) catches broken links and anchors.
 - Every page of ``docs/`` is in the site's navigation, and every page the navigation
   names exists.
-- The architecture page names every folder and top-level module of the package.
+- The architecture page names every folder and top-level module of the package, and the
+  simulator page every fault and per-request knob.
 - No user-facing text points at tracker issues, internal design notes or pass/fail marks
   against internal targets.
 """
@@ -73,3 +74,22 @@ def test_no_internal_references_in_user_facing_text(path: Path) -> None:
         pytest.fail(f"{path.name} is missing")
     found = INTERNAL.findall(path.read_text(encoding="utf-8"))
     assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def _first_column(section: str) -> list[str]:
+    return re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE)
+
+
+def test_the_simulator_page_describes_every_fault_and_knob() -> None:
+    import dataclasses
+
+    from gateway.simulator._knobs import FAULTS, Knobs, knob_header
+
+    page = (DOCS / "simulator.md").read_text(encoding="utf-8")
+    faults = page.split("\n## Faults\n", 1)[1].split("\n## ", 1)[0]
+    rows = _first_column(faults)
+    assert len(rows) == len(set(rows)), rows
+    assert set(rows) == set(FAULTS), set(rows) ^ set(FAULTS)
+    control = page.split("\n## Per-request control\n", 1)[1].split("\n## ", 1)[0]
+    headers = {row.split(":", 1)[0] for row in _first_column(control)}
+    assert headers == {knob_header(field.name) for field in dataclasses.fields(Knobs)}
