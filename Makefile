@@ -122,4 +122,4 @@ bench: $(VENV)/.installed-perf
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache .hypothesis \
-		$(COMPILED_GUARD) tests/perf/.venv-litellm
+		$(COMPILED_GUARD) tests/perf/.venv-litellm .venv-codex
