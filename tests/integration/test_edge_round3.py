@@ -450,7 +450,7 @@ def test_bodies_that_fill_the_budget_stay_within_its_memory_figure(
     """Eight 12 MiB bodies at once against a 96 MiB budget, on a route that rewrites
     every body (usage injection: each counts twice, so four fit) or that does not (all
     eight fit): the gateway's memory, its body parser's included, grows by no more than
-    the README's figure, twice the budget plus the parser (96 MiB). Before, a parsed
+    the figure of docs/deployment.md, twice the budget plus the parser (96 MiB). Before, a parsed
     document and a rewritten copy were held beside each body: 3.8 times the budget."""
     budget, size = 96 * MiB, 12 * MiB
     config = tmp_path / "gateway.toml"
