@@ -1,0 +1,151 @@
+"""Same-core A/B: two builds of the gateway at once on one CPU, CPU per request of each.
+
+On a machine that other work loads, absolute numbers drift by tens of
+percent from one minute to the next; two versions measured at the same
+time on the same core see the same disturbance, so their ratio holds
+(noise about +-2 %). Run it as a script::
+
+    git archive <base-commit> | tar -x -C /tmp/gw-base     # version A, any source tree
+    .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode stream
+    .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode json --rounds 5
+
+Version B is this tree. Each round starts both gateways fresh (``python -m
+gateway serve`` as shipped: guard, metrics, access log to a file), pinned to
+the same CPU (``--cpu``, default 1; the harness and the upstream have CPU 0),
+warms both up, then drives both at once, ``--conns`` keep-alive connections
+each, for ``--seconds``: 5-event short streams (``stream``, scenario 4's
+load) or plain JSON requests of about 1 KiB each way (``json``, scenario 8's).
+It prints each round's CPU per request of A and B and the ratio B/A, then
+the median ratio. Every request is verified as in ``bench_gateway.py``; a
+failure fails the run (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import bench_gateway as bg
+
+
+def _query(mode: str) -> tuple[str, int]:
+    """The upstream query and what a client checks (events, or -body bytes)."""
+    if mode == "json":
+        query = f"mode=json&size={bg.JSON_BYTES}"
+        return query, -len(bg._json_body_of(query))
+    return "mode=burst&n=5", 5
+
+
+async def _round(
+    upstream: bg.Upstream, trees: dict[str, Path], opts: argparse.Namespace, workdir: Path
+) -> dict[str, dict[str, float]]:
+    query, expected = _query(opts.mode)
+    proxies: dict[str, bg.GatewayProxy] = {}
+    try:
+        for label, tree in trees.items():
+            proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
+            proxy.tree = tree
+            proxy.cpus = {opts.cpu}
+            proxy.start()
+            proxies[label] = proxy
+        for proxy in proxies.values():
+            await proxy.wait_ready()
+            await bg.warm_up(proxy.port, True)
+            warm = bg.Tally(gateway=True, keep_latency=False)
+            await bg.drive_keepalive(proxy.port, warm, 8, 1.0, query, expected)
+            if warm.failed:
+                raise RuntimeError(f"{proxy.name}: warm-up failed: {dict(warm.failures)}")
+        tallies = {label: bg.Tally(gateway=True, keep_latency=False) for label in proxies}
+        gc.collect()
+        gc.disable()
+        cpu0 = {label: proxy.cpu_seconds() for label, proxy in proxies.items()}
+        try:
+            await asyncio.gather(
+                *(
+                    bg.drive_keepalive(
+                        proxy.port, tallies[label], opts.conns, opts.seconds, query, expected
+                    )
+                    for label, proxy in proxies.items()
+                )
+            )
+        finally:
+            gc.enable()
+        await asyncio.sleep(0.3)  # the access log's flush, the metrics
+        out: dict[str, dict[str, float]] = {}
+        for label, proxy in proxies.items():
+            tally = tallies[label]
+            cpu = proxy.cpu_seconds() - cpu0[label]
+            out[label] = {
+                "ok": tally.ok,
+                "failed": tally.failed,
+                "cpu_us_per_request": cpu / tally.ok * 1e6 if tally.ok else float("nan"),
+            }
+            if tally.failed:
+                out[label]["failures"] = dict(tally.failures)  # type: ignore[assignment]
+        return out
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+
+
+async def main_async(opts: argparse.Namespace, base: Path) -> int:
+    trees = {"A": base, "B": bg.ROOT}
+    upstream = bg.Upstream(asyncio.get_running_loop())
+    await upstream.start()
+    ratios: list[float] = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="ab-gateway-") as tmp:
+        for n in range(opts.rounds):
+            # Alternate which one starts first: nothing of the order may favour one.
+            order = dict(reversed(trees.items())) if n % 2 else trees
+            result = await _round(upstream, order, opts, Path(tmp))
+            a, b = result["A"], result["B"]
+            ratio = b["cpu_us_per_request"] / a["cpu_us_per_request"]
+            ratios.append(ratio)
+            failed = failed or bool(a["failed"] or b["failed"])
+            print(
+                f"round {n + 1}: A {a['cpu_us_per_request']:.0f} us/req ({a['ok']:.0f} ok, "
+                f"{a['failed']:.0f} failed)  B {b['cpu_us_per_request']:.0f} us/req "
+                f"({b['ok']:.0f} ok, {b['failed']:.0f} failed)  B/A x{ratio:.3f}",
+                flush=True,
+            )
+            for label in ("A", "B"):
+                if result[label].get("failures"):
+                    print(f"  {label} failures: {result[label]['failures']}")
+    print(
+        f"{opts.mode}: CPU per request B/A median x{statistics.median(ratios):.3f} "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds"
+    )
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="source tree of version A")
+    parser.add_argument("--mode", choices=("stream", "json"), default="stream")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--conns", type=int, default=32, help="connections per version")
+    parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
+    opts = parser.parse_args(argv)
+    base = Path(opts.base).resolve()
+    if not (base / "gateway" / "__init__.py").exists():
+        print(f"{base} is not a source tree of the gateway", file=sys.stderr)
+        return 2
+    bg._pin(bg.HARNESS_CPU)()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(main_async(opts, base))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
