@@ -15,7 +15,7 @@ import httpx
 
 from gateway.guard import Reason
 from gateway.policy.failover import AttemptFailure
-from gateway.proxy.upstream import Upstream, send_failure
+from gateway.proxy.upstream import Upstream, UpstreamRequest, send_failure
 
 __all__ = ["AttemptFailure", "attempt"]
 
@@ -35,7 +35,7 @@ _TOTAL = AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT)
 
 
 async def attempt(
-    upstream: Upstream, request: httpx.Request, first_byte: float, total_deadline: float
+    upstream: Upstream, request: UpstreamRequest, first_byte: float, total_deadline: float
 ) -> httpx.Response | AttemptFailure:
     """Send ``request``; the response head within ``first_byte`` seconds (and before
     ``total_deadline``, loop time), or the failure. Cancellation passes through."""

@@ -1,0 +1,59 @@
+"""The aiohttp transport's direct path sends the bytes httpx's request API sends.
+
+``Upstream.send`` skips ``httpx.Request`` on the aiohttp transport; the same
+request through httpx's transport API (``handle_async_request`` of the
+``httpx.Request`` it stands for) must reach the upstream byte for byte the
+same: request line, every header in order, body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.proxy.upstream import create_upstream
+from tests.integration.raw_upstream import RawRequest, raw_upstream
+
+_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"authorization", b"Bearer sk-test"),
+    (b"x-custom", b"  spaced value "),
+    (b"accept", b"text/event-stream"),
+    (b"x-forwarded-for", b"10.0.0.1"),
+    (b"x-request-id", b"rid-1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/chat/completions?a=%2F&b=1", b'{"model":"m","stream":true}'),
+        ("POST", "/v1/embeddings", b""),
+        ("GET", "/v1/models", b""),
+        ("DELETE", "/v1/files/f%20x", b""),
+    ],
+)
+def test_direct_and_httpx_api_send_the_same_bytes(method: str, path: str, body: bytes) -> None:
+    async def both(url: str) -> None:
+        upstream = create_upstream("aiohttp", 10, 5.0)
+        try:
+            for direct in (True, False):
+                request = upstream.request(method, url + path, list(_HEADERS), body)
+                if direct:
+                    response = await upstream.send(request)
+                else:
+                    response = await upstream.transport.handle_async_request(request.to_httpx())
+                await response.aread()
+                await response.aclose()
+        finally:
+            await upstream.aclose()
+
+    with raw_upstream() as up:
+        asyncio.run(both(up.url))
+        direct, via_httpx = up.requests
+        assert isinstance(direct, RawRequest)
+        assert direct.request_line == via_httpx.request_line
+        assert direct.headers == via_httpx.headers
+        assert direct.body == via_httpx.body == body
+        assert direct.target == path.encode()
