@@ -16,8 +16,9 @@ warms both up, then drives both at once, ``--conns`` keep-alive connections
 each, for ``--seconds``: 5-event short streams (``stream``, scenario 4's
 load) or plain JSON requests of about 1 KiB each way (``json``, scenario 8's).
 It prints each round's CPU per request of A and B and the ratio B/A, then
-the median ratio. Every request is verified as in ``bench_gateway.py``; a
-failure fails the run (exit status 1).
+the median ratio; ``--profile FILE`` samples B with py-spy in the last round
+and prints its top functions in microseconds of CPU a request. Every request
+is verified as in ``bench_gateway.py``; a failure fails the run (exit 1).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ def _query(mode: str) -> tuple[str, int]:
 
 
 async def _round(
-    upstream: bg.Upstream, trees: dict[str, Path], opts: argparse.Namespace, workdir: Path
+    upstream: bg.Upstream,
+    trees: dict[str, Path],
+    opts: argparse.Namespace,
+    workdir: Path,
+    profile: Path | None = None,
 ) -> dict[str, dict[str, float]]:
     query, expected = _query(opts.mode)
     proxies: dict[str, bg.GatewayProxy] = {}
@@ -64,6 +69,11 @@ async def _round(
         gc.collect()
         gc.disable()
         cpu0 = {label: proxy.cpu_seconds() for label, proxy in proxies.items()}
+        spy = None
+        if profile is not None:
+            spy = bg.start_py_spy(
+                proxies["B"].main_pid(), profile, "raw", opts.rate, int(opts.seconds), []
+            )
         try:
             await asyncio.gather(
                 *(
@@ -75,6 +85,8 @@ async def _round(
             )
         finally:
             gc.enable()
+            if spy is not None:
+                bg.stop_py_spy(spy)
         await asyncio.sleep(0.3)  # the access log's flush, the metrics
         out: dict[str, dict[str, float]] = {}
         for label, proxy in proxies.items():
@@ -103,7 +115,9 @@ async def main_async(opts: argparse.Namespace, base: Path) -> int:
         for n in range(opts.rounds):
             # Alternate which one starts first: nothing of the order may favour one.
             order = dict(reversed(trees.items())) if n % 2 else trees
-            result = await _round(upstream, order, opts, Path(tmp))
+            last = n == opts.rounds - 1
+            profile = Path(opts.profile) if opts.profile and last else None
+            result = await _round(upstream, order, opts, Path(tmp), profile)
             a, b = result["A"], result["B"]
             ratio = b["cpu_us_per_request"] / a["cpu_us_per_request"]
             ratios.append(ratio)
@@ -117,11 +131,29 @@ async def main_async(opts: argparse.Namespace, base: Path) -> int:
             for label in ("A", "B"):
                 if result[label].get("failures"):
                     print(f"  {label} failures: {result[label]['failures']}")
+            if profile is not None:
+                print(render_profile(profile, b["cpu_us_per_request"], opts.top))
     print(
         f"{opts.mode}: CPU per request B/A median x{statistics.median(ratios):.3f} "
         f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds"
     )
     return 1 if failed else 0
+
+
+def render_profile(raw: Path, cpu_us: float, top: int) -> str:
+    """B's py-spy profile as microseconds of CPU a request: each function's share of the
+    samples (self, then inclusive) times B's CPU per request in the same round."""
+    summary = bg.summarize_profile(raw, top)
+    lines = [f"B's profile: {summary['samples']} samples, {cpu_us:.0f} us of CPU a request"]
+    lines.append(f"  top {top} by self time (us a request, % of samples):")
+    lines += [f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["self"]]
+    lines.append(f"  top {top} by inclusive time:")
+    lines += [f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["inclusive"][:top]]
+    lines.append("  self time by component:")
+    lines += [
+        f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["self_by_component"]
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--conns", type=int, default=32, help="connections per version")
+    parser.add_argument(
+        "--profile", default="", metavar="FILE", help="py-spy B in the last round (raw stacks)"
+    )
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
     parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
     opts = parser.parse_args(argv)
     base = Path(opts.base).resolve()

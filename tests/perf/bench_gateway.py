@@ -1672,6 +1672,8 @@ def _frame_key(frame: str) -> str:
     for marker in ("site-packages/", "lib/python3", "/work/main/"):
         if marker in path:
             path = path.split(marker, 1)[1]
+    if path.startswith("/") and "/gateway/" in path:  # any source tree's (ab_gateway.py)
+        path = "gateway/" + path.rsplit("/gateway/", 1)[1]
     return f"{m.group('func')} ({path})"
 
 
