@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import functools
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +49,7 @@ import aiohttp
 import httpx
 import yarl
 from aiohttp.http_exceptions import HttpProcessingError
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 __all__ = [
     "READ_CHUNK",
@@ -175,10 +175,42 @@ def _fail_unfinished(content: aiohttp.StreamReader) -> None:
         content.set_exception(aiohttp.ClientPayloadError("the upstream connection closed"))
 
 
+#: What aiohttp would add to a request of its own accord: the upstream sees the client's
+#: (filtered) headers and nothing of aiohttp's.
+SKIPPED_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
+# Built as aiohttp's ClientRequest.update_auto_headers builds it (sorted), once.
+_SKIPPED: CIMultiDict[None] = CIMultiDict(
+    (name, None) for name in sorted(frozenset(istr(h) for h in SKIPPED_AUTO_HEADERS))
+)
+
+
+class _Request(aiohttp.ClientRequest):
+    """aiohttp's request, with the session's skipped auto-headers built once.
+
+    aiohttp's ``update_auto_headers`` sorts the skip set into a new
+    ``CIMultiDict`` and copies the request's headers on every request, to
+    add the defaults (``DEFAULT_HEADERS``, ``User-Agent``) that are not
+    skipped. Every one of them is skipped here, so it would add none: this
+    sets the prebuilt set (private ``_skip_auto_headers``, read again for
+    the body's headers) and adds nothing. tests/unit/test_aiohttp_request.py
+    pins the field and aiohttp's defaults; tests/integration/
+    test_upstream_same_bytes.py compares the bytes sent with aiohttp's own.
+    """
+
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        self._skip_auto_headers = _SKIPPED
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """httpx transport over one pooled ``aiohttp.ClientSession``."""
 
-    def __init__(self, max_connections: int, keepalive_expiry: float = 30.0) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        keepalive_expiry: float = 30.0,
+        request_class: type[aiohttp.ClientRequest] = _Request,
+    ) -> None:
+        self._request_class = request_class
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
@@ -195,8 +227,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 connector=connector,
                 auto_decompress=False,
                 trust_env=False,
-                # The upstream sees the client's (filtered) headers and nothing of aiohttp's.
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+                skip_auto_headers=SKIPPED_AUTO_HEADERS,
+                request_class=self._request_class,
             )
         return self._session
 

@@ -3,16 +3,18 @@
 ``Upstream.send`` skips ``httpx.Request`` on the aiohttp transport; the same
 request through httpx's transport API (``handle_async_request`` of the
 ``httpx.Request`` it stands for) must reach the upstream byte for byte the
-same: request line, every header in order, body.
+same: request line, every header in order, body. So must the transport's
+own request class (the skip set built once) against aiohttp's.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 
-from gateway.proxy.upstream import create_upstream
+from gateway.proxy.upstream import AiohttpTransport, Upstream, create_upstream
 from tests.integration.raw_upstream import RawRequest, raw_upstream
 
 _HEADERS = [
@@ -57,3 +59,33 @@ def test_direct_and_httpx_api_send_the_same_bytes(method: str, path: str, body: 
         assert direct.headers == via_httpx.headers
         assert direct.body == via_httpx.body == body
         assert direct.target == path.encode()
+
+
+@pytest.mark.parametrize("body", [b'{"model":"m"}', b""])
+def test_the_request_class_sends_what_aiohttp_own_sends(body: bytes) -> None:
+    async def both(url: str) -> None:
+        for request_class in (aiohttp.ClientRequest, None):
+            transport = (
+                AiohttpTransport(10, request_class=request_class)
+                if request_class is not None
+                else AiohttpTransport(10)
+            )
+            upstream = Upstream(transport, 5.0)
+            try:
+                # No content-type: aiohttp's body would bring its own unless skipped.
+                headers = [h for h in _HEADERS if h[0] != b"content-type"]
+                request = upstream.request("POST", url + "/v1/x", headers, body)
+                response = await upstream.send(request)
+                await response.aread()
+                await response.aclose()
+            finally:
+                await upstream.aclose()
+
+    with raw_upstream() as up:
+        asyncio.run(both(up.url))
+        theirs, ours = up.requests
+        assert ours.request_line == theirs.request_line
+        assert ours.headers == theirs.headers
+        assert ours.body == theirs.body == body
+        names = {k.lower() for k, _ in ours.headers}
+        assert not names & {b"user-agent", b"accept-encoding", b"content-type"}
