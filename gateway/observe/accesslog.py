@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 import orjson
@@ -28,14 +28,16 @@ _dumps = orjson.dumps
 
 __all__ = ["AccessLog", "encode_line", "log_fields"]
 
-#: The floats of a line (milliseconds, rounded by ``_ms``).
-_FLOAT_FIELDS = ("ttfb_ms", "ttft_ms", "duration_ms")
-
 
 def _plain(value: float | None) -> bool:
     """Whether orjson writes this float as the standard library does: both write the
     shortest repr, but apart in exponent form (below 1e-4, from 1e16) and non-finite."""
     return value is None or value == 0.0 or 1e-4 <= abs(value) < 1e16
+
+
+def _plain_floats(values: Iterable[Any]) -> bool:
+    """Every float among ``values`` (a line's, an attempt's: where its floats are) plain."""
+    return all(value.__class__ is not float or _plain(value) for value in values)
 
 
 def encode_line(fields: dict[str, Any]) -> str:
@@ -45,8 +47,8 @@ def encode_line(fields: dict[str, Any]) -> str:
     library escapes everything outside space..tilde; orjson writes UTF-8 and
     leaves DEL as it is) and every float is plain (``_plain``); it refuses what
     it cannot write the same (an integer beyond 64 bits, a lone surrogate)."""
-    if all(_plain(fields[key]) for key in _FLOAT_FIELDS) and all(
-        _plain(a["duration_ms"]) for a in fields["attempts"]
+    if _plain_floats(fields.values()) and all(
+        _plain_floats(a.values()) for a in fields["attempts"]
     ):
         try:
             raw = _dumps(fields)
