@@ -114,6 +114,10 @@ class _AiohttpBody(httpx.AsyncByteStream):
         except Exception as exc:
             raise _translate(exc) from exc
 
+    def ended(self) -> bool:
+        """The whole body was read (aiohttp has its end and nothing left in its buffer)."""
+        return self._content.at_eof()
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while chunk := await self.read_chunk():
             yield chunk
@@ -461,8 +465,12 @@ async def drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
     """After the terminator, read what little is left so the connection can be reused.
 
     The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
-    that keeps sending gets its connection closed instead.
+    that keeps sending gets its connection closed instead. A body aiohttp has
+    already seen the end of has nothing left to read: no timer, no read.
     """
+    body = getattr(read, "__self__", None)
+    if isinstance(body, _AiohttpBody) and body.ended():
+        return
     try:
         async with asyncio.timeout(0.05):
             while chunk := await read():

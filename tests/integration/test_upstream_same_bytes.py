@@ -14,7 +14,13 @@ import asyncio
 import aiohttp
 import pytest
 
-from gateway.proxy.upstream import AiohttpTransport, Upstream, create_upstream
+from gateway.proxy.upstream import (
+    AiohttpTransport,
+    Upstream,
+    chunk_reader,
+    create_upstream,
+    drain_for_reuse,
+)
 from tests.integration.raw_upstream import RawRequest, raw_upstream
 
 _HEADERS = [
@@ -89,3 +95,29 @@ def test_the_request_class_sends_what_aiohttp_own_sends(body: bytes) -> None:
         assert ours.body == theirs.body == body
         names = {k.lower() for k, _ in ours.headers}
         assert not names & {b"user-agent", b"accept-encoding", b"content-type"}
+
+
+def test_a_body_read_to_its_end_is_not_drained() -> None:
+    """drain_for_reuse skips a body aiohttp has the end of (nothing left to read), and
+    still drains one whose end has not come yet."""
+
+    async def go(url: str) -> None:
+        upstream = create_upstream("aiohttp", 10, 5.0)
+        try:
+            response = await upstream.send(upstream.request("POST", url + "/v1/x", [], b"{}"))
+            read = chunk_reader(response)
+            body = read.__self__  # type: ignore[attr-defined]
+            assert not body.ended()
+            chunks = []
+            while chunk := await read():
+                chunks.append(chunk)
+            assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
+            assert body.ended()
+            await drain_for_reuse(read)
+            assert await read() == b""
+            await response.aclose()
+        finally:
+            await upstream.aclose()
+
+    with raw_upstream() as up:
+        asyncio.run(go(up.url))

@@ -1617,8 +1617,10 @@ def render_checks(gw: str, checks: list[dict[str, Any]], info: bool = False) -> 
 
 
 def _py_spy() -> str | None:
-    local = ROOT / ".venv" / "bin" / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
+    for local in (ROOT / ".venv" / "bin" / "py-spy", Path(sys.executable).parent / "py-spy"):
+        if local.exists():
+            return str(local)
+    return shutil.which("py-spy")
 
 
 def start_py_spy(
