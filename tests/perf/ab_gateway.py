@@ -16,8 +16,8 @@ warms both up, then drives both at once, ``--conns`` keep-alive connections
 each, for ``--seconds``: 5-event short streams (``stream``, scenario 4's
 load) or plain JSON requests of about 1 KiB each way (``json``, scenario 8's).
 It prints each round's CPU per request of A and B and the ratio B/A, then
-the median ratio; ``--profile FILE`` samples B with py-spy in the last round
-and prints its top functions in microseconds of CPU a request. Every request
+the median ratio; ``--profile FILE`` samples both with py-spy in the last
+round and prints their top functions in microseconds of CPU a request. Every request
 is verified as in ``bench_gateway.py``; a failure fails the run (exit 1).
 """
 
@@ -69,11 +69,19 @@ async def _round(
         gc.collect()
         gc.disable()
         cpu0 = {label: proxy.cpu_seconds() for label, proxy in proxies.items()}
-        spy = None
+        spies = []
         if profile is not None:
-            spy = bg.start_py_spy(
-                proxies["B"].main_pid(), profile, "raw", opts.rate, int(opts.seconds), []
-            )
+            spies = [
+                bg.start_py_spy(
+                    proxy.main_pid(),
+                    _profile_path(profile, label),
+                    "raw",
+                    opts.rate,
+                    int(opts.seconds),
+                    [],
+                )
+                for label, proxy in proxies.items()
+            ]
         try:
             await asyncio.gather(
                 *(
@@ -85,7 +93,7 @@ async def _round(
             )
         finally:
             gc.enable()
-            if spy is not None:
+            for spy in spies:
                 bg.stop_py_spy(spy)
         await asyncio.sleep(0.3)  # the access log's flush, the metrics
         out: dict[str, dict[str, float]] = {}
@@ -132,7 +140,9 @@ async def main_async(opts: argparse.Namespace, base: Path) -> int:
                 if result[label].get("failures"):
                     print(f"  {label} failures: {result[label]['failures']}")
             if profile is not None:
-                print(render_profile(profile, b["cpu_us_per_request"], opts.top))
+                for label in ("A", "B"):
+                    cpu_us = result[label]["cpu_us_per_request"]
+                    print(render_profile(_profile_path(profile, label), label, cpu_us, opts.top))
     print(
         f"{opts.mode}: CPU per request B/A median x{statistics.median(ratios):.3f} "
         f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds"
@@ -140,11 +150,15 @@ async def main_async(opts: argparse.Namespace, base: Path) -> int:
     return 1 if failed else 0
 
 
-def render_profile(raw: Path, cpu_us: float, top: int) -> str:
-    """B's py-spy profile as microseconds of CPU a request: each function's share of the
-    samples (self, then inclusive) times B's CPU per request in the same round."""
+def _profile_path(profile: Path, label: str) -> Path:
+    return profile.with_name(f"{profile.stem}-{label}{profile.suffix}")
+
+
+def render_profile(raw: Path, label: str, cpu_us: float, top: int) -> str:
+    """A py-spy profile as microseconds of CPU a request: each function's share of the
+    samples (self, then inclusive) times that version's CPU per request in the round."""
     summary = bg.summarize_profile(raw, top)
-    lines = [f"B's profile: {summary['samples']} samples, {cpu_us:.0f} us of CPU a request"]
+    lines = [f"{label}'s profile: {summary['samples']} samples, {cpu_us:.0f} us of CPU a request"]
     lines.append(f"  top {top} by self time (us a request, % of samples):")
     lines += [f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["self"]]
     lines.append(f"  top {top} by inclusive time:")
@@ -164,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--conns", type=int, default=32, help="connections per version")
     parser.add_argument(
-        "--profile", default="", metavar="FILE", help="py-spy B in the last round (raw stacks)"
+        "--profile",
+        default="",
+        metavar="FILE",
+        help="py-spy A and B in the last round (raw stacks in FILE-A, FILE-B)",
     )
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
