@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.guard import Reason
 from gateway.guard.verdict import Outcome, Usage, Verdict
-from gateway.observe.accesslog import encode_line, log_fields
+from gateway.observe.accesslog import FLOAT_FIELDS, encode_line, log_fields
 from gateway.observe.record import Attempt, RequestRecord
 from gateway.policy.failover import Result
 
@@ -113,3 +113,21 @@ def test_the_fast_path_is_taken_for_a_usual_record() -> None:
     record.attempts = [Attempt("a", Result.OK, 0.01)]
     fields = log_fields(record)
     assert encode_line(fields) == orjson.dumps(fields).decode() == _stdlib(fields)
+
+
+def _floats(value: object, where: str) -> list[str]:
+    if isinstance(value, float):
+        return [where]
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in _floats(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [f for v in value for f in _floats(v, f"{where}[]")]
+    return []
+
+
+@given(records(_ASCII))
+def test_every_float_of_a_line_is_where_encode_line_checks(record: RequestRecord) -> None:
+    """encode_line checks the floats it knows of: a field added with a float elsewhere
+    must be added to FLOAT_FIELDS (or the check would let an exponent form through)."""
+    known = {f".{key}" for key in FLOAT_FIELDS} | {".attempts[].duration_ms"}
+    assert set(_floats(log_fields(record), "")) <= known
