@@ -200,6 +200,7 @@ class _Gateway:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, previous)
             await upstream.aclose()
+            self.relay.bodies.close()  # the body parser's helper process, if it started
             self.access_log.flush()
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)
@@ -231,6 +232,15 @@ class _Gateway:
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
+        # Its Ollama API as the documented route fronts one: ollama.Client(host=<gateway>).
+        ollama = RouteConfig(
+            name="simulator-ollama",
+            prefix="/api",
+            upstream=f"http://127.0.0.1:{running.port}/api",
+            protocol="ollama",
+        )
+        self._add_route(ProxyRoute(config=ollama, timeouts=self.settings.timeouts))
+        log.info("simulator: its Ollama API (/api/chat, /api/generate) is served under /api")
         return running
 
     def edge_refused(self, refusal: EdgeRefusal) -> None:
@@ -346,6 +356,12 @@ class _Gateway:
             counts=board.counts(),
             incomplete=list(reversed(board.incomplete)),
             config=redacted(self.settings),
+            pools=[
+                (route.name, endpoint.name, endpoint.priority, str(route.pool.state(i)))
+                for route in self.routes
+                if len(route.endpoints) > 1
+                for i, endpoint in enumerate(route.endpoints)
+            ],
         )
 
 

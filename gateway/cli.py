@@ -343,9 +343,15 @@ def serve(settings: Settings) -> None:
         "backlog": 4096,
     }
     if settings.workers > 1:
+        from gateway.supervisor import run_workers
+
         export_for_workers(settings)
-        uvicorn.run(
-            "gateway.app:create_worker_app", factory=True, workers=settings.workers, **common
+        # uvicorn.run's own path for workers, with a supervisor that takes a killed
+        # worker's live gauges out of the metrics (uvicorn's has no hook for it).
+        run_workers(
+            uvicorn.Config(
+                "gateway.app:create_worker_app", factory=True, workers=settings.workers, **common
+            )
         )
         return
     from gateway.app import create_app

@@ -15,9 +15,11 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
   dropped: they never join the request's headers.
 - ``timeouts.client_header`` to receive a whole head (from the opening of
   the connection for its first request, from the first byte for later ones)
-  and ``timeouts.client_body`` between two reads of a body, else 408. Waits
-  that are the gateway's (reading paused, ``100 Continue`` not sent yet) do
-  not count. A connection that sends nothing is closed without an answer.
+  and ``timeouts.client_body`` between two reads of a body, else 408; a whole
+  body within ``timeouts.client_body_total`` of its head's end, however it
+  trickles, else 408 (``body_too_slow``). Waits that are the gateway's
+  (reading paused, ``100 Continue`` not sent yet) do not count. A connection
+  that sends nothing is closed without an answer.
   One timer per connection re-arms itself from stamped times, as in
   ``deadlines.py``: a read stores a float, it reschedules nothing.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
@@ -115,6 +117,7 @@ class EdgeConfig:
     max_header_fields: int
     client_header: float
     client_body: float
+    client_body_total: float
     reject: Callable[[str], None]  # every refusal's reason, for the metric
     log: Callable[[EdgeRefusal], None]  # a refused request the app never saw
 
@@ -131,6 +134,7 @@ class EdgeConfig:
             max_header_fields=limits.max_header_fields,
             client_header=timeouts.client_header,
             client_body=timeouts.client_body,
+            client_body_total=timeouts.client_body_total,
             reject=reject,
             log=log,
         )
@@ -178,6 +182,7 @@ _TOO_LARGE = _Refusal(
 )
 _HEAD_TIMEOUT = _Refusal(408, "client_timeout", "The request head did not arrive in time.")
 _BODY_TIMEOUT = _Refusal(408, "client_timeout", "The request body stalled.")
+_BODY_TOO_SLOW = _Refusal(408, "body_too_slow", "The request body did not arrive in time.")
 _INVALID = _Refusal(400, "invalid_http", "The request is not valid HTTP/1.1.")
 _METHOD = _Refusal(
     405, "method_not_allowed", "CONNECT and TRACE are not served.", ((b"allow", _ALLOW),)
@@ -214,6 +219,7 @@ class EdgeProtocol(HttpToolsProtocol):
     # connection than a dict of all of them).
     __slots__ = (
         "_abort_extension",
+        "_body_since",
         "_discard",
         "_edge",
         "_fed",
@@ -246,6 +252,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._max_bytes = _DEFAULT.max_header_bytes
         self._phase = _HEAD
         self._since = 0.0  # head: when it began; body: the last read
+        self._body_since = 0.0  # body: when its head ended (its whole-body clock)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._open = True  # a header section (head or trailers) is arriving
@@ -412,8 +419,9 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._phase = _BODY
         self._open = False
-        self._since = self.loop.time()
-        self._arm(self._since + self._edge.client_body)
+        self._since = self._body_since = self.loop.time()
+        edge = self._edge
+        self._arm(self._since + min(edge.client_body, edge.client_body_total))
 
     def on_chunk_header(self) -> None:
         # The last chunk's header opens the trailers; any other chunk's data closes it.
@@ -455,9 +463,14 @@ class EdgeProtocol(HttpToolsProtocol):
             refusal = _HEAD_TIMEOUT
         elif self._phase == _BODY:
             if self.flow.read_paused or self.cycle.waiting_for_100_continue:
-                self._since = now  # the gateway's wait, not the client's
+                # the gateway's wait, not the client's: its time is given back
+                self._body_since += now - self._since
+                self._since = now
             deadline = self._since + self._edge.client_body
             refusal = _BODY_TIMEOUT
+            total = self._body_since + self._edge.client_body_total
+            if total < deadline:
+                deadline, refusal = total, _BODY_TOO_SLOW
         else:
             return
         if now >= deadline:

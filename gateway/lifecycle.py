@@ -4,28 +4,83 @@ The relay registers every in-flight exchange here. On SIGTERM the gateway
 stops being ready at once, refuses new requests, gives in-flight streams up
 to the drain timeout, then stops the rest with ``gateway_shutdown`` so that
 each still gets its incomplete annotation (never a silent cut).
+
+The process is in one ``State`` at a time (after h11's ``_state.py``):
+``starting`` until the server is up, ``ready``, ``draining`` from SIGTERM,
+``stopped`` at the end. ``_TRANSITIONS`` is every move allowed; any other
+is a ``LifecycleError``, never a silent state mix (``ready`` and
+``draining`` read the state, they are not two flags that could disagree).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable
 
-__all__ = ["Lifecycle"]
+__all__ = ["Lifecycle", "LifecycleError", "State"]
 
 log = logging.getLogger("gateway")
+
+
+class State(enum.StrEnum):
+    """Where the process is in its life (``/readyz`` reports it)."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+#: Every allowed move; staying in a state is always allowed (a no-op).
+_TRANSITIONS: dict[State, frozenset[State]] = {
+    State.STARTING: frozenset({State.READY, State.DRAINING, State.STOPPED}),
+    State.READY: frozenset({State.DRAINING, State.STOPPED}),
+    State.DRAINING: frozenset({State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+
+
+class LifecycleError(RuntimeError):
+    """A lifecycle transition the table does not allow (a bug in the caller)."""
 
 
 class Lifecycle:
     def __init__(self, drain_timeout: float) -> None:
         self.drain_timeout = drain_timeout
-        self.ready = False
-        self.draining = False
+        self._state = State.STARTING
         self._inflight: dict[object, Callable[[], None]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._drain_task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def move(self, to: State) -> None:
+        """Go to ``to``; a move ``_TRANSITIONS`` does not allow raises ``LifecycleError``."""
+        if to is self._state:
+            return
+        if to not in _TRANSITIONS[self._state]:
+            raise LifecycleError(f"lifecycle: {self._state} -> {to} is not allowed")
+        self._state = to
+
+    @property
+    def ready(self) -> bool:
+        """Whether the process takes work (``/readyz``)."""
+        return self._state is State.READY
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        # Kept for the server's start and end: True is "started", False is "stopped".
+        self.move(State.READY if value else State.STOPPED)
+
+    @property
+    def draining(self) -> bool:
+        """Whether new work is refused: draining, or already stopped."""
+        return self._state is State.DRAINING or self._state is State.STOPPED
 
     @property
     def inflight(self) -> int:
@@ -52,8 +107,7 @@ class Lifecycle:
         """
         if self.draining:
             return
-        self.ready = False
-        self.draining = True
+        self.move(State.DRAINING)
         log.info(
             "draining: %d request(s) in flight, up to %.1fs", self.inflight, self.drain_timeout
         )

@@ -146,6 +146,9 @@ class Timeouts(_Strict):
     client_body: float = Field(
         30.0, gt=0, description="Client edge: longest gap between two reads of a body (408)."
     )
+    client_body_total: float = Field(
+        300.0, gt=0, description="Client edge: to receive a whole request body (408)."
+    )
 
 
 class RouteTimeouts(_Strict):
@@ -186,7 +189,9 @@ class Limits(_Strict):
 #: connect timeout, a first-byte timeout, a 429, a 5xx, or an answer that ends or breaks
 #: before its first event. ``first_byte_timeout`` is opt-in: the slow upstream may have
 #: started (and will bill) the generation the retry asks another one for.
-RetryCause = Literal["connect", "first_byte_timeout", "429", "5xx", "early_eof"]
+#: ``context_length`` is opt-in too: a 400 saying the prompt is too long, retried on a
+#: higher priority tier only (a larger-context model).
+RetryCause = Literal["connect", "first_byte_timeout", "429", "5xx", "early_eof", "context_length"]
 DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof")
 #: An upstream's name: a bounded metric label.
 _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -213,9 +218,21 @@ class UpstreamConfig(_Strict):
     )
     credential_style: CredentialStyleName = "auto"
     weight: int = Field(1, ge=1, le=10000, description="Share of the load (least outstanding).")
+    priority: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Tier: traffic goes to the lowest tier with an available upstream.",
+    )
+    continuation: Literal["none", "assistant_prefill", "continue_final_message", "prefix"] = Field(
+        "none",
+        description="How this upstream continues a partial answer after a cut "
+        "(routes with continue_after_cut).",
+    )
     models: dict[str, str] = Field(
         default_factory=dict,
-        description="Client model name -> the name this upstream wants (rewrites the body).",
+        description="Client model name -> the name this upstream wants (rewrites the body); "
+        '"*": the name for every model not listed.',
     )
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
 
@@ -283,6 +300,11 @@ class RouteConfig(_Strict):
         "auto", description="Contract; auto: by the path's last segment."
     )
     require_finish_reason: bool = True
+    termination: Literal["done", "finish"] = Field(
+        "done",
+        description='How a Chat or Completions stream ends: "done" ([DONE]); "finish": '
+        "a clean end once every choice finished, for servers that never send [DONE].",
+    )
     inject_include_usage: bool = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
@@ -317,6 +339,26 @@ class RouteConfig(_Strict):
     eject_max_seconds: float = Field(300.0, gt=0, description="Longest ejection.")
     max_ejected_percent: int = Field(
         50, ge=0, le=100, description="At most this share of a pool is ejected (never all)."
+    )
+    retry_backoff_seconds: float = Field(
+        0.25,
+        gt=0,
+        le=2,
+        description="Wait before a retry on the same upstream; doubles, at most 2 s.",
+    )
+    continue_after_cut: bool = Field(
+        False,
+        description="A stream cut after some text reached the client is continued by an "
+        "upstream that can (its continuation key), as the same stream.",
+    )
+    max_continuations: int = Field(
+        1, ge=0, le=5, description="Continuations of one answer, at most."
+    )
+    max_retry_after_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="A Retry-After up to this is waited out on the same upstream; "
+        "a longer one sends the retry to the next tier.",
     )
 
     @field_validator("client_key_sha256")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["anthropic", "genai", "genai_errors", "genai_types", "openai"]
+__all__ = ["anthropic", "genai", "genai_errors", "genai_types", "ollama", "openai"]
 
 
 class _OnFirstUse:
@@ -33,6 +33,7 @@ class _OnFirstUse:
 
 anthropic: Any = _OnFirstUse("anthropic")
 openai: Any = _OnFirstUse("openai")
+ollama: Any = _OnFirstUse("ollama")
 genai: Any = _OnFirstUse("google.genai")
 genai_errors: Any = _OnFirstUse("google.genai.errors")
 genai_types: Any = _OnFirstUse("google.genai.types")

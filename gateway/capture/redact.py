@@ -1,4 +1,4 @@
-"""Redaction of a captured event stream: no text left, every byte offset kept.
+"""Redaction of a captured stream (SSE or NDJSON): no text left, every byte offset kept.
 
 The output has exactly the length of the input and its line ends in the same
 places, so the original chunk boundaries still fall where they fell, and the
@@ -26,6 +26,8 @@ and what goes:
   Inside free-form objects (``args``, ``input``, ``metadata``) keys are
   content too and are masked like values, and so are the digits of numbers.
 * Data that is not JSON is replaced whole, except the ``[DONE]`` terminator.
+* NDJSON (``redact(data, "ndjson")``): every line is one event's data, masked
+  as above; line ends and blank lines stay.
 
 Works on the bytes the upstream sent, so text cut mid-character or invalid
 UTF-8 is handled like the guard handles it (as U+FFFD, never an error). The
@@ -58,14 +60,16 @@ STRUCTURAL_KEYS = frozenset(
         "stop_reason",
         "finishReason",
         "blockReason",
+        "done_reason",  # Ollama
     }
 )
 #: Keys whose string values are JSON text sent in pieces (tool-call arguments).
 ARGUMENT_KEYS = frozenset({"arguments", "partial_json"})
 #: Responses API events whose ``delta`` string is a piece of tool-call arguments.
 ARGUMENT_DELTA_EVENTS = frozenset({"response.function_call_arguments.delta"})
-#: Objects whose keys are content (tool arguments as an object, metadata).
-FREEFORM_OBJECTS = frozenset({"args", "input", "metadata"})
+#: Objects whose keys are content (tool arguments as an object: Gemini's ``args``,
+#: Ollama's ``arguments``; metadata).
+FREEFORM_OBJECTS = frozenset({"args", "arguments", "input", "metadata"})
 
 _ESCAPES = {
     ord('"'): '"',
@@ -80,9 +84,9 @@ _ESCAPES = {
 _LITERALS = {"t": "true", "f": "false", "n": "null", "N": "NaN", "I": "Infinity"}
 
 
-def redact_stream(data: bytes) -> bytes:
-    """``data`` (an upstream's event-stream bytes) with every text replaced, same length."""
-    return Redactor().stream(data)
+def redact_stream(data: bytes, framing: str = "sse") -> bytes:
+    """``data`` (an upstream's stream in ``framing``) with every text replaced, same length."""
+    return Redactor().redact(data, framing)
 
 
 @dataclass(slots=True)
@@ -189,6 +193,25 @@ class Redactor:
     def __init__(self) -> None:
         self._placeholders: dict[bytes, bytes] = {}
         self._arguments: dict[tuple[object, ...], _ArgumentsMask] = {}
+
+    def redact(self, data: bytes, framing: str) -> bytes:
+        """``data`` redacted by the rules of its framing (a framing's name: ``sse``, ``ndjson``)."""
+        return self.ndjson(data) if framing == "ndjson" else self.stream(data)
+
+    # -- NDJSON -----------------------------------------------------------------------
+
+    def ndjson(self, data: bytes) -> bytes:
+        out = bytearray(data)
+        pos, size = 0, len(data)
+        while pos < size:
+            end = data.find(b"\n", pos)
+            if end < 0:
+                end = size  # a last line the stream never ended
+            stop = end - 1 if end > pos and data[end - 1] == 0x0D else end
+            if data[pos:stop].strip():
+                self._block(data, out, [(pos, stop)])
+            pos = end + 1
+        return bytes(out)
 
     # -- SSE --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.capture.fileformat import Capture, CaptureError
-from gateway.guard import Reason, SSEDecoder, StreamGuard, Verdict
+from gateway.guard import Reason, StreamGuard, Verdict
 from gateway.protocols import ContractOptions, spec_for
 
 __all__ = ["RELAY_SIDE_REASONS", "Replayed", "replay"]
@@ -74,7 +74,7 @@ def replay(capture: Capture) -> Replayed:
         require_finish_reason=capture.options.get("require_finish_reason", True) is not False
     )
     limits = capture.limits
-    decoder = SSEDecoder(
+    decoder = spec.framing.new_decoder(
         limits.get("max_line_bytes", 16 * 1024 * 1024),
         limits.get("max_event_bytes", 16 * 1024 * 1024),
     )

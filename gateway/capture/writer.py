@@ -33,6 +33,7 @@ from gateway.capture.redact import Redactor
 from gateway.capture.replay import RELAY_SIDE_REASONS
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
+from gateway.protocols import spec_for
 from gateway.settings import Limits, RouteConfig, Settings
 
 __all__ = ["QUEUE_SIZE", "CaptureWriter"]
@@ -182,7 +183,9 @@ class CaptureWriter:
     def _write(job: _Job) -> None:
         capture = job.capture
         redactor = Redactor()
-        redacted = redactor.stream(b"".join(data for _, data in capture.chunks))
+        redacted = redactor.redact(
+            b"".join(data for _, data in capture.chunks), _framing(capture.protocol)
+        )
         chunks, offset = [], 0
         for at, data in capture.chunks:
             chunks.append((at, redacted[offset : offset + len(data)]))
@@ -197,6 +200,14 @@ class CaptureWriter:
         temporary.write_text(text, encoding="ascii")
         os.replace(temporary, directory / name)
         _evict(directory, job.max_files)
+
+
+def _framing(protocol: str) -> str:
+    """The framing of a captured protocol's stream (the registry's; SSE if unknown)."""
+    try:
+        return spec_for(protocol).framing.name
+    except ValueError:
+        return "sse"
 
 
 def _utc_now() -> str:

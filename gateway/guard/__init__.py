@@ -1,17 +1,21 @@
 """The sans-IO core: bytes in, events and a verdict out.
 
 Nothing in this package does I/O, reads a clock or imports the rest of the
-gateway. ``sse`` decodes the event stream, one contract per protocol family
-judges it, ``StreamGuard`` decides which bytes may be forwarded, and
+gateway. A framing's decoder (``sse``, ``ndjson``) decodes the stream, one
+contract per protocol family judges it, ``StreamGuard`` decides which bytes may be forwarded, and
 ``annotation`` renders the trailer that tells the client the truth.
 """
 
 from gateway.guard.annotation import render_annotation
 from gateway.guard.chat import ChatContract, CompletionsContract
 from gateway.guard.contract import Action, Contract, FramingOnly, Protocol
+from gateway.guard.decoder import Decoder
 from gateway.guard.errors import BudgetExceeded, EventTooLarge, GuardError, LineTooLong
+from gateway.guard.framing import Framing
 from gateway.guard.gemini import GeminiContract, gemini_error_event
 from gateway.guard.messages import MessagesContract
+from gateway.guard.ndjson import NDJSONDecoder
+from gateway.guard.ollama import OllamaContract
 from gateway.guard.responses import ResponsesContract
 from gateway.guard.sse import Event, SSEDecoder
 from gateway.guard.stream import StreamGuard
@@ -23,13 +27,17 @@ __all__ = [
     "ChatContract",
     "CompletionsContract",
     "Contract",
+    "Decoder",
     "Event",
     "EventTooLarge",
+    "Framing",
     "FramingOnly",
     "GeminiContract",
     "GuardError",
     "LineTooLong",
     "MessagesContract",
+    "NDJSONDecoder",
+    "OllamaContract",
     "Outcome",
     "Protocol",
     "Reason",

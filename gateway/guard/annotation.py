@@ -13,6 +13,9 @@ the protocol's own terms (choice, output item, content block) and names the
 reason and the request id, never hosts, keys or text, and never a terminator
 literal (``[DONE]``, ``message_stop``, ``response.completed``): a client that
 looks for one by substring must not take the error for the end of a stream.
+
+A framing without comment lines (NDJSON) gets the error event alone, and a
+complete or upstream-errored stream gets nothing.
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ def incomplete_message(protocol: Protocol, reason: Reason, request_id: str) -> s
     return f"Stream incomplete: {what} ({reason}). request_id={request_id}"
 
 
-def comment_line(verdict: Verdict, request_id: str) -> bytes:
+def comment_line(verdict: Verdict, request_id: str, continued: int = 0) -> bytes:
+    """``: gateway outcome=... reason=... [continued=N] request_id=...``; ``continued``
+    only when the answer was continued after a cut (N > 0)."""
+    more = f" continued={continued}" if continued > 0 else ""
     return (
-        f": gateway outcome={verdict.outcome} reason={verdict.reason} request_id={request_id}\n"
+        f": gateway outcome={verdict.outcome} reason={verdict.reason}{more}"
+        f" request_id={request_id}\n"
     ).encode()
 
 
@@ -80,13 +87,17 @@ def render_annotation(
     request_id: str,
     *,
     last_sequence_number: int | None = None,
+    continued: int = 0,
 ) -> bytes:
+    contract = contract_for(protocol)
+    comments = contract.framing.comments
     if verdict.complete or verdict.error_forwarded:
         # An SDK that rejects comment lines gets none on a complete stream.
         forwarded_error = not verdict.complete
-        if forwarded_error or contract_for(protocol).comment_on_complete:
-            return comment_line(verdict, request_id)
+        if comments and (forwarded_error or contract.comment_on_complete):
+            return comment_line(verdict, request_id, continued)
         return b""
-    return error_event(
+    error = error_event(
         protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number
-    ) + comment_line(verdict, request_id)
+    )
+    return error + comment_line(verdict, request_id, continued) if comments else error

@@ -44,6 +44,10 @@ class _Choice:
     last_slot: int | None = None
 
 
+#: Delta fields that make an answer more than text (not continued after a cut).
+_NOT_TEXT = ("refusal", "reasoning_content", "reasoning", "audio")
+
+
 def _is_done(data: str) -> bool:
     return data == "[DONE]" or data.strip() == "[DONE]"
 
@@ -52,7 +56,10 @@ class ChatContract(Contract):
     """OpenAI Chat Completions stream contract.
 
     ``require_finish_reason=False`` accepts ``[DONE]`` alone for providers that
-    never send a finish reason (some Ollama versions). ``withhold_usage=True``
+    never send a finish reason (some Ollama versions). ``end_on_finish=True``
+    (a route's ``termination = "finish"``) accepts a clean end of the body in
+    place of ``[DONE]`` once every choice has finished, for servers that never
+    send it; every other check stays as strict. ``withhold_usage=True``
     drops usage-only chunks (``choices: []``) from what the client receives,
     for requests where the gateway injected ``include_usage`` itself.
     """
@@ -72,12 +79,19 @@ class ChatContract(Contract):
         require_finish_reason: bool = True,
         withhold_usage: bool = False,
         keep_text: bool = False,
+        end_on_finish: bool = False,
     ) -> None:
         super().__init__()
         self.require_finish_reason = require_finish_reason
+        self.end_on_finish = end_on_finish
         self.withhold_usage = withhold_usage
         self.keep_text = keep_text
         self._choices: dict[int, _Choice] = {}
+        #: With ``keep_text``: the first chunk's id, created, model and
+        #: system_fingerprint (a continuation's chunks are rewritten to them), and
+        #: whether anything but ``content`` (a refusal, reasoning, audio) was seen.
+        self.first_ids: dict[str, Any] = {}
+        self.other_content = False
 
     # -- results for callers that asked for them -----------------------------
 
@@ -113,6 +127,10 @@ class ChatContract(Contract):
             return self._upstream_error()
         if self.model is None:
             self._note_model(obj.get("model"))
+            if self.keep_text and not self.first_ids:
+                self.first_ids = {
+                    k: obj[k] for k in ("id", "created", "model", "system_fingerprint") if k in obj
+                }
         choices = obj.get("choices")
         if choices is None:
             choices = []
@@ -155,6 +173,29 @@ class ChatContract(Contract):
         lowest = min(self.finish_reasons)
         return self._complete(self.normalize(self.finish_reasons[lowest]))
 
+    def continuable(self) -> bool:
+        """Whether the answer so far can be continued by another request: one choice,
+        only text (no tool call, refusal, reasoning or audio), not finished. Reads what
+        the contract keeps with ``keep_text``."""
+        choice = self._choices.get(0)
+        return (
+            self.keep_text
+            and len(self._choices) == 1
+            and choice is not None
+            and choice.finish is None
+            and not choice.tools
+            and not self.other_content
+            and bool(choice.text)
+        )
+
+    def _on_clean_end(self) -> None:
+        if (
+            self.end_on_finish
+            and self._choices
+            and all(c.finish is not None for c in self._choices.values())
+        ):
+            self._on_done()
+
     def _content_of(self, choice: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
         """Text pieces and raw tool-call deltas of one choice (chat: from ``delta``)."""
         delta = choice.get("delta")
@@ -171,6 +212,8 @@ class ChatContract(Contract):
                 raise self._reject(Reason.INVALID_SHAPE, f"delta.{key} is not a string")
             if value:
                 pieces.append(value)
+        if self.keep_text and not self.other_content:
+            self.other_content = any(delta.get(key) for key in _NOT_TEXT)
         tools = delta.get("tool_calls")
         legacy = delta.get("function_call")
         if tools is None and isinstance(legacy, dict):

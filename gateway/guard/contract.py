@@ -14,8 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from gateway.guard.decoder import Event
+from gateway.guard.framing import SSE, Framing
 from gateway.guard.jsonparse import loads
-from gateway.guard.sse import Event
 from gateway.guard.verdict import FINISH_REASONS, Outcome, Reason, Usage, Verdict
 
 __all__ = [
@@ -39,6 +40,7 @@ class Protocol(enum.StrEnum):
     RESPONSES = "responses"
     MESSAGES = "messages"
     GEMINI = "gemini"
+    OLLAMA = "ollama"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 
@@ -111,10 +113,12 @@ class Contract(abc.ABC):
     A contract class is the guard's whole knowledge of its protocol: how a
     stream ends (``_on_event``), its finish-reason table, its wording of the
     incomplete reasons, the shape of the error event that makes its SDKs
-    raise, and whether a complete stream may carry the comment line.
+    raise, its framing, and whether a complete stream may carry the comment line.
     """
 
     protocol: ClassVar[Protocol]
+    #: How the stream is cut into events (SSE unless the protocol says otherwise).
+    framing: ClassVar[Framing] = SSE
     #: Provider finish/stop reason -> the bounded vocabulary (unknown ones are ``other``).
     finish_table: ClassVar[Mapping[str, Reason]] = FINISH_REASONS
     #: This protocol's own terms for incomplete reasons, over the common wording.
@@ -174,8 +178,16 @@ class Contract(abc.ABC):
             self._conclude(Outcome.INCOMPLETE, rejected.reason, rejected.detail)
             return Action.REJECT
 
-    def on_eof(self) -> Verdict:
-        """The upstream ended cleanly; returns the verdict (``missing_done`` if unfinished)."""
+    def on_eof(self, *, clean: bool = True) -> Verdict:
+        """The upstream ended; returns the verdict (``missing_done`` if unfinished).
+
+        ``clean``: the body ended at an event boundary (no unfinished event), so
+        a contract that may end without its terminator (``_on_clean_end``) may."""
+        if self.verdict is None and clean:
+            try:
+                self._on_clean_end()
+            except _Rejected as rejected:
+                self._conclude(Outcome.INCOMPLETE, rejected.reason, rejected.detail)
         if self.verdict is None:
             self._conclude(
                 Outcome.INCOMPLETE, Reason.MISSING_DONE, "the stream ended before its terminator"
@@ -195,6 +207,10 @@ class Contract(abc.ABC):
         return self.verdict
 
     # -- for subclasses -------------------------------------------------------
+
+    def _on_clean_end(self) -> None:
+        """A clean end before the terminator: conclude here to accept it (default: not)."""
+        return None
 
     @abc.abstractmethod
     def _on_event(self, event: Event) -> Action: ...
@@ -262,7 +278,7 @@ class FramingOnly(Contract):
     def _on_event(self, event: Event) -> Action:
         return Action.FORWARD
 
-    def on_eof(self) -> Verdict:
+    def on_eof(self, *, clean: bool = True) -> Verdict:
         if self.verdict is None:
             self._conclude(Outcome.COMPLETE, Reason.OTHER, "")
         assert self.verdict is not None

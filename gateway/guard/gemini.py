@@ -330,7 +330,7 @@ class GeminiContract(Contract):
             self.content_events += 1
         return Action.FORWARD
 
-    def on_eof(self) -> Verdict:
+    def on_eof(self, *, clean: bool = True) -> Verdict:
         """The upstream closed the stream: Gemini's only end-of-stream signal."""
         if self.verdict is None:
             self._conclude_at_eof()

@@ -123,6 +123,24 @@ class MessagesContract(Contract):
         """The assembled text of all text blocks (only with ``keep_text=True``)."""
         return "".join(self._text)
 
+    def continuable(self) -> bool:
+        """Whether the answer so far can be continued by a prefilled request: only text
+        blocks, the last one still open, the message not stopped (``keep_text``)."""
+        last = self._last_block
+        return (
+            self.keep_text
+            and bool(self._text)
+            and self._stop_reason is None
+            and last is not None
+            and self._blocks[last].open
+            and all(block.type == "text" for block in self._blocks.values())
+        )
+
+    @property
+    def open_block(self) -> int:
+        """The index of the block a continuation goes on with (the last one started)."""
+        return self._last_block if self._last_block is not None else 0
+
     def tool_call_arguments(self) -> list[tuple[str, str, str]]:
         """(id, name, input JSON) of each ``tool_use`` block, in index order."""
         return [

@@ -15,11 +15,17 @@ one; text deltas are strings and never follow their output item's
 ``response.output_item.done``; function-call arguments, assembled per output
 item, are valid JSON when the call finishes
 (``response.function_call_arguments.done``, ``response.output_item.done``) and
-at ``response.completed``. Unknown event types are forwarded and ignored (the
-API adds new ones often).
+at ``response.completed``. At ``response.completed`` every output item that
+was added has had its ``response.output_item.done``, and every item of the
+model's own (message, function or custom tool call, reasoning) that the
+response lists has status ``completed`` or none, else ``missing_finish``; a
+hosted tool call's status is the tool's (real streams end with an image
+generation still ``generating``), not checked.
+Unknown event types are forwarded and ignored (the API adds new ones often).
 
 Memory: counters, the arguments of each function call, the set of finished
-output indices, and the text only with ``keep_text=True``. Terminal events are
+output indices (and of those added and not yet done), and the text only with
+``keep_text=True``. Terminal events are
 read for their status, output item types and usage, never stored.
 """
 
@@ -54,6 +60,12 @@ _TEXT_DELTAS = frozenset(
 )
 #: Output item types that ask the client to run a tool (finish ``tool_calls``).
 _CLIENT_TOOL_ITEMS = frozenset({"function_call", "custom_tool_call"})
+
+#: Output items the model itself writes: in ``response.completed`` each has status
+#: ``completed`` (or none: the API's reasoning items often carry none, or null).
+#: A hosted tool call's status is the tool's, not the answer's: real complete streams
+#: end with an ``image_generation_call`` still ``generating``, or a search ``failed``.
+_MODEL_ITEMS = frozenset({"message", "function_call", "custom_tool_call", "reasoning"})
 
 _INCOMPLETE: dict[str, Reason] = {
     "max_output_tokens": Reason.LENGTH,
@@ -124,6 +136,7 @@ class ResponsesContract(Contract):
         self._other_tool_items = 0  # client tool calls other than function calls
         self._output_tool_items = 0  # client tool calls listed by response.completed
         self._finished_items: set[int] = set()
+        self._open_items: set[int] = set()  # added, and no output_item.done yet
         self._text: list[str] = []
 
     # -- results for callers that asked for them -----------------------------
@@ -297,6 +310,9 @@ class ResponsesContract(Contract):
                     setattr(call, attr, value)
         elif kind in _CLIENT_TOOL_ITEMS:
             self._other_tool_items += 1
+        index = obj.get("output_index")
+        if _is_index(index) and index not in self._finished_items:
+            self._open_items.add(index)
 
     def _on_item_done(self, obj: dict[str, Any]) -> None:
         item = self._item_of(obj)
@@ -307,6 +323,7 @@ class ResponsesContract(Contract):
         index = obj.get("output_index")
         if _is_index(index):
             self._finished_items.add(index)
+            self._open_items.discard(index)
 
     # -- terminal events ---------------------------------------------------------
 
@@ -340,11 +357,21 @@ class ResponsesContract(Contract):
         for call in self._calls.values():
             if not call.finished and call.arguments:  # deltas but no .done event
                 self._finish_call(call, None)
+        if self._open_items:
+            raise self._reject(
+                Reason.MISSING_FINISH,
+                f"output item {min(self._open_items)} was added but never done",
+            )
         listed = 0
-        for item in output:
+        for index, item in enumerate(output):
             if not isinstance(item, dict):
                 raise self._reject(Reason.INVALID_SHAPE, "a response.output item is not an object")
             kind = item.get("type")
+            status = item.get("status")
+            if status is not None and status != "completed" and kind in _MODEL_ITEMS:
+                raise self._reject(
+                    Reason.MISSING_FINISH, f"output item {index} ({kind}) is {status!r}"
+                )
             if kind == "function_call":
                 arguments = item.get("arguments")
                 if isinstance(arguments, str):

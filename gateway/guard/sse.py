@@ -33,8 +33,7 @@ Invalid UTF-8 becomes U+FFFD, never an exception.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from gateway.guard.decoder import Decoder, Event
 from gateway.guard.errors import EventTooLarge, GuardError, LineTooLong
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_MAX_LINE_BYTES", "Event", "SSEDecoder"]
@@ -49,38 +48,10 @@ _COLON = 0x3A
 _SPACE = 0x20
 
 
-class Event(NamedTuple):
-    """One dispatched server-sent event (immutable).
-
-    ``start`` is the stream offset of the first byte of the event's block;
-    ``end`` is the offset after the terminator (LF, CR or CRLF) of the blank
-    line that dispatched it. Neither takes part in equality or hashing.
-
-    A named tuple rather than a frozen dataclass because building one is
-    several times cheaper, and the decoder builds one per event.
-    """
-
-    event: str = "message"
-    data: str = ""
-    id: str = ""
-    retry: int | None = None
-    start: int = 0
-    end: int = 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Event) and self[:4] == other[:4]
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(self[:4])
-
-
 _new_event = tuple.__new__
 
 
-class SSEDecoder:
+class SSEDecoder(Decoder):
     """Incremental event-stream decoder with byte budgets.
 
     ``feed(chunk)`` returns the events completed by that chunk; ``close()``
@@ -96,10 +67,10 @@ class SSEDecoder:
     ) -> None:
         if max_line_bytes < 1 or max_event_bytes < 1:
             raise ValueError("budgets must be positive")
+        super().__init__()
         self.max_line_bytes = max_line_bytes
         self.max_event_bytes = max_event_bytes
         self._max_block_bytes = 2 * max_event_bytes + max_line_bytes
-        self._received = 0  # total bytes fed
         #: the unfinished line (no terminator yet), as the pieces that brought it
         self._tail: list[bytes] = []
         self._tail_len = 0
@@ -110,7 +81,6 @@ class SSEDecoder:
         #: offset of a blank line ended by a CR that was the last byte seen: it is
         #: interpreted once the next byte tells whether its terminator is CR or CRLF
         self._blank_pending: int | None = None
-        self._boundary = 0
         self._block_start: int | None = None  # offset of the open block's first line
         self._data: list[bytes] = []
         self._has_data = False
@@ -118,30 +88,12 @@ class SSEDecoder:
         self._event_type = b""
         self._block_retry: int | None = None
         self._error: GuardError | None = None
-        #: After a GuardError: the events the failing ``feed`` completed before the
-        #: offending line (they are whole and valid; the caller may still judge them).
-        self.events_before_error: list[Event] = []
         #: The last event ID string, carried from event to event (spec: never reset).
         self.last_event_id = ""
         #: The reconnection time in milliseconds, if the stream set one.
         self.retry: int | None = None
 
     # -- public state ---------------------------------------------------------
-
-    @property
-    def boundary(self) -> int:
-        """Offset up to which the input is whole blocks and whole comment lines."""
-        return self._boundary
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes received after ``boundary`` (an unfinished line or block)."""
-        return self._received - self._boundary
-
-    @property
-    def received(self) -> int:
-        """Total bytes fed so far."""
-        return self._received
 
     @property
     def in_block(self) -> bool:

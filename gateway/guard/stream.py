@@ -1,11 +1,14 @@
 """StreamGuard: which upstream bytes may reach the client, and the stream's verdict.
 
-It joins the SSE decoder and one protocol contract and does the byte
-bookkeeping of the wire contract (docs/wire-contract.md, "Event-aligned
-relay" and "Withheld events"): ``feed(chunk)`` returns the bytes that are
-safe to forward now, which are always whole blocks and whole comment lines,
+It joins the decoder of the contract's framing (SSE, NDJSON) and one
+protocol contract and does the byte bookkeeping of the wire contract
+(docs/wire-contract.md, "Event-aligned relay" and "Withheld events"):
+``feed(chunk)`` returns the bytes that are safe to forward now, which are
+always whole blocks and whole comment lines (NDJSON: whole lines),
 never a fragment of an event, never an event the contract rejected or
-withheld. It holds at most one chunk plus one unfinished event.
+withheld, never an upstream comment line that begins with the annotation's
+prefix (``: gateway``; counted in ``forged_comments``): the annotation is the
+gateway's word alone. It holds at most one chunk plus one unfinished event.
 
 Sans-IO: the relay owns sockets and clocks and tells the guard when the
 upstream ended (``eof``) or when the stream must stop for a reason only the
@@ -16,11 +19,23 @@ from __future__ import annotations
 
 from gateway.guard.annotation import render_annotation
 from gateway.guard.contract import Action, Contract
+from gateway.guard.decoder import Decoder, Event
 from gateway.guard.errors import GuardError
-from gateway.guard.sse import Event, SSEDecoder
+from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["StreamGuard"]
+
+#: Every line the annotation writes holds this word; a forwarded read without it
+#: needs no closer look.
+_MARK = b"gateway"
+
+
+def _forged(line: bytes) -> bool:
+    """A comment line whose text begins with the word ``gateway`` (the annotation's
+    prefix, whatever the spacing after the colon): only the gateway may write one."""
+    text = line[1:].lstrip(b" \t")
+    return text.startswith(b"gateway") and text[7:8] in (b"", b" ", b"\t", b"\r", b"\n")
 
 
 class StreamGuard:
@@ -29,18 +44,29 @@ class StreamGuard:
     def __init__(
         self,
         contract: Contract,
-        decoder: SSEDecoder | None = None,
+        decoder: Decoder | None = None,
         *,
         max_stream_bytes: int | None = None,
     ) -> None:
         self.contract = contract
-        self.decoder = decoder if decoder is not None else SSEDecoder()
+        self.decoder = (
+            decoder
+            if decoder is not None
+            else contract.framing.new_decoder(DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_EVENT_BYTES)
+        )
         self.max_stream_bytes = max_stream_bytes
         self._held = b""  # bytes received but not yet forwarded or dropped
         self._held_start = 0  # stream offset of the first held byte
         self.forwarded_bytes = 0
         #: Bytes that became forwardable only at the end of the upstream body (``eof``).
         self.final = b""
+        #: Upstream comment lines dropped because they began with the annotation's prefix.
+        self.forged_comments = 0
+        #: Set by a route that continues cut streams: the upstream's own error event
+        #: is not forwarded when it is judged but kept in ``withheld``, and sent before
+        #: the annotation only when no continuation takes the stream over.
+        self.withhold_errors = False
+        self.withheld = b""
 
     @property
     def verdict(self) -> Verdict | None:
@@ -105,6 +131,11 @@ class StreamGuard:
                 cursor = event.end
                 continue
             stop = event.end if action is Action.FINISH else event.start
+            verdict = self.contract.verdict
+            if self.withhold_errors and verdict is not None and verdict.error_forwarded:
+                # The upstream's own error event waits while a continuation is tried.
+                self.withheld = held[event.start - base : event.end - base]
+                stop = event.start
             break
         upto = stop if stop is not None else self.decoder.boundary
         out.append(held[cursor - base : upto - base])
@@ -116,8 +147,21 @@ class StreamGuard:
         if error is not None:
             self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
         data = out[0] if len(out) == 1 else b"".join(out)
+        if _MARK in data:  # rare: a C search per judged read, the filter only on a hit
+            data = self._drop_forged(data)
         self.forwarded_bytes += len(data)
         return data
+
+    def _drop_forged(self, data: bytes) -> bytes:
+        """``data`` (whole lines) without the upstream's comment lines that look like
+        the gateway's own annotation: a client must never read a forged verdict."""
+        kept: list[bytes] = []
+        for line in data.splitlines(keepends=True):
+            if line[:1] == b":" and _forged(line):
+                self.forged_comments += 1
+            else:
+                kept.append(line)
+        return b"".join(kept)
 
     def eof(self) -> Verdict:
         """The upstream body ended cleanly.
@@ -133,8 +177,9 @@ class StreamGuard:
                 events = []
             if events:
                 self.final = self._judge(events, self._held, None)
+        clean = not self._held.strip()  # no unfinished event left over
         self._held = b""
-        return self.contract.on_eof()
+        return self.contract.on_eof(clean=clean)
 
     def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
         """Stop for a reason the relay saw (timeout, disconnect, shutdown, ...).
@@ -145,8 +190,9 @@ class StreamGuard:
         self._held = b""
         return self.contract.abort(reason, detail, force=force)
 
-    def annotation(self, request_id: str) -> bytes:
-        """The trailer the relay appends after the last forwarded byte."""
+    def annotation(self, request_id: str, continued: int = 0) -> bytes:
+        """The trailer the relay appends after the last forwarded byte (``continued``: how
+        many continuations the answer took, after a cut)."""
         verdict = self.contract.verdict
         if verdict is None:
             raise RuntimeError("annotation before the verdict is final")
@@ -155,4 +201,5 @@ class StreamGuard:
             verdict,
             request_id,
             last_sequence_number=self.contract.last_sequence_number,
+            continued=continued,
         )

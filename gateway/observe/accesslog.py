@@ -108,6 +108,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         ],
         "rejected": record.rejected,
         "error": record.error,
+        "continued": record.continued > 0,
     }
 
 

@@ -141,7 +141,9 @@ class ModelLabels:
     """Maps model names onto a bounded set of label values.
 
     A client's claim alone never becomes a label, or an attacker could squat
-    every slot with made-up names. With an explicit allow-list, the client's
+    every slot with made-up names; a claim the configuration names (a key of an
+    upstream's ``models`` map) is bounded, and is the label. With an explicit
+    allow-list, the client's
     model or the upstream's reported one passes when it is on the list; without
     one, the model a 2xx upstream answer reported passes, for the first
     ``limit`` distinct names. Everything else becomes ``other`` (``none`` when
@@ -154,10 +156,18 @@ class ModelLabels:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def label(self, claimed: str | None, reported: str | None = None) -> str:
-        """The label for a request that asked for ``claimed`` and was answered by ``reported``."""
+    def label(
+        self, claimed: str | None, reported: str | None = None, *, configured: bool = False
+    ) -> str:
+        """The label for a request that asked for ``claimed`` and was answered by ``reported``.
+
+        ``configured``: ``claimed`` is named in the configuration (an upstream's
+        ``models`` map), so it is bounded and is the label.
+        """
         if not claimed and not reported:
             return NO_MODEL
+        if configured and claimed and _label_safe(claimed):
+            return claimed
         if self._fixed:
             for model in (claimed, reported):
                 if model and model in self._fixed:
@@ -270,6 +280,12 @@ class Metrics:
             ["route", "upstream", "result"],
             registry=reg,
         )
+        self.continuations = Counter(
+            "gateway_continuations_total",
+            "Streams cut after some text that were continued, by result.",
+            ["route", "upstream", "result"],
+            registry=reg,
+        )
         self.upstream_ejected = Gauge(
             "gateway_upstream_ejected",
             "1 from an upstream's ejection until a probe request succeeds (any worker).",
@@ -288,6 +304,12 @@ class Metrics:
             "gateway_observer_errors_total",
             "Failures of an observer (metrics, access log, tracing, status) on a finished request.",
             ["observer"],
+            registry=reg,
+        )
+        self.forged_annotations = Counter(
+            "gateway_forged_annotations_total",
+            "Upstream comment lines that began with the annotation's prefix, never relayed.",
+            ["route"],
             registry=reg,
         )
         self.captures_written = Counter(
@@ -327,6 +349,10 @@ class Metrics:
         """An upstream was ejected (``out``), or returned by a successful probe."""
         self._child(self.upstream_ejected, route, upstream).set(1 if out else 0)
 
+    def continuation(self, route: str, upstream: str, result: str) -> None:
+        """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_continuable``."""
+        self._child(self.continuations, route, upstream, result).inc()
+
     def upstream_declared(self, route: str, upstream: str) -> None:
         """Show an upstream's gauges at 0 from the start (absent series hide a pool)."""
         self._child(self.upstream_ejected, route, upstream).set(0)
@@ -337,6 +363,9 @@ class Metrics:
 
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
+
+    def forged_annotations_dropped(self, route: str, count: int) -> None:
+        self._child(self.forged_annotations, route).inc(count)
 
     def capture_written(self, route: str) -> None:
         self._child(self.captures_written, route).inc()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.guard.verdict import Usage, Verdict
+from gateway.policy.errors import RequestError
 
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
@@ -54,7 +55,9 @@ class RequestRecord:
     bytes_out: int = 0  # upstream -> client (response body bytes sent, annotation included)
     chunk_gaps: list[float] = field(default_factory=list)
     rejected: str | None = None  # reason label when refused before reaching an upstream
-    error: str | None = None  # short internal classification, never exception text
+    error: RequestError | None = None  # a closed vocabulary, never exception text
+    #: Continuations of a stream cut after some text reached the client.
+    continued: int = 0
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     # Set by a trace hook at the start (gateway.observe.hooks): its handle (a span), ended

@@ -4,7 +4,8 @@
 gathered: live streams, the status board's counts and incomplete streams,
 build and redacted configuration). Every value from outside, and every
 other value too, goes through ``html.escape``: a model name is a client's
-claim and may be any text. No script, no external asset: one inline style
+claim and may be any text, lone surrogates included (they become U+FFFD, so
+the page always encodes as UTF-8). No script, no external asset: one inline style
 sheet and a meta refresh. The response's Content-Security-Policy forbids
 scripts outright, should anything ever slip through.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -75,10 +77,16 @@ class StatusView:
     counts: dict[tuple[str, str], Counter[str]]
     incomplete: Sequence[IncompleteStream]  # newest first
     config: dict[str, Any] = field(default_factory=dict)
+    #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
+    pools: Sequence[tuple[str, str, int, str]] = ()
+
+
+#: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(_SURROGATE.sub("\ufffd", str(value)), quote=True)
 
 
 def _utc(seconds: float) -> str:
@@ -191,6 +199,26 @@ def _counts(view: StatusView) -> str:
     return "".join(parts)
 
 
+def _pools(view: StatusView) -> str:
+    """Each pooled upstream's tier and state in this worker: which one serves now."""
+    if not view.pools:
+        return ""
+    rows = [
+        [
+            _e(route),
+            _e(upstream),
+            _e(tier),
+            f'<span class="bad">{_e(state)}</span>' if state != "in" else _e(state),
+        ]
+        for route, upstream, tier, state in view.pools
+    ]
+    return (
+        '<section id="pools"><h2>Upstream pools</h2>'
+        + _table(["route", "upstream", "priority", "state"], rows, {2})
+        + "</section>"
+    )
+
+
 def _incomplete(view: StatusView) -> str:
     parts = ['<section id="incomplete"><h2>Incomplete streams, newest first</h2>']
     if not view.incomplete:
@@ -266,6 +294,7 @@ def render(view: StatusView) -> str:
             "</p></header>",
             _live(view),
             _counts(view),
+            _pools(view),
             _incomplete(view),
             _build(view),
             "</body></html>",

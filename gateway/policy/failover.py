@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from gateway.guard import Reason, Verdict
+from gateway.policy.errors import RequestError
 from gateway.policy.pool import Health
 
 __all__ = [
     "AttemptFailure",
     "Result",
     "health_of",
+    "is_context_length",
     "result_of_answer",
     "result_of_failure",
     "result_of_held",
     "result_of_status",
+    "retry_after_ms",
     "retry_after_seconds",
     "retryable",
 ]
@@ -41,9 +45,8 @@ __all__ = [
 class AttemptFailure:
     """No response head: why, the status the client gets, and the stream's reason."""
 
-    #: The access log's classification (``connect_error``, ``connect_timeout``,
-    #: ``upstream_bad_response``), or None for a deadline (the reason says which).
-    error: str | None
+    #: The transport's classification, or None for a deadline (the reason says which).
+    error: RequestError | None
     status: int
     reason: Reason
 
@@ -55,6 +58,8 @@ class Result(enum.StrEnum):
     STATUS_429 = "status_429"
     STATUS_5XX = "status_5xx"
     STATUS_4XX = "status_4xx"
+    #: a 400 that says the prompt is too long for the model (opt-in retry on a higher tier)
+    CONTEXT_LENGTH = "context_length"
     EARLY_EOF = "early_eof"
     INCOMPLETE = "incomplete"
 
@@ -66,6 +71,7 @@ _CAUSES = {
     Result.STATUS_429: "429",
     Result.STATUS_5XX: "5xx",
     Result.EARLY_EOF: "early_eof",
+    Result.CONTEXT_LENGTH: "context_length",
 }
 
 #: Incomplete reasons that say nothing about the upstream: the client, the gateway,
@@ -82,6 +88,13 @@ _BLAMELESS = frozenset(
 _TIMEOUTS = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
 
 
+_CONNECT_ERRORS = frozenset({RequestError.CONNECT_ERROR, RequestError.CONNECT_TIMEOUT})
+#: Errors of a relayed body that make its answer incomplete.
+_BROKEN_BODY = frozenset(
+    {RequestError.UPSTREAM_DISCONNECT, RequestError.UPSTREAM_TIMEOUT, RequestError.CLIENT_STALLED}
+)
+
+
 def retryable(result: Result, retry_on: Collection[str]) -> bool:
     """Whether a route with ``retry_on`` retries an attempt that ended as ``result``."""
     cause = _CAUSES.get(result)
@@ -90,7 +103,7 @@ def retryable(result: Result, retry_on: Collection[str]) -> bool:
 
 def result_of_failure(failure: AttemptFailure) -> Result:
     """No response head came back."""
-    if failure.error in ("connect_error", "connect_timeout"):
+    if failure.error in _CONNECT_ERRORS:
         return Result.CONNECT_ERROR
     if failure.error is None:
         return Result.TIMEOUT
@@ -117,7 +130,7 @@ def result_of_held(reason: Reason) -> Result:
     return Result.EARLY_EOF
 
 
-def result_of_answer(status: int, verdict: Verdict | None, error: str | None) -> Result:
+def result_of_answer(status: int, verdict: Verdict | None, error: RequestError | None) -> Result:
     """An answer relayed to the client: its status, a stream's verdict, a body's error."""
     result = result_of_status(status)
     if result is not Result.OK:
@@ -127,18 +140,20 @@ def result_of_answer(status: int, verdict: Verdict | None, error: str | None) ->
         if verdict.reason is Reason.FIRST_BYTE_TIMEOUT:
             return Result.TIMEOUT
         return Result.INCOMPLETE
-    if error in ("upstream_disconnect", "upstream_timeout", "client_stalled"):
+    if error in _BROKEN_BODY:
         return Result.INCOMPLETE
     return Result.OK
 
 
-def health_of(result: Result, reason: Reason | None = None, error: str | None = None) -> Health:
+def health_of(
+    result: Result, reason: Reason | None = None, error: RequestError | None = None
+) -> Health:
     """What an attempt says about its upstream (``reason``: the stream's or the failure's)."""
-    if result in (Result.OK, Result.STATUS_4XX):
+    if result in (Result.OK, Result.STATUS_4XX, Result.CONTEXT_LENGTH):
         return Health.OK
     if reason is not None and reason in _BLAMELESS:
         return Health.NEUTRAL
-    if result is Result.INCOMPLETE and reason is None and error == "client_stalled":
+    if result is Result.INCOMPLETE and reason is None and error is RequestError.CLIENT_STALLED:
         return Health.NEUTRAL
     return Health.FAILED
 
@@ -161,5 +176,40 @@ def retry_after_seconds(value: bytes | str | None, now: float, ceiling: float) -
             return None
         seconds = when.timestamp() - now
     if seconds <= 0:
+        return None
+    return min(seconds, ceiling)
+
+
+def is_context_length(body: bytes) -> bool:
+    """Whether a 400's JSON body says the prompt is too long for the model: OpenAI's
+    ``context_length_exceeded`` code, or Anthropic's "prompt is too long"
+    ``invalid_request_error``."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    error = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(error, dict):
+        return False
+    if error.get("code") == "context_length_exceeded":
+        return True
+    message = error.get("message")
+    return (
+        error.get("type") == "invalid_request_error"
+        and isinstance(message, str)
+        and message.lower().startswith("prompt is too long")
+    )
+
+
+def retry_after_ms(value: bytes | str | None, ceiling: float) -> float | None:
+    """A ``retry-after-ms`` header's wait in seconds (OpenAI's), at most ``ceiling``."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    try:
+        seconds = float(text.strip()) / 1000.0
+    except ValueError:
+        return None
+    if not seconds > 0 or seconds != seconds:
         return None
     return min(seconds, ceiling)

@@ -18,10 +18,25 @@ of a pool, and never all of it, is out at once (ejected or half-open): a
 failure that would eject one more is counted, and the upstream stays in.
 Results of attempts that started before an ejection do not count.
 
-A ``Retry-After`` makes an upstream cool down: it is skipped until then,
-without being ejected. When nothing is available for a request's first
-attempt (all out or cooling down), the least loaded upstream is used anyway
-(Envoy's "panic" routing): the pool never refuses a request by itself.
+Priority tiers (Envoy's priority levels): each upstream has a ``tier``
+(its ``priority``, default 0). An attempt goes to the lowest tier with an
+available upstream; a higher tier takes traffic only while every lower one
+is out or cooling down, or as a retry's target (``pick(above=)``). An
+ejected upstream whose time is over is available again (for its probe), so
+traffic returns to a recovered lower tier at once.
+
+A ``Retry-After`` (or a 429's backoff, ``throttle``) makes an upstream cool
+down for one model (providers rate-limit per model; None: a request without
+one): it is skipped for that model until then, without being ejected.
+When nothing is available for a request's first attempt (all out or
+cooling down), the least loaded upstream is used anyway (Envoy's "panic"
+routing): the pool never refuses a request by itself.
+
+A member is in one ``MemberState`` (after wsproto's ``ConnectionState``):
+``in``, ``ejected`` (out until its time is over), ``half_open`` (its one
+probe in flight); ``_TRANSITIONS`` is every move allowed and any other
+raises ``PoolError``. ``cooling`` is what ``state`` reports for a member
+that is in but waits out a ``Retry-After``.
 
 Pure logic: no I/O, no asyncio. Time comes from an injectable clock and
 chance from an injectable ``random.Random``, so it is unit-tested without
@@ -37,7 +52,30 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Change", "EjectionPolicy", "Health", "Lease", "Pool"]
+__all__ = ["Change", "EjectionPolicy", "Health", "Lease", "MemberState", "Pool", "PoolError"]
+
+
+class MemberState(enum.StrEnum):
+    """Where one upstream of a pool stands."""
+
+    IN = "in"  # takes traffic
+    EJECTED = "ejected"  # out until ``out_until``; the next pick after that probes it
+    HALF_OPEN = "half_open"  # its one probe is in flight
+    COOLING = "cooling"  # in, but skipped until its Retry-After passes (reported only)
+
+
+#: Every allowed move of a member's stored state (``cooling`` is derived, never stored).
+_TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+    MemberState.IN: frozenset({MemberState.EJECTED}),
+    MemberState.EJECTED: frozenset({MemberState.HALF_OPEN}),
+    # a failed probe ejects again; a probe that said nothing leaves it ejected, probe-ready
+    MemberState.HALF_OPEN: frozenset({MemberState.IN, MemberState.EJECTED}),
+    MemberState.COOLING: frozenset(),
+}
+
+
+class PoolError(RuntimeError):
+    """A member transition the table does not allow (a bug in the pool)."""
 
 
 class Health(enum.Enum):
@@ -80,21 +118,30 @@ class _Member:
         "failures",
         "lease",
         "out_until",
-        "probing",
         "returned_at",
+        "state",
+        "throttles",
+        "tier",
         "weight",
     )
 
-    def __init__(self, index: int, weight: int) -> None:
+    def __init__(self, index: int, weight: int, tier: int = 0) -> None:
         self.weight = weight
+        self.tier = tier
         self.active = 0  # attempts in flight
         self.failures = 0  # consecutive
         self.ejections = 0  # for the doubling
-        self.out_until: float | None = None  # ejected until then, half-open after
-        self.probing = False  # a probe is in flight
-        self.cool_until = 0.0  # Retry-After
+        self.state = MemberState.IN
+        self.out_until: float | None = None  # while not in: ejected until then
+        self.cool_until: dict[str | None, float] = {}  # by model: Retry-After, backoff
+        self.throttles: dict[str | None, tuple[int, float]] = {}  # by model: (count, until)
         self.returned_at: float | None = None
         self.lease = Lease(index)
+
+    def move(self, to: MemberState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise PoolError(f"pool member: {self.state} -> {to} is not allowed")
+        self.state = to
 
 
 class Pool:
@@ -107,10 +154,15 @@ class Pool:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        tiers: Sequence[int] | None = None,
     ) -> None:
         if not weights or any(w <= 0 for w in weights):
             raise ValueError("a pool needs at least one upstream, each of positive weight")
-        self._members = [_Member(i, w) for i, w in enumerate(weights)]
+        tiers = tiers or [0] * len(weights)
+        if len(tiers) != len(weights):
+            raise ValueError("a pool needs one tier per upstream")
+        pairs = zip(weights, tiers, strict=True)
+        self._members = [_Member(i, w, t) for i, (w, t) in enumerate(pairs)]
         self.policy = policy or EjectionPolicy()
         self._clock = clock
         self._random = rng or random.Random()
@@ -122,13 +174,23 @@ class Pool:
 
     # -- choosing ---------------------------------------------------------------------
 
-    def pick(self, exclude: Collection[int] = (), *, panic: bool = True) -> Lease | None:
+    def pick(
+        self,
+        exclude: Collection[int] = (),
+        *,
+        panic: bool = True,
+        model: str | None = None,
+        tier: int | None = None,
+        above: int | None = None,
+    ) -> Lease | None:
         """Claim the upstream for the next attempt, or None.
 
         Skips ``exclude`` (the upstreams this request already tried), upstreams
-        out of the pool and cooling down. With nothing left: with ``panic``
-        the least loaded of the upstreams not excluded (a request's first
-        attempt), without it None (a retry goes only to an available one).
+        out of the pool and cooling down for ``model``; of the rest, the lowest
+        tier (only ``tier`` when given, only tiers above ``above`` when given)
+        and in it the least loaded. With nothing left: with ``panic`` the least
+        loaded of the upstreams not excluded (a request's first attempt),
+        without it None (a retry goes only to an available one).
         """
         members = self._members
         if len(members) == 1:
@@ -138,9 +200,10 @@ class Pool:
             only.active += 1
             return only.lease
         now = self._clock()
-        best = self._least_loaded(
-            [i for i in range(len(members)) if i not in exclude and self._usable(members[i], now)]
-        )
+        candidates = self._candidates(exclude, now, model)
+        if tier is not None or above is not None:
+            candidates = [i for i in candidates if self._in_range(members[i], tier, above)]
+        best = self._least_loaded(self._lowest_tier(candidates))
         if best is None:
             if not panic:
                 return None
@@ -149,23 +212,66 @@ class Pool:
                 return None
             members[best].active += 1
             return members[best].lease
-        member = members[best]
+        return self._claim(best)
+
+    def claim(self, index: int) -> Lease | None:
+        """Claim upstream ``index`` itself (a retry on the same upstream, which waits out
+        its cool-down first), or None while it is out of the pool."""
+        member = self._members[index]
+        if member.state is not MemberState.IN and not self._usable(member, self._clock()):
+            return None
+        return self._claim(index)
+
+    def _claim(self, index: int) -> Lease:
+        member = self._members[index]
         member.active += 1
-        if member.out_until is not None:  # half-open: this attempt is the probe
-            member.probing = True
-            return Lease(best, probe=True)
+        if member.state is MemberState.EJECTED:  # its time is over: this attempt probes
+            member.move(MemberState.HALF_OPEN)
+            return Lease(index, probe=True)
         return member.lease
 
-    def available(self, exclude: Collection[int] = ()) -> bool:
-        """Whether ``pick(exclude, panic=False)`` would find an upstream now."""
+    def available(
+        self,
+        exclude: Collection[int] = (),
+        *,
+        model: str | None = None,
+        tier: int | None = None,
+        above: int | None = None,
+    ) -> bool:
+        """Whether ``pick(exclude, panic=False, ...)`` would find an upstream now."""
         now = self._clock()
-        return any(i not in exclude and self._usable(m, now) for i, m in enumerate(self._members))
+        members = self._members
+        return any(
+            self._in_range(members[i], tier, above) for i in self._candidates(exclude, now, model)
+        )
 
-    def _usable(self, member: _Member, now: float) -> bool:
-        if member.cool_until > now:
+    def _candidates(self, exclude: Collection[int], now: float, model: str | None) -> list[int]:
+        return [
+            i
+            for i, m in enumerate(self._members)
+            if i not in exclude and self._usable(m, now, model)
+        ]
+
+    @staticmethod
+    def _in_range(member: _Member, tier: int | None, above: int | None) -> bool:
+        return (tier is None or member.tier == tier) and (above is None or member.tier > above)
+
+    def _lowest_tier(self, candidates: list[int]) -> list[int]:
+        if not candidates:
+            return candidates
+        members = self._members
+        lowest = min(members[i].tier for i in candidates)
+        return [i for i in candidates if members[i].tier == lowest]
+
+    def _usable(self, member: _Member, now: float, model: str | None = None) -> bool:
+        cool = member.cool_until
+        if cool and (cool.get(model, 0.0) > now or cool.get(None, 0.0) > now):
             return False
+        state = member.state
+        if state is MemberState.IN:
+            return True
         out = member.out_until
-        return out is None or (now >= out and not member.probing)
+        return state is MemberState.EJECTED and out is not None and now >= out
 
     def _least_loaded(self, candidates: list[int]) -> int | None:
         """The candidate with the least ``active / weight``; ties at random, by weight."""
@@ -201,8 +307,8 @@ class Pool:
             return Change.NONE  # a pool of one is never ejected
         now = self._clock()
         if lease.probe:
-            member.probing = False
             if health is Health.OK:
+                member.move(MemberState.IN)
                 member.out_until = None
                 member.failures = 0
                 member.returned_at = now
@@ -210,8 +316,9 @@ class Pool:
             if health is Health.FAILED:
                 self._eject(member, now)
                 return Change.EJECTED
-            return Change.NONE  # still half-open: the next attempt routed to it probes
-        if member.out_until is not None:
+            member.move(MemberState.EJECTED)  # its time is over: the next pick probes again
+            return Change.NONE
+        if member.state is not MemberState.IN:
             return Change.NONE  # started before the ejection
         if health is Health.OK:
             member.failures = 0
@@ -222,16 +329,39 @@ class Pool:
                 return Change.EJECTED
         return Change.NONE
 
-    def cool_down(self, index: int, seconds: float) -> None:
-        """Skip upstream ``index`` for ``seconds`` (its ``Retry-After``)."""
+    def cool_down(self, index: int, seconds: float, model: str | None = None) -> None:
+        """Skip upstream ``index`` for ``model`` for ``seconds`` (its ``Retry-After``)."""
         member = self._members[index]
-        member.cool_until = max(member.cool_until, self._clock() + seconds)
+        until = self._clock() + seconds
+        cool = member.cool_until
+        if cool.get(model, 0.0) < until:
+            cool[model] = until
+
+    def throttle(self, index: int, model: str | None, base: float, cap: float) -> float:
+        """A 429 without ``Retry-After``: cool upstream ``index`` down for ``model`` for a
+        backoff that doubles with each throttle in a row (``base``, at most ``cap``) and
+        starts over once ``cap`` has passed without one; returns the cool-down."""
+        member = self._members[index]
+        now = self._clock()
+        count, until = member.throttles.get(model, (0, 0.0))
+        count = count + 1 if now - until < cap else 1
+        seconds = min(base * 2.0 ** min(count - 1, 32), cap)
+        member.throttles[model] = (count, now + seconds)
+        self.cool_down(index, seconds, model)
+        return seconds
+
+    def cooling_for(self, index: int, model: str | None = None) -> float:
+        """Seconds until upstream ``index`` ends cooling down for ``model`` (0: it is not)."""
+        cool = self._members[index].cool_until
+        until = max(cool.get(model, 0.0), cool.get(None, 0.0)) if cool else 0.0
+        return max(until - self._clock(), 0.0)
 
     def _eject(self, member: _Member, now: float) -> None:
         policy = self.policy
         returned = member.returned_at  # None while out (a failed probe ejects it again)
         if returned is not None and now - returned >= policy.max_seconds:
             member.ejections = 0
+        member.move(MemberState.EJECTED)
         member.returned_at = None
         member.ejections += 1
         doubling = 2.0 ** min(member.ejections - 1, 32)
@@ -239,7 +369,7 @@ class Pool:
         member.failures = 0
 
     def _out_count(self) -> int:
-        return sum(1 for m in self._members if m.out_until is not None)
+        return sum(1 for m in self._members if m.state is not MemberState.IN)
 
     # -- state, for metrics and tests ---------------------------------------------------
 
@@ -249,7 +379,19 @@ class Pool:
 
     def is_out(self, index: int) -> bool:
         """Whether upstream ``index`` is ejected or half-open (not yet returned by a probe)."""
-        return self._members[index].out_until is not None
+        return self._members[index].state is not MemberState.IN
+
+    def state(self, index: int, model: str | None = None) -> MemberState:
+        """Where upstream ``index`` stands now (``cooling``: in, but waiting out a
+        Retry-After for ``model``)."""
+        member = self._members[index]
+        if member.state is MemberState.IN and self.cooling_for(index, model) > 0:
+            return MemberState.COOLING
+        return member.state
+
+    def tier(self, index: int) -> int:
+        """Upstream ``index``'s priority tier (0 first)."""
+        return self._members[index].tier
 
     def out_until(self, index: int) -> float | None:
         """When upstream ``index``'s ejection ends (clock time), or None when it is in."""

@@ -33,7 +33,9 @@ from urllib.parse import quote, unquote_plus, urlsplit
 from pydantic import SecretStr
 
 from gateway.policy.pool import EjectionPolicy, Pool
+from gateway.policy.retry import RetryPolicy
 from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
+from gateway.protocols.continuation import ContinuationStyle
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
 __all__ = [
@@ -76,7 +78,9 @@ class Target(NamedTuple):
 
 def credential_style(style: str, protocol: str, url: str) -> CredentialStyle:
     """How an upstream wants its credential: as configured, by the route's fixed
-    protocol, or (a route for any path) guessed from the upstream's host."""
+    protocol, or (a route for any path) guessed from the upstream's host. On a
+    route for any path a request whose path a protocol claims uses that
+    protocol's style instead (``Endpoint.style_for``)."""
     if style != "auto":
         return CredentialStyle(style)
     if protocol != "auto":
@@ -99,6 +103,10 @@ class Endpoint:
     credential_style: CredentialStyle
     weight: int
     models: Mapping[str, str]
+    #: ``auto`` style on a ``protocol = "auto"`` route: each request's protocol decides.
+    style_by_protocol: bool = False
+    priority: int = 0
+    continuation: ContinuationStyle = ContinuationStyle.NONE
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -112,6 +120,13 @@ class Endpoint:
         self.base_path = parts.path.rstrip("/")
         self.base_query = parts.query
         self.base_names = frozenset(_names(parts.query))
+
+    def style_for(self, spec: ProtocolSpec) -> CredentialStyle:
+        """The credential style of a request in ``spec``: the spec's own when the style
+        is the request protocol's and the spec claims its path, else ``credential_style``."""
+        if self.style_by_protocol and not spec.any_path:
+            return spec.credential
+        return self.credential_style
 
     def url_for(self, target: Target) -> str:
         """This upstream's URL for a request target: base path + rest, merged queries."""
@@ -163,6 +178,9 @@ def _endpoint(
         credential_style=credential_style(config.credential_style, route.protocol, config.url),
         weight=config.weight,
         models=dict(config.models),
+        style_by_protocol=config.credential_style == "auto" and route.protocol == "auto",
+        priority=config.priority,
+        continuation=ContinuationStyle(config.continuation),
     )
 
 
@@ -179,6 +197,7 @@ class Route:
     endpoints: tuple[Endpoint, ...] = field(init=False)
     pool: Pool = field(init=False)
     retry_on: frozenset[str] = field(init=False)
+    retry: RetryPolicy = field(init=False)
     #: request_target's memo: (path, raw path, query) -> Target.
     targets: dict[tuple[str, bytes, bytes], Target] = field(init=False, repr=False, compare=False)
     specs: dict[str, ProtocolSpec] = field(init=False, repr=False, compare=False)
@@ -199,8 +218,15 @@ class Route:
                 max_seconds=config.eject_max_seconds,
                 max_ejected_percent=config.max_ejected_percent,
             ),
+            tiers=[e.priority for e in self.endpoints],
         )
         self.retry_on = frozenset(config.retry_on)
+        self.retry = RetryPolicy(
+            max_attempts=config.max_attempts,
+            retry_on=self.retry_on,
+            backoff_seconds=config.retry_backoff_seconds,
+            max_retry_after_seconds=config.max_retry_after_seconds,
+        )
 
     @property
     def name(self) -> str:

@@ -22,7 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gateway.guard import Outcome, Reason, SSEDecoder
+from gateway.guard import Framing, Outcome, Reason
+from gateway.guard.framing import SSE
+from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.observe import RequestRecord
 from gateway.protocols import ProtocolSpec, Tool
 
@@ -189,11 +191,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def usage_position(body: bytes) -> str:
+def usage_position(body: bytes, framing: Framing = SSE) -> str:
     """Where a Chat stream carried its usage: ``after_finish`` (a chunk of its own
     after every finish, as OpenAI sends it), ``with_finish``, ``before_finish``,
     ``several_chunks``, or ``absent``."""
-    decoder = SSEDecoder()
+    decoder = framing.new_decoder(DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_EVENT_BYTES)
     events = decoder.feed(body) + decoder.close()
     rows: list[tuple[bool, bool]] = []  # (carries usage, carries a finish)
     for event in events:
@@ -254,15 +256,18 @@ def judge(
             cell.terminator = "missing"
         cell.tool_calls = verdict.tool_calls
         cell.choices = len(verdict.finish_reasons)
-    cell.problem = _problem(check, cell, seen, record)
+    cell.problem = _problem(check, cell, seen, record, target.spec.framing.media_type)
     if check == "usage":
-        cell.usage_position = usage_position(seen.body)
+        cell.usage_position = usage_position(seen.body, target.spec.framing)
     cell.passed = cell.problem is None
     return cell
 
 
-def _problem(check: str, cell: Cell, seen: Observed, record: RequestRecord) -> str | None:
-    """Why the check failed, in the probe's own words (None: it holds)."""
+def _problem(
+    check: str, cell: Cell, seen: Observed, record: RequestRecord, media_type: str
+) -> str | None:
+    """Why the check failed, in the probe's own words (None: it holds); ``media_type``
+    is the one the protocol's framing streams in."""
     verdict = record.verdict
     status = record.status
     ended = f"{cell.outcome} ({cell.reason})" if verdict is not None else f"status {status}"
@@ -299,8 +304,8 @@ def _problem(check: str, cell: Cell, seen: Observed, record: RequestRecord) -> s
         return f"expected client_disconnect, recorded {ended}"
     if not verdict.complete:
         return f"the stream ended {ended}"
-    if seen.media_type != "text/event-stream":
-        return f"media type {seen.media_type}, not text/event-stream"
+    if seen.media_type != media_type:
+        return f"media type {seen.media_type}, not {media_type}"
     if check == "usage":
         if verdict.usage is None:
             return "include_usage was accepted but no usage was reported"

@@ -11,8 +11,9 @@ without it, it takes the first protocol of the registry that uses the
 route's credential style (``chat`` for a bearer key, ``messages`` for
 ``x-api-key``, ``gemini`` for ``x-goog-api-key``). With the simulator
 (``--simulator``) the probe fronts it by two routes of its own: ``simulator``
-(``/v1``: chat, completions, responses and messages) and
-``simulator-gemini`` (``/v1beta``: gemini), with the model ``sim-model``.
+(``/v1``: chat, completions, responses and messages), ``simulator-gemini``
+(``/v1beta``: gemini) and ``simulator-ollama`` (``/api``: ollama), with the
+model ``sim-model``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Plan:
 
 
 def simulator_routes(base_url: str) -> list[RouteConfig]:
-    """The probe's two routes in front of a simulator at ``base_url`` (``http://host:port``)."""
+    """The probe's routes in front of a simulator at ``base_url`` (``http://host:port``)."""
     return [
         RouteConfig(name="simulator", prefix="/v1", upstream=base_url + "/v1"),
         RouteConfig(
@@ -73,6 +74,12 @@ def simulator_routes(base_url: str) -> list[RouteConfig]:
             prefix="/v1beta",
             upstream=base_url + "/v1beta",
             protocol=Protocol.GEMINI,
+        ),
+        RouteConfig(
+            name="simulator-ollama",
+            prefix="/api",
+            upstream=base_url + "/api",
+            protocol=Protocol.OLLAMA,
         ),
     ]
 

@@ -1,9 +1,10 @@
 """The protocol registry: one ``ProtocolSpec`` per protocol family, and lookups over them.
 
 Nothing else in the gateway knows a protocol's details: the relay, routing,
-settings and the access log ask the registry. Adding a protocol is one
-module (its contract in ``gateway/guard/``, its spec here) and one line in
-``REGISTRY``. Order matters for path detection: the first spec whose
+settings, captures, the probe and the access log ask the registry. Adding a
+protocol is its contract module in ``gateway/guard/`` (which names its
+framing), its spec module here and one line in ``REGISTRY``
+(docs/adding-a-protocol.md). Order matters for path detection: the first spec whose
 ``matches`` accepts a path wins, and ``SSE`` (framing only) comes last.
 """
 
@@ -19,6 +20,7 @@ from gateway.protocols._spec import (
 )
 from gateway.protocols.anthropic import MESSAGES
 from gateway.protocols.google import GEMINI
+from gateway.protocols.ollama import OLLAMA
 from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
 from gateway.protocols.sse import SSE
 
@@ -34,7 +36,15 @@ __all__ = [
 ]
 
 #: Every protocol, in path-detection order (``SSE`` last: it matches anything).
-REGISTRY: tuple[ProtocolSpec, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES, GEMINI, SSE)
+REGISTRY: tuple[ProtocolSpec, ...] = (
+    CHAT,
+    COMPLETIONS,
+    RESPONSES,
+    MESSAGES,
+    GEMINI,
+    OLLAMA,
+    SSE,
+)
 
 _BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.guard import Contract, Protocol, Reason, Usage
+from gateway.guard import Contract, Framing, Protocol, Reason, Usage
 
 __all__ = [
     "ClientRequests",
@@ -42,6 +42,9 @@ class ContractOptions:
 
     require_finish_reason: bool = True
     withhold_usage: bool = False
+    #: A clean end after every choice finished is complete without ``[DONE]`` (Chat,
+    #: Completions: a route's ``termination = "finish"``).
+    end_on_finish: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +99,11 @@ class ProtocolSpec:
     wants_stream: Callable[[str, Json | None], bool]
     #: Usage of a whole non-streamed answer (its parsed JSON object).
     answer_usage: Callable[[Json], Usage | None]
-    #: The credential style used for a route fixed to this protocol (``auto``).
+    #: The credential style (``auto``) of a request in this protocol.
     credential: CredentialStyle = CredentialStyle.BEARER
+    #: A spec for any path no other claims (bare SSE): its requests' credential style
+    #: on a route for any path is guessed from the upstream's host instead.
+    any_path: bool = False
     #: The model that answered, from a whole non-streamed answer.
     answer_model: Callable[[Json], str | None] = _model_field
     #: Build the contract for one stream from the route's options.
@@ -115,6 +121,11 @@ class ProtocolSpec:
     @property
     def name(self) -> str:
         return str(self.protocol)
+
+    @property
+    def framing(self) -> Framing:
+        """How its streams are framed (media type, decoder, trailer): the contract's."""
+        return self.contract.framing
 
     @property
     def finish_table(self) -> Mapping[str, Reason]:

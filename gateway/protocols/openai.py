@@ -79,7 +79,9 @@ CHAT = ProtocolSpec(
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: ChatContract(
-        require_finish_reason=o.require_finish_reason, withhold_usage=o.withhold_usage
+        require_finish_reason=o.require_finish_reason,
+        withhold_usage=o.withhold_usage,
+        end_on_finish=o.end_on_finish,
     ),
     ask_for_usage=_ask_for_usage,
     requests=ClientRequests(
@@ -98,7 +100,9 @@ COMPLETIONS = ProtocolSpec(
     matches=_ends_with("/completions"),
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
-    make_contract=lambda o: CompletionsContract(require_finish_reason=o.require_finish_reason),
+    make_contract=lambda o: CompletionsContract(
+        require_finish_reason=o.require_finish_reason, end_on_finish=o.end_on_finish
+    ),
     requests=ClientRequests(
         path=lambda model, stream: "/completions", text=_completions_text, choices=_choices
     ),

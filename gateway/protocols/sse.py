@@ -14,4 +14,5 @@ SSE = ProtocolSpec(
     matches=lambda path: True,
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
+    any_path=True,
 )

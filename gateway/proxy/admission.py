@@ -4,7 +4,8 @@ In order: the gateway is not draining, the path stays under the route's
 prefix, the client key (when the route takes keys) is one it accepts, the
 body fits the size limit and the global budget of buffered request bytes
 (every body is held in memory until its request ends: the budget bounds them
-all together, so slow uploads cannot pin unbounded memory); then, for
+all together, so slow uploads cannot pin unbounded memory; a body a route may
+rewrite counts twice, for its rewritten copy); then, for
 streams, the global and per-route concurrency caps.
 
 Client keys: a route accepts the digests of its own ``client_key_sha256``
@@ -28,7 +29,7 @@ from gateway.policy.routing import PathRejected, Route, Target, request_target
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import Limits, RouteConfig
 
-__all__ = ["Admission", "ClientGone", "Refused", "presented_key"]
+__all__ = ["Admission", "ClientGone", "Refused", "body_weight", "presented_key"]
 
 
 class Refused(Exception):
@@ -98,16 +99,19 @@ class Admission:
         accepted = self._route_keys.get(route.name, self._global_keys)
         if accepted:
             self._check_key(accepted, headers)
-        return target, await self._read_body(headers, receive)
+        return target, await self._read_body(headers, receive, body_weight(route))
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
-        """The whole body, counted in ``buffered_bytes`` until ``release(len(body))``."""
+    async def _read_body(
+        self, headers: list[tuple[bytes, bytes]], receive: Receive, weight: int = 1
+    ) -> bytes:
+        """The whole body, counted ``weight`` times in ``buffered_bytes`` until
+        ``release(weight * len(body))``."""
         limit = self.limits.max_request_bytes
         length = get_header(headers, b"content-length")
         if length is not None and length.isdigit():
             if int(length) > limit:
                 raise _too_large(limit)
-            if self.buffered_bytes + int(length) > self.limits.max_buffered_request_bytes:
+            if self.buffered_bytes + weight * int(length) > self.limits.max_buffered_request_bytes:
                 raise _over_budget()
         parts: list[bytes] = []
         size = 0
@@ -121,16 +125,21 @@ class Admission:
                 if size + len(chunk) > limit:
                     raise _too_large(limit)
                 if chunk:
-                    self.buffered_bytes += len(chunk)
+                    self.buffered_bytes += weight * len(chunk)
                     size += len(chunk)
                     if self.buffered_bytes > self.limits.max_buffered_request_bytes:
                         raise _over_budget()
                     parts.append(chunk)
                 more = message.get("more_body", False)
         except BaseException:
-            self.release(size)
+            self.release(weight * size)
             raise
         return b"".join(parts)
+
+    def charge(self, size: int) -> None:
+        """A copy of ``size`` bytes of an admitted body is held too (a rewritten body):
+        counted in the budget, never refused (``release`` it with the body)."""
+        self.buffered_bytes += size
 
     def release(self, size: int) -> None:
         """A body of ``size`` bytes is no longer held."""
@@ -173,14 +182,17 @@ class Admission:
         self.active_streams += 1
         route.active += 1
 
-    def count_stream(self, route: Route) -> None:
-        """Count a stream in without checking the caps (it is already answering)."""
-        self.active_streams += 1
-        route.active += 1
-
     def end_stream(self, route: Route) -> None:
         self.active_streams -= 1
         route.active -= 1
+
+
+def body_weight(route: Route) -> int:
+    """How many times a body of ``route`` counts in the buffered-body budget: twice on a
+    route that may rewrite it (usage injection, an upstream's ``models`` map), whose
+    rewritten copy is held beside it or in its place."""
+    rewrites = route.config.inject_include_usage or any(e.models for e in route.endpoints)
+    return 2 if rewrites else 1
 
 
 def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:

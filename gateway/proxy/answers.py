@@ -1,11 +1,12 @@
-"""Relaying an upstream's answer to the client: plain bodies unchanged, event streams guarded.
+"""Relaying an upstream's answer to the client: plain bodies unchanged, streams guarded.
 
-A plain answer (anything but a 2xx ``text/event-stream``) is relayed as it
-is: status, headers, body; a 2xx JSON body is read on the side for usage and
-model. A stream goes through a ``StreamGuard``: upstream chunks are pulled
-only as fast as the client takes them (backpressure: ``await send`` returns
-once uvicorn's transport accepted the bytes), only event-aligned bytes are
-forwarded, the deadlines run on one ``Watchdog``, and the annotation ends it.
+A plain answer (anything but a 2xx stream in the protocol's framing) is
+relayed as it is: status, headers, body; a 2xx JSON body (one JSON text, not
+NDJSON lines) is read on the side for usage and model. A stream goes
+through a ``StreamGuard``: upstream chunks are pulled only as fast as the
+client takes them (backpressure: ``await send`` returns once uvicorn's
+transport accepted the bytes), only event-aligned bytes are forwarded,
+the deadlines run on one ``Watchdog``, and the annotation ends it.
 
 While a retry on another upstream is still possible, the relay first holds
 the answer (``hold_stream``, ``hold_plain``): the head is not sent until the
@@ -24,16 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 import httpx
 
 from gateway.capture.tap import Tap
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import Reason, StreamGuard, Usage
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
+from gateway.policy.errors import RequestError
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -43,6 +45,8 @@ from gateway.proxy.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
 __all__ = [
     "Held",
+    "Rescue",
+    "Rescued",
     "hold_plain",
     "hold_stream",
     "relay_plain",
@@ -51,7 +55,7 @@ __all__ = [
 ]
 
 _RESPONSE_DROP = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
-# SSE bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
+# Streamed bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
 _STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
     b"content-length",
     b"content-encoding",
@@ -79,7 +83,7 @@ def response_headers(
 
 def drop_stalled_client(exchange: Exchange) -> NoReturn:
     """The client stopped taking bytes: abort its connection, never wait on it."""
-    exchange.record.error = "client_stalled"
+    exchange.record.error = RequestError.CLIENT_STALLED
     abort_connection(exchange.scope)
     raise AbortConnection
 
@@ -117,6 +121,22 @@ class Held:
     read: ReadChunk | None = None
     #: A plain body's chunks, to go on with.
     chunks: AsyncIterator[bytes] | None = None
+
+
+@dataclass(slots=True)
+class Rescued:
+    """A cut stream that was continued (``gateway.proxy.continuation``): the guard whose
+    verdict and annotation end it, the reader to drain, how many continuations, and
+    the usage billed across the attempts."""
+
+    guard: StreamGuard
+    read: ReadChunk
+    continued: int
+    usage: Usage | None = None
+
+
+#: Called with a relayed stream's guard once its verdict is incomplete; None: not rescued.
+Rescue = Callable[[StreamGuard], Awaitable[Rescued | None]]
 
 
 async def _ended() -> bytes:
@@ -214,6 +234,11 @@ async def _resume(held: Held) -> AsyncIterator[bytes]:
 # -- plain answers ------------------------------------------------------------------
 
 
+def _one_json_text(content_type: str) -> bool:
+    """A JSON media type of one JSON text (NDJSON is many: never parsed whole)."""
+    return "json" in content_type and "ndjson" not in content_type
+
+
 def _read_answer(exchange: Exchange, body: bytes) -> None:
     """Usage and model of a whole non-streamed 2xx JSON answer, into the record.
 
@@ -224,7 +249,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
     try:
         obj = loads(body)
     except (ValueError, RecursionError):
-        record.error = "invalid_json"
+        record.error = RequestError.INVALID_JSON
         return
     if isinstance(obj, dict):
         record.usage = exchange.spec.answer_usage(obj)
@@ -234,7 +259,7 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
 async def relay_plain(
     exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None = None
 ) -> None:
-    """Relay a non-SSE answer unchanged (status, headers, body; ``held``: read so far)."""
+    """Relay a plain (unguarded) answer unchanged (status, headers, body; ``held``: read so far)."""
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(
@@ -247,7 +272,7 @@ async def relay_plain(
     sniff: list[bytes] | None = (
         []
         if 200 <= response.status_code < 300
-        and "json" in response.headers.get("content-type", "")
+        and _one_json_text(response.headers.get("content-type", ""))
         and not response.headers.get("content-encoding")
         else None
     )
@@ -260,7 +285,7 @@ async def relay_plain(
     # One timer for the request's total deadline, brought forward to the client-send
     # deadline while a send waits (no asyncio.timeout per chunk).
     deadline = Deadline(loop, task, total)
-    failed: str | None = None
+    failed: RequestError | None = None
     try:
         async for chunk in response.aiter_raw() if held is None else _resume(held):
             if not chunk:
@@ -281,13 +306,13 @@ async def relay_plain(
     except asyncio.CancelledError:
         if not deadline.expired():
             raise
-        failed = "upstream_timeout"
+        failed = RequestError.UPSTREAM_TIMEOUT
     except (httpx.TransportError, OSError):
-        failed = "upstream_disconnect"
+        failed = RequestError.UPSTREAM_DISCONNECT
     finally:
         deadline.cancel()
     if failed is not None:
-        if failed == "upstream_timeout" and loop.time() >= send_deadline:
+        if failed is RequestError.UPSTREAM_TIMEOUT and loop.time() >= send_deadline:
             drop_stalled_client(exchange)
         # Headers are out: the only honest signal left is to break the connection.
         record.error = failed
@@ -367,11 +392,14 @@ async def relay_stream(
     annotate: bool,
     draining: bool,
     held: Held | None = None,
+    rescue: Rescue | None = None,
 ) -> None:
     """Relay a 2xx event stream through ``guard``, then append the annotation.
 
     ``held``: what ``hold_stream`` read (already fed to ``guard``), sent right
     after the head; a stream it saw end goes straight to its annotation.
+    ``rescue``: a route that continues cut streams; asked once the verdict is
+    incomplete, it may relay a continuation whose verdict then ends the stream.
     """
     send, record = exchange.send, exchange.record
     record.status = response.status_code
@@ -437,6 +465,41 @@ async def relay_stream(
         guard.abort(exchange.stop_reason, force=watchdog.sending)
     finally:
         watchdog.cancel()
+    rescued = None
+    verdict = guard.verdict
+    if rescue is not None and verdict is not None and not verdict.complete:
+        rescued = await rescue(guard)
+    if rescued is None:
+        await end_stream(exchange, guard, reader, timing, annotate=annotate, draining=draining)
+        return
+    await end_stream(
+        exchange,
+        rescued.guard,
+        rescued.read,
+        timing,
+        annotate=annotate,
+        draining=draining,
+        continued=rescued.continued,
+    )
+    if rescued.usage is not None:
+        exchange.record.usage = rescued.usage
+
+
+async def end_stream(
+    exchange: Exchange,
+    guard: StreamGuard,
+    reader: ReadChunk,
+    timing: _Timing,
+    *,
+    annotate: bool,
+    draining: bool,
+    continued: int = 0,
+) -> None:
+    """The end of a relayed stream, once its verdict is reached: record the verdict;
+    a client that left gets nothing more, a stalled one is dropped; else the trailer
+    (the annotation) is the last send, and a complete upstream body is drained so that
+    its connection can be reused."""
+    record = exchange.record
     verdict = guard.verdict
     assert verdict is not None
     record.verdict = verdict
@@ -445,7 +508,9 @@ async def relay_stream(
         return
     if exchange.stop_reason is Reason.CLIENT_STALLED:
         drop_stalled_client(exchange)
-    trailer = guard.annotation(record.request_id) if annotate else b""
+    trailer = guard.annotation(record.request_id, continued) if annotate else b""
+    if guard.withheld:  # the upstream's own error event, withheld for a continuation
+        trailer = guard.withheld + trailer
     if trailer:
         timing.first_byte()
     exchange.response_done = True

@@ -14,6 +14,7 @@ import asyncio
 import httpx
 
 from gateway.guard import Reason
+from gateway.policy.errors import AttemptError, RequestError
 from gateway.policy.failover import AttemptFailure
 from gateway.proxy.timer import Deadline
 from gateway.proxy.upstream import Upstream, UpstreamRequest, send_failure
@@ -25,11 +26,12 @@ __all__ = ["AttemptFailure", "attempt"]
 #: exchange breaking, like a body cut mid-way (``upstream_disconnect``);
 #: ``upstream_unavailable`` is "could not connect".
 _SEND_FAILURES = {
-    "connect_timeout": AttemptFailure("connect_timeout", 504, Reason.UPSTREAM_UNAVAILABLE),
-    "connect_error": AttemptFailure("connect_error", 502, Reason.UPSTREAM_UNAVAILABLE),
-    "upstream_bad_response": AttemptFailure(
-        "upstream_bad_response", 502, Reason.UPSTREAM_DISCONNECT
-    ),
+    error: AttemptFailure(RequestError.of(error), status, reason)
+    for error, status, reason in (
+        (AttemptError.CONNECT_TIMEOUT, 504, Reason.UPSTREAM_UNAVAILABLE),
+        (AttemptError.CONNECT_ERROR, 502, Reason.UPSTREAM_UNAVAILABLE),
+        (AttemptError.UPSTREAM_BAD_RESPONSE, 502, Reason.UPSTREAM_DISCONNECT),
+    )
 }
 _FIRST_BYTE = AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT)
 _TOTAL = AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT)

@@ -42,6 +42,9 @@ class Exchange:
     withhold_usage: bool = False
     total_deadline: float = 0.0
     counted: bool = False  # counted in the active streams (admission, gauge)
+    #: The request body until the relay takes it (a rewritten body replaces the client's).
+    body: bytes = b""
+    held_copies: int = 0  # bytes of rewritten bodies counted in the body budget
     stop_reason: Reason | None = None
     response_done: bool = False
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.

@@ -27,37 +27,39 @@ When every attempt fails, the client gets the last one's answer or error.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.guard import Reason, SSEDecoder, StreamGuard
-from gateway.guard.jsonparse import loads
+from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
+from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
     AttemptFailure,
     Result,
     health_of,
+    is_context_length,
     result_of_answer,
     result_of_failure,
     result_of_held,
     result_of_status,
+    retry_after_ms,
     retry_after_seconds,
-    retryable,
 )
 from gateway.policy.pool import Change, Health, Lease
+from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
-from gateway.protocols import ContractOptions, CredentialStyle
-from gateway.proxy.admission import Admission, ClientGone, Refused
+from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
+from gateway.proxy.admission import Admission, ClientGone, Refused, body_weight
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
 from gateway.proxy.connection import edge_refusal, watch_connection
+from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
@@ -68,6 +70,7 @@ from gateway.proxy.headers import (
     request_id_of,
     strip_hop_by_hop,
 )
+from gateway.proxy.request_body import BodyParser
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
 
@@ -92,9 +95,12 @@ _HELD_PLAIN_FAILURES = {
     Reason.FIRST_BYTE_TIMEOUT: AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT),
     Reason.TOTAL_TIMEOUT: AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT),
 }
-_HELD_PLAIN_BROKEN = AttemptFailure("upstream_disconnect", 502, Reason.UPSTREAM_DISCONNECT)
+_HELD_PLAIN_BROKEN = AttemptFailure(
+    RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
+)
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
+_FORGED_LOG_SECONDS = 60.0
 
 
 class Relay:
@@ -120,10 +126,12 @@ class Relay:
         self.admission = Admission(
             settings.limits, settings.client_key_sha256, settings.effective_routes()
         )
+        self.bodies = BodyParser()
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._forged_logged = float("-inf")
 
     # -- the request's life -------------------------------------------------------------
 
@@ -166,7 +174,7 @@ class Relay:
                     raise
                 await self._stopped_before_response(exchange)
                 return
-            held = len(body)
+            held = body_weight(route) * len(body)
             # A lost client connection stops the exchange: told by the edge when the
             # server is ours (no task per request), else by a task on ``receive()``.
             unwatch = watch_connection(scope, exchange.client_gone)
@@ -174,14 +182,17 @@ class Relay:
                 watcher = asyncio.get_running_loop().create_task(
                     self._watch_disconnect(receive, exchange)
                 )
-            await self._proxy(exchange, target, body)
+            # The exchange holds the body from here: a rewritten body replaces it.
+            exchange.body = body
+            del body
+            await self._proxy(exchange, target)
         except AbortConnection:
             # Returning without finishing the response makes uvicorn drop the
             # connection: the client sees a truncated body, not a clean end.
             pass
         finally:
             exchange.response_done = True
-            self.admission.release(held)
+            self.admission.release(held + exchange.held_copies)
             if unwatch is not None:
                 unwatch()
             if watcher is not None:
@@ -190,7 +201,9 @@ class Relay:
             if record.usage is None and record.verdict is not None:
                 record.usage = record.verdict.usage
             record.duration = time.monotonic() - started
-            record.model_label = self.model_labels.label(record.model, record.upstream_model)
+            record.model_label = self.model_labels.label(
+                record.model, record.upstream_model, configured=_mapped(route, record.model)
+            )
             self.observers.observe(record)
 
     async def _watch_disconnect(self, receive: Receive, exchange: Exchange) -> None:
@@ -202,12 +215,13 @@ class Relay:
 
     # -- what the request is ------------------------------------------------------------
 
-    async def _proxy(self, exchange: Exchange, target: Target, body: bytes) -> None:
+    async def _proxy(self, exchange: Exchange, target: Target) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec = route.spec_for(rest)
         record.protocol = spec.name
-        request_json = _parse_request(body, scope["headers"])
+        # The body's small top-level members only: the document itself is never kept.
+        request_json = await self.bodies.summary(exchange.body)
         if request_json is not None:
             model = request_json.get("model")
             record.model = model if isinstance(model, str) else None
@@ -219,8 +233,15 @@ class Relay:
             and spec.ask_for_usage is not None
             and spec.ask_for_usage(request_json)
         ):
-            body = json.dumps(request_json, separators=(",", ":")).encode()
-            exchange.withhold_usage = True
+            changes = {"stream_options": request_json["stream_options"]}
+            rewritten = await self.bodies.rewrite(exchange.body, changes)
+            if rewritten is not None:
+                # The client's bytes are let go: only the rewritten ones are held (the
+                # body counts twice in the budget already; only growth beyond that).
+                self._hold(exchange, len(rewritten) - 2 * len(exchange.body))
+                exchange.body = rewritten
+                exchange.withhold_usage = True
+        body, exchange.body = exchange.body, b""
         if record.stream:
             try:
                 self.admission.start_stream(route)
@@ -249,18 +270,31 @@ class Relay:
         exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
         headers = self._upstream_headers(exchange.scope, exchange.record)
         tried: list[int] = []
-        lease = route.pool.pick()  # a request's first pick is never empty (panic routing)
+        # A request's first pick is never empty (panic routing).
+        first = route.pool.pick(model=exchange.record.model)
+        assert first is not None
+        retry: Retry | None = Retry(first)
         try:
-            while lease is not None:
-                tried.append(lease.index)
-                lease = await self._attempt(
-                    exchange, lease, tried, target, headers, body, request_json
+            while retry is not None:
+                if retry.wait > 0:
+                    await self._wait(exchange, retry)
+                tried.append(retry.lease.index)
+                retry = await self._attempt(
+                    exchange, retry.lease, tried, target, headers, body, request_json
                 )
         except asyncio.CancelledError:
             if not exchange.claim_stop():
                 raise
             # stopped by a client disconnect or by the drain before any response byte
             await self._stopped_before_response(exchange)
+
+    async def _wait(self, exchange: Exchange, retry: Retry) -> None:
+        """A retry's backoff or Retry-After, holding its claim on the upstream."""
+        try:
+            await asyncio.sleep(retry.wait)
+        except BaseException:
+            exchange.route.pool.done(retry.lease, Health.NEUTRAL)
+            raise
 
     async def _attempt(
         self,
@@ -271,120 +305,220 @@ class Relay:
         headers: RawHeaders,
         body: bytes,
         request_json: dict[str, Any] | None,
-    ) -> Lease | None:
-        """One attempt on the leased upstream: answer the client, or return the next
-        upstream's lease when this one failed before anything reached the client."""
-        route, record = exchange.route, exchange.record
+    ) -> Retry | None:
+        """One attempt on the leased upstream, in two layers: get an answer or a failure
+        (``_exchange``), then account for it (``_account``). Returns the next
+        upstream's lease (and wait) when this one failed before anything reached the client."""
+        route = exchange.route
         endpoint = route.endpoints[lease.index]
-        exchange.timeouts = timeouts = endpoint.timeouts
-        content = _body_for(endpoint, body, request_json)
-        record.bytes_in += len(content)
+        exchange.timeouts = endpoint.timeouts
+        content = await self._body_for(exchange, endpoint, body, request_json)
+        exchange.record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
-        started = time.monotonic()  # uvloop's loop.time() counts whole milliseconds
-        result = Result.OK
-        reason: Reason | None = None
-        answered = False  # the answer went to the client: its result is read off the record
-        stopped = False  # cancelled: says nothing about the upstream
-        retry: Lease | None = None  # the next attempt's upstream, once claimed
-        response: httpx.Response | None = None
+        # uvloop's loop.time() counts whole milliseconds; the position keeps the access
+        # log's attempts in the order they started (a continuation's ends first).
+        tally = _Tally(time.monotonic(), len(exchange.record.attempts))
         try:
-            # Built in the call: no local keeps the request alive while a stream lasts.
-            outcome = await attempt(
-                self.upstream,
-                self.upstream.request(
-                    exchange.scope["method"],
-                    endpoint.url_for(target),
-                    _with_credential(headers, endpoint),
-                    content,
-                    timeouts.connect,
-                ),
-                timeouts.first_byte,
-                exchange.total_deadline,
-            )
-            if isinstance(outcome, AttemptFailure):
-                result, reason = result_of_failure(outcome), outcome.reason
-                retry = self._retry(exchange, result, tried)
-                if retry is None:
-                    await self._fail_before_response(exchange, outcome)
-                return retry
-            response = outcome
-            result = result_of_status(response.status_code)
-            if result is Result.STATUS_429 or result is Result.STATUS_5XX:
-                self._cool_down(route, lease.index, response)
-                retry = self._retry(exchange, result, tried)
-                if retry is not None:
-                    return retry
-            guard = self._stream_guard(exchange, response)
-            held: Held | None = None
-            if result is Result.OK and self._may_hold(exchange, tried):
-                if guard is not None:
-                    held = await hold_stream(exchange, response, guard)
-                else:
-                    held = await hold_plain(exchange, response)
-                if held.failure is not None:
-                    result, reason = result_of_held(held.failure), held.failure
-                    retry = self._retry(exchange, result, tried)
-                    if retry is not None:
-                        return retry
-                    if guard is None:
-                        failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
-                        await self._fail_before_response(exchange, failure)
-                        return None
-            record.upstream = endpoint.name
-            answered = held is None or held.failure is None  # else: its result stands
-            await self._answer(exchange, response, guard, held)
-            return None
+            outgoing = _Outgoing(target, headers, body, request_json)
+            return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
         except asyncio.CancelledError:
-            result, reason, answered, stopped = Result.INCOMPLETE, exchange.stop_reason, False, True
+            tally.stopped()
             raise
         finally:
+            self._account(exchange, endpoint, lease, tally)
+
+    async def _exchange(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        tried: list[int],
+        tally: _Tally,
+        outgoing: _Outgoing,
+        content: bytes,
+    ) -> Retry | None:
+        """Send the request; relay the answer, or fail, or claim the retry's upstream.
+        Its one cleanup: the response is closed, whatever happened."""
+        timeouts = endpoint.timeouts
+        # Built in the call: no local keeps the request alive while a stream lasts.
+        outcome = await attempt(
+            self.upstream,
+            self.upstream.request(
+                exchange.scope["method"],
+                endpoint.url_for(outgoing.target),
+                _with_credential(outgoing.headers, endpoint, exchange.spec),
+                content,
+                timeouts.connect,
+            ),
+            timeouts.first_byte,
+            exchange.total_deadline,
+        )
+        if isinstance(outcome, AttemptFailure):
+            tally.result, tally.reason = result_of_failure(outcome), outcome.reason
+            silent = outcome.error is RequestError.CONNECT_TIMEOUT
+            retry = self._retry(exchange, tally.result, tried, silent=silent)
+            if retry is None:
+                await self._fail_before_response(exchange, outcome)
+            return retry
+        retry = None
+        try:
+            retry = await self._answer_or_retry(exchange, endpoint, tried, tally, outcome, outgoing)
+            return retry
+        finally:
             try:
-                if response is not None:
-                    await close_quietly(response)
+                await close_quietly(outcome)
             except BaseException:
                 if retry is not None:  # claimed, but this request will not get to use it
-                    route.pool.done(retry, Health.NEUTRAL)
+                    exchange.route.pool.done(retry.lease, Health.NEUTRAL)
                 raise
-            finally:
-                if answered:
-                    verdict = record.verdict
-                    result = result_of_answer(record.status, verdict, record.error)
-                    reason = verdict.reason if verdict is not None else None
-                health = Health.NEUTRAL if stopped else health_of(result, reason, record.error)
-                duration = time.monotonic() - started
-                record.attempts.append(Attempt(endpoint.name, result, duration))
-                self._attempt_done(route, endpoint, lease, health)
 
-    def _retry(self, exchange: Exchange, result: Result, tried: list[int]) -> Lease | None:
-        """The next upstream's lease when ``result`` may be retried now, else None."""
-        route = exchange.route
-        if (
-            len(tried) >= route.config.max_attempts
-            or not retryable(result, route.retry_on)
-            or asyncio.get_running_loop().time() >= exchange.total_deadline
-        ):
+    async def _answer_or_retry(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        tried: list[int],
+        tally: _Tally,
+        response: httpx.Response,
+        outgoing: _Outgoing,
+    ) -> Retry | None:
+        """A response head came back: retry it, hold it, or relay it to the client."""
+        tally.result = result = result_of_status(response.status_code)
+        held: Held | None = None
+        if result is Result.STATUS_429 or result is Result.STATUS_5XX:
+            wait = self._cool_down(exchange, tried[-1], response)
+            retry = self._retry(exchange, result, tried, retry_after=wait)
+            if retry is not None:
+                return retry
+        elif response.status_code == 400 and "context_length" in exchange.route.retry_on:
+            held = await _read_refusal(response)
+            if held.failure is None and is_context_length(held.out):
+                tally.result = Result.CONTEXT_LENGTH
+                retry = self._retry(exchange, Result.CONTEXT_LENGTH, tried)
+                if retry is not None:
+                    return retry
+        guard = self._stream_guard(exchange, response)
+        if result is Result.OK and self._may_hold(exchange, tried):
+            if guard is not None:
+                held = await hold_stream(exchange, response, guard)
+            else:
+                held = await hold_plain(exchange, response)
+            if held.failure is not None:
+                tally.result, tally.reason = result_of_held(held.failure), held.failure
+                retry = self._retry(exchange, tally.result, tried)
+                if retry is not None:
+                    return retry
+                if guard is None:
+                    failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
+                    await self._fail_before_response(exchange, failure)
+                    return None
+        if guard is not None and not await self._count_late_stream(exchange):
+            return None  # refused: the stream cap is full (the upstream is closed)
+        exchange.record.upstream = endpoint.name
+        tally.answered = held is None or held.failure is None  # else: its result stands
+        rescuer = self._rescuer(exchange, tried[-1], outgoing) if guard is not None else None
+        try:
+            await self._answer(exchange, response, guard, held, rescuer)
+        finally:
+            if rescuer is not None:
+                await rescuer.aclose()
+        if rescuer is not None and rescuer.original is not None:
+            # this attempt was cut: the continuation's result is its own attempt's
+            tally.answered = False
+            tally.result, tally.reason = Result.INCOMPLETE, rescuer.original
+        return None
+
+    def _rescuer(self, exchange: Exchange, index: int, outgoing: _Outgoing) -> Rescuer | None:
+        """A continuation helper for a route that continues cut streams, else None."""
+        if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
             return None
-        return route.pool.pick(tried, panic=False)
+        route = exchange.route
+
+        def done(endpoint: Endpoint, lease: Lease, health: Health) -> None:
+            self._attempt_done(route, endpoint, lease, health)
+
+        return Rescuer(
+            exchange=exchange,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            index=index,
+            target=outgoing.target,
+            headers=lambda endpoint: _with_credential(outgoing.headers, endpoint, exchange.spec),
+            request_json=outgoing.request_json,
+            document=lambda: self.bodies.document(outgoing.body),
+            body_size=len(outgoing.body),
+            new_guard=lambda response: self._stream_guard(exchange, response),
+            done=done,
+        )
+
+    def _account(self, exchange: Exchange, endpoint: Endpoint, lease: Lease, tally: _Tally) -> None:
+        """An attempt ended: its result (an answer's is read off the record), its
+        upstream's health, the access log's attempt, the pool and the metrics."""
+        record = exchange.record
+        result, reason = tally.result, tally.reason
+        if tally.answered:
+            verdict = record.verdict
+            result = result_of_answer(record.status, verdict, record.error)
+            reason = verdict.reason if verdict is not None else None
+        if tally.cancelled:
+            result, reason = Result.INCOMPLETE, exchange.stop_reason
+            health = Health.NEUTRAL  # cancelled: says nothing about the upstream
+        else:
+            health = health_of(result, reason, record.error)
+        entry = Attempt(endpoint.name, result, time.monotonic() - tally.started)
+        record.attempts.insert(tally.position, entry)
+        self._attempt_done(exchange.route, endpoint, lease, health)
+
+    def _retry(
+        self,
+        exchange: Exchange,
+        result: Result,
+        tried: list[int],
+        *,
+        retry_after: float | None = None,
+        silent: bool = False,
+    ) -> Retry | None:
+        """The next attempt (claimed, with its wait) when ``result`` may be retried,
+        else None (``gateway.policy.retry``)."""
+        route = exchange.route
+        return next_attempt(
+            route.pool,
+            route.retry,
+            result=result,
+            tried=tried,
+            model=exchange.record.model,
+            time_left=exchange.total_deadline - asyncio.get_running_loop().time(),
+            retry_after=retry_after,
+            silent=silent,
+        )
 
     def _may_hold(self, exchange: Exchange, tried: list[int]) -> bool:
-        """Whether an answer that breaks before it starts could still be retried."""
+        """Whether an answer that breaks before it starts could still be retried: on
+        another upstream, or (an early end) on the same one once more."""
         route = exchange.route
+        pool = route.pool
         return (
-            len(route.endpoints) > len(tried)
+            len(pool) > 1
             and len(tried) < route.config.max_attempts
             and ("early_eof" in route.retry_on or "first_byte_timeout" in route.retry_on)
             and asyncio.get_running_loop().time() < exchange.total_deadline
-            and route.pool.available(tried)
+            and (pool.available(tried, model=exchange.record.model) or tried.count(tried[-1]) < 2)
         )
 
-    def _cool_down(self, route: Route, index: int, response: httpx.Response) -> None:
+    def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
+        """A 429's or 503's Retry-After cools ``index`` down for the request's model (a 429
+        without one: its doubling backoff); returns the Retry-After in seconds, if any."""
         if response.status_code not in _COOL_DOWN_STATUSES:
-            return
-        seconds = retry_after_seconds(
-            response.headers.get("retry-after"), time.time(), route.config.eject_max_seconds
-        )
+            return None
+        route, model = exchange.route, exchange.record.model
+        ceiling = route.config.eject_max_seconds
+        headers = response.headers
+        seconds = retry_after_ms(headers.get("retry-after-ms"), ceiling)
+        if seconds is None:
+            seconds = retry_after_seconds(headers.get("retry-after"), time.time(), ceiling)
         if seconds is not None:
-            route.pool.cool_down(index, seconds)
+            route.pool.cool_down(index, seconds, model)
+        elif response.status_code == 429:
+            route.pool.throttle(index, model, route.retry.backoff_seconds, BACKOFF_CAP_SECONDS)
+        return seconds
 
     def _attempt_done(self, route: Route, endpoint: Endpoint, lease: Lease, health: Health) -> None:
         self.metrics.upstream_ended(route.name, endpoint.name)
@@ -424,24 +558,34 @@ class Relay:
     # -- the answer -----------------------------------------------------------------------
 
     def _stream_guard(self, exchange: Exchange, response: httpx.Response) -> StreamGuard | None:
-        """A guard for a 2xx event stream; None for any other answer (relayed plain)."""
+        """A guard for a 2xx stream in the protocol's framing (its media type, and for a
+        framing that is also a bulk format, a request that asked for a stream); None for
+        any other answer (relayed plain)."""
+        framing = exchange.spec.framing
         if not (
             200 <= response.status_code < 300
             and response.status_code not in (204, 205)
-            and response.headers.get("content-type", "").startswith("text/event-stream")
+            and framing.is_stream(response.headers.get("content-type", ""))
             and exchange.scope["method"] != "HEAD"
+            and (exchange.record.stream or not framing.announced_only)
         ):
             return None
         limits = self.settings.limits
         options = ContractOptions(
             require_finish_reason=exchange.route.config.require_finish_reason,
             withhold_usage=exchange.withhold_usage,
+            end_on_finish=exchange.route.config.termination == "finish",
         )
-        return StreamGuard(
-            exchange.spec.new_contract(options),
-            SSEDecoder(limits.max_line_bytes, limits.max_event_bytes),
+        contract = exchange.spec.new_contract(options)
+        if exchange.route.config.continue_after_cut and hasattr(contract, "keep_text"):
+            contract.keep_text = True  # the text sent so far is what a continuation prefills
+        guard = StreamGuard(
+            contract,
+            framing.new_decoder(limits.max_line_bytes, limits.max_event_bytes),
             max_stream_bytes=limits.max_response_bytes,
         )
+        guard.withhold_errors = exchange.route.config.continue_after_cut
+        return guard
 
     async def _answer(
         self,
@@ -449,6 +593,7 @@ class Relay:
         response: httpx.Response,
         guard: StreamGuard | None,
         held: Held | None = None,
+        rescuer: Rescuer | None = None,
     ) -> None:
         record = exchange.record
         upstream_id = None
@@ -463,25 +608,90 @@ class Relay:
                 record.verdict = (
                     bare_verdict(Reason.UPSTREAM_STATUS)
                     if not 200 <= response.status_code < 300
-                    else bare_verdict(Reason.INVALID_SHAPE, "not an event stream")
+                    else bare_verdict(
+                        Reason.INVALID_SHAPE, f"not {exchange.spec.framing.media_type}"
+                    )
                 )
             await relay_plain(exchange, response, draining, held)
             return
         record.stream = True
-        if not exchange.counted:
-            # A stream the request did not announce (non-JSON body, GET): count it as
-            # one from here on; it is too late to refuse it.
-            self.admission.count_stream(exchange.route)
-            self.metrics.stream_started(exchange.route.name)
-            exchange.counted = True
-        await relay_stream(
-            exchange,
-            response,
-            guard,
-            annotate=self.settings.annotate,
-            draining=draining,
-            held=held,
-        )
+        try:
+            await relay_stream(
+                exchange,
+                response,
+                guard,
+                annotate=self.settings.annotate,
+                draining=draining,
+                held=held,
+                rescue=rescuer.rescue if rescuer is not None else None,
+            )
+        finally:
+            if guard.forged_comments:
+                self._forged(exchange, guard.forged_comments)
+
+    def _forged(self, exchange: Exchange, count: int) -> None:
+        """The upstream sent comment lines posing as the annotation: dropped, counted,
+        and logged at most once a minute."""
+        route = exchange.route.name
+        self.metrics.forged_annotations_dropped(route, count)
+        now = time.monotonic()
+        if now - self._forged_logged >= _FORGED_LOG_SECONDS:
+            self._forged_logged = now
+            log.warning(
+                "route %s: the upstream sent %d comment line(s) that began with the "
+                "annotation's prefix; dropped, never relayed (request %s)",
+                route,
+                count,
+                exchange.record.request_id,
+            )
+
+    async def _count_late_stream(self, exchange: Exchange) -> bool:
+        """An answer that is a stream the request did not announce (a GET, a body that
+        is not JSON): counted against the caps now, before its head goes out; False
+        when a cap is full (the client got 503, the caller closes the upstream)."""
+        if exchange.counted:
+            return True
+        exchange.record.stream = True
+        try:
+            self.admission.start_stream(exchange.route)
+        except Refused as refused:
+            await self._refuse(exchange.send, exchange.record, refused)
+            return False
+        self.metrics.stream_started(exchange.route.name)
+        exchange.counted = True
+        return True
+
+    async def _body_for(
+        self,
+        exchange: Exchange,
+        endpoint: Endpoint,
+        body: bytes,
+        request_json: dict[str, Any] | None,
+    ) -> bytes:
+        """The body for ``endpoint``: with its name for the client's model when its
+        ``models`` map has one (or a ``"*"`` entry); otherwise ``body`` as it is, byte
+        for byte."""
+        if not endpoint.models or request_json is None:
+            return body
+        model = request_json.get("model")
+        models = endpoint.models
+        mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
+        if mapped is None:
+            return body
+        rewritten = await self.bodies.rewrite(body, {"model": mapped})
+        if rewritten is None:
+            return body
+        # Beside the body the other upstreams get, which counts twice in the budget already.
+        self._hold(exchange, len(rewritten) - len(body))
+        return rewritten
+
+    def _hold(self, exchange: Exchange, size: int) -> None:
+        """``size`` more bytes of the request's body are held (a rewritten copy): they
+        count in the buffered-body budget until the request ends (never refused here:
+        the request is admitted already)."""
+        if size > 0:
+            self.admission.charge(size)
+            exchange.held_copies += size
 
     # -- errors of our own ----------------------------------------------------------------
 
@@ -557,28 +767,63 @@ class Relay:
         )
 
 
-def _parse_request(body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
-    """The request body as a JSON object, or None (not JSON, or not parseable by us)."""
-    if not body or body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
-        return None
-    ctype = get_header(headers, b"content-type") or b""
-    if ctype and b"json" not in ctype:
-        return None
+class _Outgoing(NamedTuple):
+    """What one request sends upstream, the same for each of its attempts."""
+
+    target: Target
+    headers: RawHeaders
+    body: bytes  # the client's, as admitted (a continuation parses it again)
+    request_json: dict[str, Any] | None
+
+
+class _Tally:
+    """What one attempt came to, filled in as it goes and read once at its end."""
+
+    __slots__ = ("answered", "cancelled", "position", "reason", "result", "started")
+
+    def __init__(self, started: float, position: int) -> None:
+        self.started = started
+        self.position = position
+        self.result = Result.OK
+        self.reason: Reason | None = None
+        #: The answer went to the client: its result is read off the record.
+        self.answered = False
+        #: Cancelled (the client left, the drain): says nothing about the upstream.
+        self.cancelled = False
+
+    def stopped(self) -> None:
+        self.answered = False
+        self.cancelled = True
+
+
+#: The most of a 400's body read to tell whether it says the prompt is too long.
+_REFUSAL_LIMIT = 64 * 1024
+
+
+async def _read_refusal(response: httpx.Response) -> Held:
+    """A 400's body (up to ``_REFUSAL_LIMIT``, then the rest goes on as ``chunks``)."""
+    chunks = response.aiter_raw().__aiter__()
+    out: list[bytes] = []
+    size = 0
     try:
-        obj = loads(body)
-    except (ValueError, RecursionError):
-        # Anything the gateway cannot parse is "not JSON": forwarded unchanged.
-        return None
-    return obj if isinstance(obj, dict) else None
+        async for chunk in chunks:
+            out.append(chunk)
+            size += len(chunk)
+            if size >= _REFUSAL_LIMIT:
+                break
+    except (httpx.TransportError, OSError):
+        return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
+    return Held(b"".join(out), chunks=chunks)
 
 
-def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
-    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has one."""
+def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
+    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
+    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
     if endpoint.credential is None:
         return headers
     headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
     secret = endpoint.credential.get_secret_value().encode()
-    style = endpoint.credential_style
+    style = endpoint.style_for(spec)
     if style is CredentialStyle.X_API_KEY:
         headers.append((b"x-api-key", secret))
     elif style is CredentialStyle.X_GOOG_API_KEY:
@@ -588,16 +833,9 @@ def _with_credential(headers: RawHeaders, endpoint: Endpoint) -> RawHeaders:
     return headers
 
 
-def _body_for(endpoint: Endpoint, body: bytes, request_json: dict[str, Any] | None) -> bytes:
-    """The body for ``endpoint``: with its name for the client's model when its ``models``
-    map has one; otherwise ``body`` as it is, byte for byte."""
-    if not endpoint.models or request_json is None:
-        return body
-    model = request_json.get("model")
-    mapped = endpoint.models.get(model) if isinstance(model, str) else None
-    if mapped is None:
-        return body
-    return json.dumps({**request_json, "model": mapped}, separators=(",", ":")).encode()
+def _mapped(route: Route, model: str | None) -> bool:
+    """Whether an upstream of ``route`` maps ``model`` (a configured, bounded name)."""
+    return model is not None and any(model in endpoint.models for endpoint in route.endpoints)
 
 
 def _client_left(record: RequestRecord, scope: Scope) -> None:

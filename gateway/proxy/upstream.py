@@ -51,6 +51,8 @@ import yarl
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 
+from gateway.policy.errors import AttemptError
+
 __all__ = [
     "READ_CHUNK",
     "AiohttpTransport",
@@ -481,10 +483,7 @@ async def drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
         return
 
 
-SendFailure = Literal["connect_timeout", "connect_error", "upstream_bad_response"]
-
-
-def send_failure(exc: BaseException) -> SendFailure:
+def send_failure(exc: BaseException) -> AttemptError:
     """What went wrong when ``Upstream.send`` raised, as the access log's ``error``.
 
     ``connect_*``: no connection (refused, DNS, TLS, timeout, pool wait).
@@ -492,10 +491,10 @@ def send_failure(exc: BaseException) -> SendFailure:
     malformed or oversized head, a close or reset before the head).
     """
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-        return "connect_timeout"
+        return AttemptError.CONNECT_TIMEOUT
     if isinstance(exc, httpx.ConnectError) or not isinstance(exc, httpx.TransportError):
-        return "connect_error"
-    return "upstream_bad_response"
+        return AttemptError.CONNECT_ERROR
+    return AttemptError.UPSTREAM_BAD_RESPONSE
 
 
 async def close_quietly(response: httpx.Response) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any, Final
 
@@ -12,9 +13,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.simulator._continuation import (
+    Refusal,
+    continuation_of,
+    continue_completion,
+    continue_plan,
+)
 from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
+from gateway.simulator._ollama import ollama_tags_body
 from gateway.simulator._protocols import (
     ProtocolName,
+    context_length_body,
     embeddings_body,
     error_body,
     make_plan,
@@ -38,6 +47,11 @@ _RETRY_AFTER_STATUSES: Final = frozenset({429, 503, 529})
 #: provider refuses a model it does not have; any other name is answered.
 UNKNOWN_MODEL: Final = "no-such-model"
 _DEFAULT_LIST_LIMIT: Final = 100
+#: The media type of a streamed answer where it is not ``text/event-stream``.
+_STREAM_TYPES: Final = {
+    "ollama": "application/x-ndjson",
+    "ollama_generate": "application/x-ndjson",
+}
 
 
 class _Simulator:
@@ -49,8 +63,20 @@ class _Simulator:
         store: RecordStore,
         default_fault: str = "none",
         default_status: int = 500,
+        fault_requests: int | None = None,
+        fault_seconds: float | None = None,
+        retry_after: str | None = "1",
+        context_length: bool = False,
+        continuation: str = "any",
     ) -> None:
+        self.continuation = continuation
         self.default_tps = default_tps
+        self.fault_requests = fault_requests
+        self.fault_seconds = fault_seconds
+        self.retry_after = retry_after
+        self.context_length = context_length
+        #: When each provider request arrived (monotonic), for tests of retry timing.
+        self.arrivals: list[float] = []
         self.default_tokens = default_tokens
         self.default_fault = default_fault
         self.default_status = default_status
@@ -59,6 +85,20 @@ class _Simulator:
         self.closing = Closing()
 
     # -- helpers -----------------------------------------------------------------
+
+    def _default_fault_now(self) -> str:
+        """The default fault for this request: it may last only the first
+        ``fault_requests`` requests, or ``fault_seconds`` from the first request
+        (a provider down for a while, then back)."""
+        now = time.monotonic()
+        arrivals = self.arrivals
+        if len(arrivals) < 100_000:
+            arrivals.append(now)
+        if self.fault_requests is not None and len(arrivals) > self.fault_requests:
+            return "none"
+        if self.fault_seconds is not None and now - arrivals[0] >= self.fault_seconds:
+            return "none"
+        return self.default_fault
 
     @staticmethod
     def _id_headers(protocol: str) -> tuple[str, list[tuple[str, str]]]:
@@ -81,8 +121,8 @@ class _Simulator:
             ("content-length", str(len(data))),
             *headers,
         ]
-        if status in _RETRY_AFTER_STATUSES:
-            all_headers.append(("retry-after", "1"))
+        if status in _RETRY_AFTER_STATUSES and self.retry_after is not None:
+            all_headers.append(("retry-after", self.retry_after))
         return ScriptedResponse(
             status_code=status,
             headers=all_headers,
@@ -111,7 +151,7 @@ class _Simulator:
                 body,
                 default_tps=self.default_tps,
                 default_tokens=self.default_tokens,
-                default_fault=self.default_fault,
+                default_fault=self._default_fault_now(),
                 default_status=self.default_status,
             )
         except KnobError as exc:
@@ -140,20 +180,31 @@ class _Simulator:
         if knobs.fault == "status":
             message = f"Simulated upstream error (status {knobs.status})."
             payload = error_body(protocol, knobs.status, message, upstream_id)
+            if knobs.status == 400 and self.context_length:
+                payload = context_length_body(protocol)
             return self._json(knobs.status, payload, id_headers)
         named = model if model is not None else body.get("model")
         if knobs.fault == "none" and isinstance(named, str) and named.startswith(UNKNOWN_MODEL):
             payload = error_body(protocol, 404, "The model does not exist.", upstream_id)
             return self._json(404, payload, id_headers)
 
+        prefill = continuation_of(protocol, body, self.continuation)
+        if isinstance(prefill, Refusal):
+            payload = error_body(protocol, 400, prefill.message, upstream_id)
+            return self._json(400, payload, id_headers)
         plan = make_plan(protocol, body, knobs, size, model=model)
+        if prefill is not None and not continue_plan(plan, knobs, prefill):
+            message = "The prefill is not a prefix of the simulator's scripted answer."
+            return self._json(400, error_body(protocol, 400, message, upstream_id), id_headers)
+        if protocol == "completions" and self.continuation != "reject":
+            continue_completion(plan, knobs, body.get("prompt"))
         renderer = make_renderer(plan, crlf=knobs.crlf)
         partition_seed = knobs.seed if knobs.partition else None
         if stream is None:
             stream = body.get("stream") is True
         if stream:
             headers = [
-                ("content-type", "text/event-stream; charset=utf-8"),
+                ("content-type", _STREAM_TYPES.get(protocol, "text/event-stream; charset=utf-8")),
                 ("cache-control", "no-cache"),
                 *id_headers,
             ]
@@ -203,6 +254,25 @@ class _Simulator:
     async def gemini(self, request: Request) -> Response:
         model = request.path_params["model"]
         return await self._generate(request, "gemini", stream=False, model=model)
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, "ollama")
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, "ollama_generate")
+
+    async def _ollama(self, request: Request, protocol: ProtocolName) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            body = None
+        stream = not isinstance(body, dict) or body.get("stream") is not False
+        return await self._generate(request, protocol, stream=stream)
+
+    async def ollama_tags(self, request: Request) -> Response:
+        _, id_headers = self._id_headers("ollama")
+        return self._json(200, ollama_tags_body(), id_headers)
 
     async def embeddings(self, request: Request) -> Response:
         read = await self._read(request, "embeddings")
@@ -255,6 +325,11 @@ def create_simulator_app(
     store: RecordStore | None = None,
     default_fault: str = "none",
     default_status: int = 500,
+    fault_requests: int | None = None,
+    fault_seconds: float | None = None,
+    retry_after: str | None = "1",
+    context_length: bool = False,
+    continuation: str = "any",
 ) -> Starlette:
     """The simulator as an ASGI application.
 
@@ -265,6 +340,20 @@ def create_simulator_app(
     ``app.state.records``. ``default_fault`` (and ``default_status`` for
     fault ``status``) is the fault of every request that names none: a
     whole provider that fails, e.g. behind a gateway's pool of upstreams.
+
+    The default fault may be passing: only the first ``fault_requests``
+    requests (a 500 once: 1), or ``fault_seconds`` from the first request (a
+    provider down for a while, then back). ``retry_after`` is the
+    ``Retry-After`` of a 429, 503 or 529 (None: none); with
+    ``context_length``, a 400 says the prompt is too long, in the provider's
+    own words (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is
+    too long").
+
+    A request whose last message is the assistant's (a prefill) is continued:
+    the answer is the rest of the scripted one after that text, exactly. Which
+    continuation requests are taken (``continuation``): ``any`` (a plain
+    prefill, ``continue_final_message`` or ``"prefix": true``), one of those
+    styles only, or ``reject`` (a 400, as a model that rejects prefill).
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")
@@ -280,6 +369,11 @@ def create_simulator_app(
         store=records,
         default_fault=default_fault,
         default_status=default_status,
+        fault_requests=fault_requests,
+        fault_seconds=fault_seconds,
+        retry_after=retry_after,
+        context_length=context_length,
+        continuation=continuation,
     )
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
@@ -288,6 +382,9 @@ def create_simulator_app(
         Route("/v1/messages", sim.messages, methods=["POST"]),
         Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
         Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),
+        Route("/api/chat", sim.ollama_chat, methods=["POST"]),
+        Route("/api/generate", sim.ollama_generate, methods=["POST"]),
+        Route("/api/tags", sim.ollama_tags, methods=["GET"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),
@@ -299,4 +396,5 @@ def create_simulator_app(
     app = Starlette(routes=routes, middleware=[Middleware(RecorderMiddleware, store=records)])
     app.state.records = records
     app.state.closing = sim.closing
+    app.state.arrivals = sim.arrivals
     return app

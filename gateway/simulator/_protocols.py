@@ -2,7 +2,7 @@
 
 A :class:`Plan` describes the answer neutrally: one or more *lanes* (a chat
 choice, a Responses output item, an Anthropic content block, a Gemini
-candidate), each either
+candidate, Ollama's one message), each either
 text or a tool call, each with its pieces (deltas) and a neutral finish
 (``stop``, ``length``, ``content_filter``, ``tool_calls``). A renderer turns
 lane operations into the protocol's own event bytes. The fault choreography
@@ -11,8 +11,8 @@ protocol the same way.
 
 Renderers are stateful (sequence numbers, accumulated text) and render
 events strictly in stream order; they are made once per request. The four
-OpenAI/Anthropic renderers live here, Gemini's in ``_gemini``, and the table
-of all of them in ``_renderers``.
+OpenAI/Anthropic renderers live here, Gemini's in ``_gemini``, Ollama's in
+``_ollama``, and the table of all of them in ``_renderers``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ __all__ = [
     "Lane",
     "Plan",
     "Renderer",
+    "context_length_body",
     "embeddings_body",
     "error_body",
     "make_plan",
@@ -48,14 +49,20 @@ __all__ = [
     "sim_id",
 ]
 
-ProtocolName = Literal["chat", "completions", "responses", "messages", "gemini"]
+ProtocolName = Literal[
+    "chat", "completions", "responses", "messages", "gemini", "ollama", "ollama_generate"
+]
 PROTOCOLS: Final[tuple[ProtocolName, ...]] = (
     "chat",
     "completions",
     "responses",
     "messages",
     "gemini",
+    "ollama",
+    "ollama_generate",
 )
+#: Ollama's native API: ``/api/chat`` and ``/api/generate``.
+OLLAMA: Final = ("ollama", "ollama_generate")
 
 #: A fixed creation time, so the same seed gives the same body bytes.
 CREATED: Final = 1_735_689_600
@@ -129,7 +136,7 @@ def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
             for declaration in declarations if isinstance(declarations, list) else []:
                 if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
                     return str(declaration["name"])
-        elif protocol == "chat":
+        elif protocol == "chat" or protocol in OLLAMA:
             function = tool.get("function")
             if isinstance(function, dict) and isinstance(function.get("name"), str):
                 return str(function["name"])
@@ -194,10 +201,12 @@ def make_plan(
         max_tokens = _int_or_none(body.get("max_output_tokens"))
     elif protocol == "gemini":
         max_tokens = _int_or_none(gemini_config.get("maxOutputTokens"))
+    elif protocol in OLLAMA:
+        max_tokens = _int_or_none(_object(body.get("options")).get("num_predict"))
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 
-    tool_mode = protocol != "completions" and (
+    tool_mode = protocol not in ("completions", "ollama_generate") and (
         fault in ("tool_calls", "invalid_tool_arguments")
         or (bool(tools) and not _tool_choice_none(protocol, body))
     )
@@ -212,10 +221,10 @@ def make_plan(
                 if fault == "invalid_tool_arguments"
                 else tool_arguments(knobs.seed + index)
             )
-            # Gemini sends a function call whole, never its arguments in pieces.
+            # Gemini and Ollama send a function call whole, never its arguments in pieces.
             pieces = (
                 [arguments]
-                if protocol == "gemini"
+                if protocol == "gemini" or protocol in OLLAMA
                 else split_arguments(arguments, seed=knobs.seed + index)
             )
             lanes.append(
@@ -818,6 +827,8 @@ _GOOGLE_STATUS: Final = {
 
 def error_body(protocol: str, status: int, message: str, request_id: str) -> dict[str, Any]:
     """A non-2xx JSON error body in the provider's own shape."""
+    if protocol in OLLAMA:
+        return {"error": message}
     if protocol == "gemini":
         name = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "FAILED_PRECONDITION")
         return {"error": {"code": status, "message": message, "status": name}}
@@ -834,6 +845,27 @@ def error_body(protocol: str, status: int, message: str, request_id: str) -> dic
         status, ("server_error" if status >= 500 else "invalid_request_error", None)
     )
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def context_length_body(protocol: str) -> dict[str, Any]:
+    """A 400 saying the prompt is too long for the model, as each provider says it."""
+    if protocol == "messages":
+        return {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208310 tokens > 200000 maximum",
+            },
+        }
+    message = "This model's maximum context length is 8192 tokens."
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
 
 
 def models_body(*, anthropic: bool) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Final
 
 from gateway.simulator._gemini import GeminiRenderer
+from gateway.simulator._ollama import OllamaChatRenderer, OllamaGenerateRenderer
 from gateway.simulator._protocols import (
     ChatRenderer,
     CompletionsRenderer,
@@ -27,6 +28,8 @@ RENDERERS: Final[Mapping[ProtocolName, type[Renderer]]] = MappingProxyType(
         "responses": ResponsesRenderer,
         "messages": MessagesRenderer,
         "gemini": GeminiRenderer,
+        "ollama": OllamaChatRenderer,
+        "ollama_generate": OllamaGenerateRenderer,
     }
 )
 

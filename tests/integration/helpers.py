@@ -19,7 +19,7 @@ from tests.conftest import ServerThread, running
 
 ANNOTATION = re.compile(
     rb": gateway outcome=(?P<outcome>complete|incomplete) reason=(?P<reason>[a-z_]+) "
-    rb"request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
+    rb"(?:continued=(?P<continued>[1-9][0-9]*) )?request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
 )
 
 
@@ -70,7 +70,7 @@ def annotation(body: bytes) -> dict[str, str]:
     """The trailing annotation of a guarded stream (asserts it is there and last)."""
     match = ANNOTATION.search(body)
     assert match is not None, f"no trailing annotation in {body[-300:]!r}"
-    return {k: v.decode() for k, v in match.groupdict().items()}
+    return {k: v.decode() for k, v in match.groupdict().items() if v is not None}
 
 
 def assert_whole_events(body: bytes) -> None:

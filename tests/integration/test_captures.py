@@ -246,6 +246,7 @@ PROTOCOL_PATHS = {
     "responses": ("/v1/responses", {"input": "p", "stream": True}),
     "messages": ("/v1/messages", {"messages": [], "max_tokens": 64, "stream": True}),
     "gemini": ("/v1beta/models/sim-model:streamGenerateContent?alt=sse", {"contents": []}),
+    "ollama": ("/api/chat", {"messages": []}),  # NDJSON: redacted and replayed by its framing
 }
 
 
@@ -256,6 +257,7 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
     routes = [
         _route("v1", "/v1", simulator.url + "/v1", tmp_path, capture="all"),
         _route("gem", "/v1beta", simulator.url + "/v1beta", tmp_path, capture="all"),
+        _route("oll", "/api", simulator.url + "/api", tmp_path, capture="all", protocol="ollama"),
     ]
     count = 0
     with gateway_for("", routes=routes) as gw:
@@ -269,15 +271,17 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
                 }
                 web.post(gw.url + path, json={"model": "sim-model", **body}, headers=headers)
                 count += 1
-        _eventually(lambda: _written(gw, "v1") + _written(gw, "gem") == count)
-    reasons = set()
+        _eventually(lambda: sum(_written(gw, r) for r in ("v1", "gem", "oll")) == count)
+    reasons, protocols = set(), set()
     for path in _files(tmp_path):
         capture = load(path)
         result = replay(capture)
         assert result.result == "same", (path.name, result)
         assert result.bytes == capture.received_bytes
         reasons.add(capture.reason)
+        protocols.add(capture.protocol)
     assert len(_files(tmp_path)) == count
+    assert protocols == set(PROTOCOL_PATHS)
     assert reasons >= {
         "stop",
         "tool_calls",

@@ -55,6 +55,9 @@ def _run(settings: Settings, **narrowing: Any) -> Matrix:
 # ------------------------------------------------------------------ the simulator
 
 
+_SIMULATOR_ROUTES = {"gemini": "simulator-gemini", "ollama": "simulator-ollama"}
+
+
 def test_probe_simulator_passes_every_check_of_every_protocol_and_writes_both_reports(
     tmp_path: Path,
 ) -> None:
@@ -67,7 +70,7 @@ def test_probe_simulator_passes_every_check_of_every_protocol_and_writes_both_re
     matrix = json.loads(out.read_text())
     jsonschema.validate(matrix, SCHEMA)
     expected = [
-        ("simulator-gemini" if spec.name == "gemini" else "simulator", spec.name, check)
+        (_SIMULATOR_ROUTES.get(spec.name, "simulator"), spec.name, check)
         for spec in REGISTRY
         for check in checks_for(spec)
     ]

@@ -20,7 +20,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import load_settings
-from tests.integration.helpers import annotation, metric_value
+from tests.integration.helpers import access_log_line, annotation, metric_value
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
 
@@ -185,6 +185,75 @@ def test_the_route_credential_goes_in_its_protocols_header(
         assert not others & set(sent.headers.keys())  # the client's key never passes
 
     run(test)
+
+
+@pytest.mark.parametrize(
+    ("upstream_url", "path", "header"),
+    [
+        # a path a protocol claims: that protocol's style, whatever the host
+        ("http://upstream.test/v1", "/v1/messages", "x-api-key"),
+        ("http://upstream.test/v1", "/v1/models/g:streamGenerateContent", "x-goog-api-key"),
+        ("http://api.anthropic.test/v1", "/v1/chat/completions", "authorization"),
+        ("http://upstream.test/v1", "/v1/api/chat", "authorization"),
+        # a path no protocol claims: guessed from the upstream's host
+        ("http://api.anthropic.test/v1", "/v1/models", "x-api-key"),
+        ("http://upstream.test/v1", "/v1/models", "authorization"),
+    ],
+)
+def test_on_a_route_for_any_path_the_credential_style_is_the_request_protocols(
+    monkeypatch: pytest.MonkeyPatch, upstream_url: str, path: str, header: str
+) -> None:
+    monkeypatch.setenv("GW_TEST_ROUTE_KEY", "sk-route")
+    route = {
+        "name": "r",
+        "prefix": "/v1",
+        "upstream": upstream_url,
+        "credential_env": "GW_TEST_ROUTE_KEY",
+    }
+    upstream = Upstream(
+        lambda r: answer(200, b'{"ok": true}', **{"content-type": "application/json"})
+    )
+
+    async def test() -> None:
+        async with gateway(upstream, routes=[route]) as client:
+            await client.post(path, json={"model": "m", "stream": False})
+        (sent,) = upstream.requests
+        expected = "Bearer sk-route" if header == "authorization" else "sk-route"
+        assert sent.headers[header] == expected
+        others = {"authorization", "x-api-key", "x-goog-api-key"} - {header}
+        assert not others & set(sent.headers.keys())
+
+    run(test)
+
+
+PULL_PROGRESS = b'{"status":"pulling manifest"}\n{"status":"success"}\n'
+
+
+@pytest.mark.parametrize("protocol", ["ollama", "auto"])
+def test_an_ndjson_answer_no_request_streamed_is_relayed_plain_and_not_invalid_json(
+    protocol: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ollama's /api/pull answers with NDJSON progress lines: a bulk answer, not a stream
+    upstream = Upstream(
+        lambda r: answer(200, PULL_PROGRESS, **{"content-type": "application/x-ndjson"})
+    )
+    route = {"name": "o", "prefix": "/api", "upstream": "http://upstream.test/api"}
+    routes = [{**route, "protocol": protocol}]
+
+    async def test() -> None:
+        async with gateway(upstream, routes=routes, access_log=True) as c:
+            response = await c.post(
+                "/api/pull", json={"model": "m"}, headers={"x-request-id": "pull-1"}
+            )
+            metrics = (await c.get("/metrics")).text
+        assert response.content == PULL_PROGRESS  # nothing appended
+        assert metric_value(metrics, "gateway_streams_total", route="o") == 0
+
+    run(test)
+    line = access_log_line(capsys, "pull-1")
+    assert line["error"] is None
+    assert line["stream"] is False
+    assert line["outcome"] is None
 
 
 def test_usage_is_asked_for_and_withheld_from_a_client_that_did_not() -> None:

@@ -26,14 +26,27 @@ FOREIGN: dict[Protocol, tuple[str, ...]] = {
     Protocol.RESPONSES: ("choice", "finish reason", "content block"),
     Protocol.MESSAGES: ("choice", "finish reason", "output item"),
     Protocol.GEMINI: ("choice", "output item", "content block", "stop reason"),
+    Protocol.OLLAMA: ("choice", "output item", "content block", "stop reason", "event"),
     Protocol.SSE: ("choice", "finish reason", "output item", "content block"),
 }
 #: A client that looks for its terminator by substring must not find one in our error.
-TERMINATORS = ("[DONE]", "message_stop", "response.completed", "response.incomplete")
+TERMINATORS = (
+    "[DONE]",
+    "message_stop",
+    "response.completed",
+    "response.incomplete",
+    '"done"',
+)
 
 
 def parse(event: bytes) -> tuple[str | None, dict[str, Any]]:
-    """(event name or None, JSON payload) of one rendered error event."""
+    """(event name or None, JSON payload) of one rendered error event (SSE or NDJSON)."""
+    if not event.startswith((b"data: ", b"event: ")):  # NDJSON: exactly one line
+        assert event.endswith(b"\n")
+        assert event.count(b"\n") == 1
+        line = json.loads(event)
+        assert isinstance(line, dict)
+        return None, line
     assert event.endswith(b"\n\n")
     lines = event[:-2].split(b"\n")
     name = None
@@ -55,7 +68,17 @@ def machine_reason(protocol: Protocol, payload: dict[str, Any]) -> set[str]:
     if protocol is Protocol.GEMINI:  # google.rpc.ErrorInfo, as Google APIs carry a reason
         (info,) = (d for d in payload["error"]["details"] if d["@type"].endswith("ErrorInfo"))
         return {info["metadata"]["reason"], info["reason"].lower()}
+    if protocol is Protocol.OLLAMA:
+        return {payload["gateway"]["reason"]}
     return {payload["error"]["code"]}
+
+
+def shown_message(protocol: Protocol, payload: dict[str, Any]) -> str:
+    """The human-readable message the client's SDK raises with."""
+    # the ollama client raises ResponseError(line["error"])
+    message = payload["error"] if protocol is Protocol.OLLAMA else payload["error"]["message"]
+    assert isinstance(message, str)
+    return message
 
 
 def test_client_stalled_is_an_incomplete_reason() -> None:
@@ -83,6 +106,10 @@ def test_every_error_event_carries_the_reason_in_a_field(
         assert name is None  # google-genai reads only data: lines
         assert isinstance(payload["error"]["code"], int)  # it raises only on an integer code
         assert next(iter(payload)) == "error"  # ... of an event that starts with "error"
+    elif protocol is Protocol.OLLAMA:
+        assert isinstance(payload["error"], str)  # ollama raises ResponseError on it
+        assert payload["gateway"]["outcome"] == "incomplete"
+        assert payload["gateway"]["request_id"] == "rid-1"
     else:
         assert name is None  # openai-python 1.0-1.13 ignores named events
         assert payload["error"]["type"] == "stream_incomplete"
@@ -101,8 +128,7 @@ def test_every_message_is_in_the_protocols_own_terms(protocol: Protocol, reason:
     for word in TERMINATORS:
         assert word not in message, f"{protocol} message names a terminator: {message!r}"
     _, payload = parse(error_event(protocol, reason, "rid-2"))
-    shown = payload["error"]["message"]
-    assert shown == message
+    assert shown_message(protocol, payload) == message
 
 
 @pytest.mark.parametrize(
@@ -140,6 +166,9 @@ def test_the_annotation_is_the_error_event_then_the_comment(protocol: Protocol) 
     verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.CLIENT_STALLED)
     trailer = render_annotation(protocol, verdict, "q-1", last_sequence_number=None)
     event = error_event(protocol, Reason.CLIENT_STALLED, "q-1")
+    if protocol is Protocol.OLLAMA:  # NDJSON has no comment line: the error line alone
+        assert trailer == event
+        return
     assert trailer == event + b": gateway outcome=incomplete reason=client_stalled request_id=q-1\n"
 
 
@@ -149,7 +178,8 @@ def test_a_complete_stream_gets_the_comment_unless_its_sdk_rejects_comments(
 ) -> None:
     verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
     trailer = render_annotation(protocol, verdict, "q-2")
-    if protocol is Protocol.GEMINI:  # google-genai raises on any line that is not data:
+    # google-genai raises on any line that is not data:, and NDJSON (ollama) has no comment
+    if protocol in (Protocol.GEMINI, Protocol.OLLAMA):
         assert trailer == b""
     else:
         assert trailer == b": gateway outcome=complete reason=stop request_id=q-2\n"

@@ -273,3 +273,39 @@ def test_redaction_does_not_depend_on_how_the_stream_was_split(cuts: list[int]) 
     stream = _stream_with_secrets("chat") + _chat_chunk({}, "stop")
     redacted = redact_stream(stream)
     assert _verdict("chat", redacted, cuts) == _verdict("chat", stream, cuts)
+
+
+# -- NDJSON (Ollama) ------------------------------------------------------------------
+
+
+def _line(obj: Any, nl: bytes = b"\n") -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + nl
+
+
+def test_an_ndjson_stream_keeps_its_lines_and_verdict_and_loses_its_text() -> None:
+    call = {"function": {"name": "lookup", "arguments": {SECRETS[0]: SECRETS[1]}}}
+    stream = (
+        _line({"model": "llama3.2", "message": {"role": "assistant", "content": SECRETS[1]}})
+        + b"\n"
+        + _line({"message": {"role": "assistant", "content": "", "tool_calls": [call]}}, b"\r\n")
+        + _line({"done": True, "done_reason": "stop", "eval_count": 12})
+    )
+    redacted = redact_stream(stream, "ndjson")
+    assert len(redacted) == len(stream)
+    assert [i for i, b in enumerate(redacted) if b in b"\r\n"] == [
+        i for i, b in enumerate(stream) if b in b"\r\n"
+    ]
+    for secret in SECRETS[:2]:
+        assert secret.encode() not in redacted
+    lines = [json.loads(line) for line in redacted.splitlines() if line.strip()]
+    assert lines[0]["message"]["role"] == "assistant"
+    assert lines[2] == {"done": True, "done_reason": "stop", "eval_count": 12}
+    assert _verdict("ollama", redacted) == _verdict("ollama", stream) == ("complete", "tool_calls")
+
+
+def test_a_line_that_is_not_json_is_replaced_whole() -> None:
+    stream = b'{"message": {"content": "' + SECRETS[1].encode() + b'"\n'
+    redacted = redact_stream(stream, "ndjson")
+    assert len(redacted) == len(stream)
+    assert SECRETS[1].encode() not in redacted
+    assert redacted.endswith(b"\n")

@@ -799,3 +799,40 @@ def test_tool_arguments_cut_by_length_are_a_complete_length_stream() -> None:
     run = run_guard(ChatContract(), [stream])
     assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.LENGTH)
     assert run.output == stream
+
+
+# -- termination = "finish": a clean end once every choice finished --------------------------
+
+
+@pytest.mark.parametrize(
+    ("parts", "outcome", "reason"),
+    [
+        ([ROLE, HELLO, STOP, USAGE_EV], Outcome.COMPLETE, Reason.STOP),
+        ([ROLE, HELLO, finish_chunk("length")], Outcome.COMPLETE, Reason.LENGTH),
+        ([ROLE, HELLO, STOP, USAGE_EV, DONE], Outcome.COMPLETE, Reason.STOP),
+        # still as strict as ever: an unfinished choice, nothing at all, an unfinished
+        # event, an error finish
+        ([ROLE, HELLO], Outcome.INCOMPLETE, Reason.MISSING_DONE),
+        ([], Outcome.INCOMPLETE, Reason.MISSING_DONE),
+        ([ROLE, HELLO, STOP, USAGE_EV[:-1]], Outcome.INCOMPLETE, Reason.MISSING_DONE),
+        ([ROLE, HELLO, STOP, b"data: {"], Outcome.INCOMPLETE, Reason.MISSING_DONE),
+        ([ROLE, HELLO, finish_chunk("error")], Outcome.INCOMPLETE, Reason.UPSTREAM_ERROR),
+    ],
+)
+def test_termination_finish_accepts_a_clean_end_after_every_choice_finished(
+    parts: list[bytes], outcome: Outcome, reason: Reason
+) -> None:
+    run = run_guard(ChatContract(end_on_finish=True), parts)
+    assert (run.verdict.outcome, run.verdict.reason) == (outcome, reason)
+    # without the route key, the same clean end is missing_done
+    if outcome is Outcome.COMPLETE and DONE not in parts:
+        strict = run_guard(ChatContract(), parts)
+        assert strict.verdict.reason is Reason.MISSING_DONE
+        # the annotation is still appended, with the reason from the finish
+        assert run.annotated().endswith(f"reason={reason} request_id=req-1\n".encode())
+
+
+def test_termination_finish_applies_to_completions_too() -> None:
+    parts = [completion("Hi"), completion(None, "stop")]
+    run = run_guard(CompletionsContract(end_on_finish=True), parts)
+    assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.STOP)

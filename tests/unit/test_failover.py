@@ -7,6 +7,7 @@ import email.utils
 import pytest
 
 from gateway.guard import Outcome, Reason, Verdict
+from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
     AttemptFailure,
     Result,
@@ -26,12 +27,18 @@ from gateway.settings import DEFAULT_RETRY_ON, RouteConfig
 @pytest.mark.parametrize(
     ("failure", "result"),
     [
-        (AttemptFailure("connect_error", 502, Reason.UPSTREAM_UNAVAILABLE), Result.CONNECT_ERROR),
-        (AttemptFailure("connect_timeout", 504, Reason.UPSTREAM_UNAVAILABLE), Result.CONNECT_ERROR),
+        (
+            AttemptFailure(RequestError.CONNECT_ERROR, 502, Reason.UPSTREAM_UNAVAILABLE),
+            Result.CONNECT_ERROR,
+        ),
+        (
+            AttemptFailure(RequestError.CONNECT_TIMEOUT, 504, Reason.UPSTREAM_UNAVAILABLE),
+            Result.CONNECT_ERROR,
+        ),
         (AttemptFailure(None, 504, Reason.FIRST_BYTE_TIMEOUT), Result.TIMEOUT),
         (AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT), Result.TIMEOUT),
         (
-            AttemptFailure("upstream_bad_response", 502, Reason.UPSTREAM_DISCONNECT),
+            AttemptFailure(RequestError.UPSTREAM_BAD_RESPONSE, 502, Reason.UPSTREAM_DISCONNECT),
             Result.EARLY_EOF,
         ),
     ],
@@ -95,7 +102,7 @@ def test_an_answer_the_client_got_is_ok_or_incomplete_or_its_status() -> None:
     assert result_of_answer(200, None, None) is Result.OK
     cut = bare_verdict(Reason.UPSTREAM_DISCONNECT)
     assert result_of_answer(200, cut, None) is Result.INCOMPLETE
-    assert result_of_answer(200, None, "upstream_disconnect") is Result.INCOMPLETE
+    assert result_of_answer(200, None, RequestError.UPSTREAM_DISCONNECT) is Result.INCOMPLETE
     late = bare_verdict(Reason.FIRST_BYTE_TIMEOUT)
     assert result_of_answer(200, late, None) is Result.TIMEOUT  # held or not
     assert result_of_answer(503, bare_verdict(Reason.UPSTREAM_STATUS), None) is Result.STATUS_5XX
@@ -117,8 +124,8 @@ def test_health_blames_the_upstream_only_for_its_own_failures() -> None:
         Reason.LIMIT_EXCEEDED,
     ):
         assert health_of(Result.INCOMPLETE, blameless) is Health.NEUTRAL
-    assert health_of(Result.INCOMPLETE, None, "client_stalled") is Health.NEUTRAL
-    assert health_of(Result.INCOMPLETE, None, "upstream_disconnect") is Health.FAILED
+    assert health_of(Result.INCOMPLETE, None, RequestError.CLIENT_STALLED) is Health.NEUTRAL
+    assert health_of(Result.INCOMPLETE, None, RequestError.UPSTREAM_DISCONNECT) is Health.FAILED
 
 
 def test_retry_after_in_seconds_or_as_a_date_capped() -> None:

@@ -10,7 +10,16 @@ from collections import Counter
 
 import pytest
 
-from gateway.policy.pool import Change, EjectionPolicy, Health, Lease, Pool
+from gateway.policy.pool import (
+    Change,
+    EjectionPolicy,
+    Health,
+    Lease,
+    MemberState,
+    Pool,
+    PoolError,
+    _Member,
+)
 
 
 class Clock:
@@ -259,3 +268,45 @@ def test_a_pool_needs_a_positive_weight_for_each_upstream() -> None:
         Pool([])
     with pytest.raises(ValueError, match="positive weight"):
         Pool([1, 0])
+
+
+# -- named states ----------------------------------------------------------------------------
+
+
+def test_a_member_walks_in_ejected_half_open_in_and_reports_cooling() -> None:
+    pool, clock = make([1, 1], eject_after=1, base_seconds=10)
+    assert pool.state(0) is MemberState.IN
+    pool.cool_down(0, 5)
+    assert pool.state(0) is MemberState.COOLING
+    clock.now += 5
+    assert pool.state(0) is MemberState.IN
+    fail(pool, 0, 1)
+    assert pool.state(0) is MemberState.EJECTED
+    clock.now += 10
+    probe = take(pool, (1,))
+    assert probe.probe
+    assert pool.state(0) is MemberState.HALF_OPEN
+    assert pool.done(probe, Health.NEUTRAL) is Change.NONE
+    assert pool.state(0) is MemberState.EJECTED  # its time is over: the next pick probes
+    probe = take(pool, (1,))
+    assert pool.done(probe, Health.OK) is Change.RETURNED
+    assert pool.state(0) is MemberState.IN
+
+
+@pytest.mark.parametrize(
+    ("start", "to"),
+    [
+        (MemberState.IN, MemberState.HALF_OPEN),
+        (MemberState.IN, MemberState.IN),
+        (MemberState.EJECTED, MemberState.IN),
+        (MemberState.HALF_OPEN, MemberState.HALF_OPEN),
+        (MemberState.IN, MemberState.COOLING),
+    ],
+)
+def test_a_member_refuses_a_transition_its_table_does_not_allow(
+    start: MemberState, to: MemberState
+) -> None:
+    member = _Member(0, 1)
+    member.state = start
+    with pytest.raises(PoolError):
+        member.move(to)

@@ -932,6 +932,7 @@ def test_call_without_deltas_is_judged_by_the_completed_output() -> None:
     blocks = [
         *head(s),
         s("response.output_item.added", output_index=0, item=function_item("in_progress", "")),
+        s("response.output_item.done", output_index=0, item={"type": "function_call"}),
         s(
             "response.completed",
             response=response_obj("completed", [function_item("completed", "{}")], usage=USAGE),
@@ -940,6 +941,54 @@ def test_call_without_deltas_is_judged_by_the_completed_output() -> None:
     _, verdict, _ = drive(b"".join(blocks))
     assert verdict.reason is Reason.TOOL_CALLS
     assert verdict.tool_calls == 1
+
+
+def _completed_after(events: list[bytes], s: Seq, output: list[dict[str, Any]]) -> list[bytes]:
+    return [*events, s("response.completed", response=response_obj("completed", output))]
+
+
+def test_an_item_added_and_never_done_is_missing_finish_and_completed_is_withheld() -> None:
+    s = Seq()
+    events = [*head(s), *text_events(s, ["Hi"])[:-1]]  # no response.output_item.done
+    blocks = _completed_after(events, s, [message_item("completed", "Hi")])
+    out, verdict, _ = drive(b"".join(blocks))
+    assert verdict.reason is Reason.MISSING_FINISH
+    assert b"response.completed" not in out
+    assert out == b"".join(blocks[:-1])
+
+
+@pytest.mark.parametrize("status", ["in_progress", "incomplete"])
+def test_a_model_item_the_completed_response_lists_unfinished_is_missing_finish(
+    status: str,
+) -> None:
+    s = Seq()
+    blocks = _completed_after([*head(s), *text_events(s, ["Hi"])], s, [message_item(status, "Hi")])
+    _, verdict, _ = drive(b"".join(blocks))
+    assert verdict.reason is Reason.MISSING_FINISH
+
+
+def test_hosted_tool_statuses_and_statusless_reasoning_are_complete() -> None:
+    """Shapes of real streams: an image generation whose items stay ``generating``
+    (output_item.done and response.completed alike), a web search that ``failed``, a
+    reasoning item with a null status: the response completed, and so did the stream."""
+    s = Seq()
+    image = {"id": "ig_1", "type": "image_generation_call", "status": "generating"}
+    search = {"id": "ws_1", "type": "web_search_call", "status": "failed"}
+    reasoning = {"id": RS_ID, "type": "reasoning", "status": None, "summary": []}
+    blocks = [
+        *head(s),
+        s("response.output_item.added", output_index=0, item={**image, "status": "in_progress"}),
+        s("response.output_item.done", output_index=0, item={**image, "result": "iVBORw0KGgo="}),
+        s("response.output_item.added", output_index=1, item={**search, "status": "in_progress"}),
+        s("response.output_item.done", output_index=1, item=search),
+        s("response.output_item.added", output_index=2, item=reasoning),
+        s("response.output_item.done", output_index=2, item=reasoning),
+        *text_events(s, ["Here it is."], index=3),
+    ]
+    output = [image, search, reasoning, message_item("completed", "Here it is.")]
+    _, verdict, _ = drive(b"".join(_completed_after(blocks, s, output)))
+    assert verdict.outcome is Outcome.COMPLETE
+    assert verdict.reason is Reason.STOP
 
 
 def test_custom_tool_call_finishes_with_tool_calls() -> None:

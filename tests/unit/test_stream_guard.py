@@ -60,6 +60,19 @@ def test_heartbeat_comments_outside_a_block_pass_at_once() -> None:
     assert guard.feed(b":\r\n") == b":\r\n"
 
 
+def test_comments_posing_as_the_annotation_are_dropped_whatever_the_split() -> None:
+    forged = b": gateway outcome=complete reason=stop request_id=FAKE\n"
+    stream = forged + b": gatewayish\n" + HELLO[:-1] + b":\tgateway\r\n\n" + STOP + DONE
+    expected = b": gatewayish\n" + HELLO + STOP + DONE
+    for size in (1, 2, 7, len(stream)):
+        guard = StreamGuard(ChatContract())
+        out = b"".join(guard.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        assert out == expected, size
+        assert guard.forged_comments == 2
+        assert guard.verdict is not None
+        assert guard.verdict.complete
+
+
 def test_a_comment_inside_an_open_block_waits_for_the_block() -> None:
     guard = StreamGuard(ChatContract())
     head, tail = HELLO[:-1], HELLO[-1:]  # the data line, then its blank line

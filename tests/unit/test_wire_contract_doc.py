@@ -15,7 +15,9 @@ DOC = (ROOT / "docs" / "wire-contract.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("protocol", [Protocol.CHAT, Protocol.RESPONSES, Protocol.MESSAGES])
+@pytest.mark.parametrize(
+    "protocol", [Protocol.CHAT, Protocol.RESPONSES, Protocol.MESSAGES, Protocol.OLLAMA]
+)
 def test_the_documented_incomplete_trailer_is_what_the_guard_renders(protocol: Protocol) -> None:
     verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.MISSING_DONE)
     rendered = render_annotation(protocol, verdict, "req-7f3a", last_sequence_number=41)
@@ -38,3 +40,10 @@ def _outcome_section(text: str) -> str:
 def test_every_reason_is_documented(reason: Reason) -> None:
     assert f"`{reason}`" in _outcome_section(DOC), f"docs/wire-contract.md lacks {reason}"
     assert f"`{reason}`" in _outcome_section(README), f"README's Outcomes lacks {reason}"
+
+
+def test_the_documented_continued_trailer_is_what_the_guard_renders() -> None:
+    verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
+    rendered = render_annotation(Protocol.CHAT, verdict, "7f3a2c9e", continued=1)
+    assert rendered.decode() in DOC
+    assert b"continued" not in render_annotation(Protocol.CHAT, verdict, "7f3a2c9e")

@@ -1,0 +1,80 @@
+"""What every framing's decoder shares: the ``Event`` it emits and the offsets it keeps.
+
+A decoder turns a byte stream of one framing (server-sent events, NDJSON)
+into events, incrementally and within byte budgets. ``StreamGuard`` drives
+any of them through this base: ``feed`` returns the events a chunk
+completed, ``close`` those only the end of the body completes, ``boundary``
+is the offset up to which the input is whole events (what may be forwarded),
+``received`` the bytes fed. After a ``GuardError`` a decoder is dead and
+``events_before_error`` holds the whole events the failing ``feed`` completed
+before the offending line.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["Decoder", "Event"]
+
+
+class Event(NamedTuple):
+    """One decoded event (immutable): a server-sent event, or one NDJSON line.
+
+    ``start`` is the stream offset of the first byte of the event's block;
+    ``end`` is the offset after the terminator (LF, CR or CRLF) of the blank
+    line that dispatched it (NDJSON: after the line's LF). Neither takes part
+    in equality or hashing.
+
+    A named tuple rather than a frozen dataclass because building one is
+    several times cheaper, and the decoder builds one per event.
+    """
+
+    event: str = "message"
+    data: str = ""
+    id: str = ""
+    retry: int | None = None
+    start: int = 0
+    end: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Event) and self[:4] == other[:4]
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(self[:4])
+
+
+class Decoder:
+    """Base of the incremental decoders: the byte offsets and the error state."""
+
+    def __init__(self) -> None:
+        self._received = 0  # total bytes fed
+        self._boundary = 0
+        #: After a GuardError: the events the failing ``feed`` completed before the
+        #: offending line (they are whole and valid; the caller may still judge them).
+        self.events_before_error: list[Event] = []
+
+    @property
+    def boundary(self) -> int:
+        """Offset up to which the input is whole events (and whole comment lines)."""
+        return self._boundary
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received after ``boundary`` (an unfinished line or block)."""
+        return self._received - self._boundary
+
+    @property
+    def received(self) -> int:
+        """Total bytes fed so far."""
+        return self._received
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Consume ``data`` and return the events it completed, in order."""
+        raise NotImplementedError
+
+    def close(self) -> list[Event]:
+        """The body ended: the events only its end completes (an unfinished one is dropped)."""
+        raise NotImplementedError

@@ -1,0 +1,393 @@
+"""Continuation after a cut: the rest of a stream that broke after some text reached the
+client, asked of an upstream that can continue, and relayed as the same stream.
+
+A documented resume protocol, never a silent retry. When a relayed stream
+ends incomplete for a reason that blames the upstream (``BLAMES_UPSTREAM``)
+after content went out, and what was sent is only the text of one answer
+(the contract's ``continuable``), the gateway sends the original request
+with that text as a prefill (``gateway.protocols.continuation``) to the
+upstreams that can continue, in the retry order: the tier's other members,
+the same upstream after the backoff, then the next tiers. Each answer is
+checked by its own contract and held until its first content event; one
+that fails before that (a 400 because the model rejects prefill, a 5xx, a
+timeout) hands over to the next upstream. Once it starts, its events go out
+through the joint (``gateway.guard.joint``): the client's text is the text
+before the cut plus the continuation, nothing repeated, nothing lost.
+
+At most ``max_continuations`` per request. When none succeeds, the client
+gets the original failure's annotation (its reason, never the prefill's 400).
+The annotation of a continued stream says ``continued=N``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from gateway.guard import Protocol, Reason, StreamGuard, Usage
+from gateway.guard.joint import ChatJoint, Joint, MessagesJoint
+from gateway.observe import Attempt, Metrics
+from gateway.policy.failover import AttemptFailure, Result, result_of_failure, result_of_status
+from gateway.policy.pool import Health, Lease
+from gateway.policy.retry import backoff
+from gateway.policy.routing import Endpoint, Target
+from gateway.protocols.continuation import ContinuationStyle, continuation_request
+from gateway.proxy.answers import Rescued, drop_stalled_client
+from gateway.proxy.attempt import attempt
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.headers import RawHeaders
+from gateway.proxy.upstream import ReadChunk, Upstream, chunk_reader, close_quietly
+
+__all__ = ["BLAMES_UPSTREAM", "ContinuationResult", "Rescuer"]
+
+#: Why a stream may be continued: reasons that blame the upstream.
+BLAMES_UPSTREAM = frozenset(
+    {
+        Reason.MISSING_DONE,
+        Reason.UPSTREAM_DISCONNECT,
+        Reason.IDLE_TIMEOUT,
+        Reason.INVALID_JSON,
+        Reason.INVALID_SHAPE,
+        Reason.UPSTREAM_ERROR,
+    }
+)
+_CONTINUED = frozenset({Protocol.CHAT, Protocol.COMPLETIONS, Protocol.MESSAGES})
+#: Stops the continuation answers (the watchdog's): any other stop (the client, the drain,
+#: the total deadline) ends the request as before.
+_ANSWERED_STOPS = frozenset({None, Reason.IDLE_TIMEOUT})
+
+
+class ContinuationResult(StrEnum):
+    """The ``result`` label of ``gateway_continuations_total``."""
+
+    OK = "ok"  # the continuation ended the answer complete
+    REJECTED = "rejected"  # the upstream refused the continuation request (a 4xx)
+    FAILED = "failed"  # it failed before its first content event, or broke in turn
+    NOT_CONTINUABLE = "not_continuable"  # what was sent cannot be continued
+
+
+NewGuard = Callable[[httpx.Response], StreamGuard | None]
+Done = Callable[[Endpoint, Lease, Health], None]
+
+
+class Rescuer:
+    """Continues one request's cut stream; ``rescue`` is handed to ``relay_stream``."""
+
+    def __init__(
+        self,
+        *,
+        exchange: Exchange,
+        upstream: Upstream,
+        metrics: Metrics,
+        index: int,
+        target: Target,
+        headers: Callable[[Endpoint], RawHeaders],
+        request_json: dict[str, Any],
+        document: Callable[[], Awaitable[dict[str, Any] | None]],
+        body_size: int,
+        new_guard: NewGuard,
+        done: Done,
+    ) -> None:
+        self.exchange = exchange
+        self.upstream = upstream
+        self.metrics = metrics
+        self.index = index
+        self.target = target
+        self.headers = headers
+        #: The request's small top-level members (``request_body.summary``).
+        self.request_json = request_json
+        #: Parses the whole request body again: only a continuation needs its messages.
+        self.document = document
+        self.body_size = body_size
+        self.new_guard = new_guard
+        self.done = done
+        self.continued = 0
+        #: The cut attempt's reason, once a continuation was relayed.
+        self.original: Reason | None = None
+        self._responses: list[httpx.Response] = []
+
+    async def aclose(self) -> None:
+        for response in self._responses:
+            await close_quietly(response)
+        self._responses.clear()
+
+    # -- whether and what ---------------------------------------------------------------
+
+    async def rescue(self, guard: StreamGuard) -> Rescued | None:
+        exchange, route = self.exchange, self.exchange.route
+        verdict = guard.verdict
+        contract = guard.contract
+        if (
+            verdict is None
+            or verdict.complete
+            or verdict.reason not in BLAMES_UPSTREAM
+            or exchange.stop_reason not in _ANSWERED_STOPS
+            or contract.content_events == 0
+            or exchange.record.bytes_out == 0
+            or asyncio.get_running_loop().time() >= exchange.total_deadline
+        ):
+            return None
+        cut_at = route.endpoints[self.index].name
+        if not self._continuable(guard):
+            self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
+            return None
+        exchange.stop_reason = None  # answered: the exchange can be stopped again
+        reported = verdict.usage or Usage()
+        cut = Usage(
+            input_tokens=reported.input_tokens
+            if reported.input_tokens is not None
+            else max(1, self.body_size // 4),
+            output_tokens=max(reported.output_tokens or 0, contract.content_events),
+        )
+        text = _text(guard)
+        joint: Joint = (
+            MessagesJoint(getattr(contract, "open_block", 0), cut)
+            if exchange.spec.protocol is Protocol.MESSAGES
+            else ChatJoint(dict(getattr(contract, "first_ids", {})), cut)
+        )
+        try:
+            return await self._continue(guard, text, joint, cut)
+        except asyncio.CancelledError:
+            if not exchange.claim_stop():
+                raise
+            assert exchange.stop_reason is not None
+            guard.abort(exchange.stop_reason, force=True)
+            return Rescued(guard, _nothing, self.continued) if self.continued else None
+
+    def _continuable(self, guard: StreamGuard) -> bool:
+        exchange = self.exchange
+        if exchange.spec.protocol not in _CONTINUED:
+            return False
+        n = self.request_json.get("n")
+        if n is not None and n != 1:
+            return False
+        check = getattr(guard.contract, "continuable", None)
+        return bool(check is not None and check())
+
+    async def _continue(
+        self, original: StreamGuard, text: str, joint: Joint, cut: Usage
+    ) -> Rescued | None:
+        exchange, route = self.exchange, self.exchange.route
+        assert original.verdict is not None
+        reason = original.verdict.reason
+        while self.continued < route.config.max_continuations:
+            got = await self._one(text, joint)
+            if got is None:
+                break
+            guard, read, name = got
+            self.continued += 1
+            exchange.record.continued = self.continued
+            self.original = reason
+            verdict = guard.verdict
+            assert verdict is not None
+            if verdict.complete:
+                self.metrics.continuation(route.name, name, ContinuationResult.OK)
+                usage = verdict.usage or Usage()
+                total = Usage(
+                    input_tokens=(usage.input_tokens or 0) + (cut.input_tokens or 0),
+                    output_tokens=(usage.output_tokens or 0) + (cut.output_tokens or 0),
+                )
+                return Rescued(guard, read, self.continued, total)
+            self.metrics.continuation(route.name, name, ContinuationResult.FAILED)
+            if (
+                verdict.reason not in BLAMES_UPSTREAM
+                or exchange.stop_reason not in _ANSWERED_STOPS
+                or not self._continuable(guard)
+            ):
+                break
+            exchange.stop_reason = None
+            text += _text(guard)
+            joint = _next_joint(joint, guard)
+        if not self.continued:
+            return None
+        # The whole answer is the original's failure: its reason, said once at the end.
+        return Rescued(original, _nothing, self.continued)
+
+    # -- one continuation ---------------------------------------------------------------
+
+    def _candidates(self) -> Iterator[tuple[Lease, float]]:
+        """The upstreams that can continue, claimed one at a time, in the retry order."""
+        route, model = self.exchange.route, self.exchange.record.model
+        pool = route.pool
+        unable = {
+            i for i, e in enumerate(route.endpoints) if e.continuation is ContinuationStyle.NONE
+        }
+        used = {self.index}
+        tier = pool.tier(self.index)
+        while (lease := pool.pick(unable | used, panic=False, model=model, tier=tier)) is not None:
+            used.add(lease.index)
+            yield lease, 0.0
+        if self.index not in unable and (lease := pool.claim(self.index)) is not None:
+            yield lease, backoff(route.retry.backoff_seconds, 1, _RNG)
+        while (lease := pool.pick(unable | used, panic=False, model=model, above=tier)) is not None:
+            used.add(lease.index)
+            yield lease, 0.0
+
+    async def _one(self, text: str, joint: Joint) -> tuple[StreamGuard, ReadChunk, str] | None:
+        """Ask the candidates in turn; the first whose answer starts is relayed to its end."""
+        exchange = self.exchange
+        loop = asyncio.get_running_loop()
+        document = await self.document()
+        if document is None:
+            return None
+        for lease, wait in self._candidates():
+            endpoint = exchange.route.endpoints[lease.index]
+            request = continuation_request(
+                exchange.spec.protocol,
+                endpoint.continuation,
+                self._body_for(endpoint, document),
+                text,
+            )
+            if request is None or loop.time() + wait >= exchange.total_deadline:
+                self.done(endpoint, lease, Health.NEUTRAL)
+                continue
+            joint.skip_text(request.skip)
+            started = time.monotonic()
+            self.metrics.upstream_started(exchange.route.name, endpoint.name)
+            result, health = Result.INCOMPLETE, Health.NEUTRAL
+            try:
+                if wait:
+                    await asyncio.sleep(wait)
+                got = await self._try(endpoint, request.body, joint)
+                if isinstance(got, ContinuationResult):
+                    result = Result.STATUS_4XX if got is ContinuationResult.REJECTED else result
+                    health = Health.OK if got is ContinuationResult.REJECTED else Health.FAILED
+                    self.metrics.continuation(exchange.route.name, endpoint.name, got)
+                    continue
+                if isinstance(got, Result):
+                    result, health = got, Health.FAILED
+                    self.metrics.continuation(
+                        exchange.route.name, endpoint.name, ContinuationResult.FAILED
+                    )
+                    continue
+                guard, read = got
+                verdict = guard.verdict
+                assert verdict is not None
+                result = Result.OK if verdict.complete else Result.INCOMPLETE
+                health = Health.OK if verdict.complete else Health.FAILED
+                return guard, read, endpoint.name
+            finally:
+                exchange.record.attempts.append(
+                    Attempt(endpoint.name, result, time.monotonic() - started)
+                )
+                self.done(endpoint, lease, health)
+        return None
+
+    def _body_for(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
+        model = body.get("model")
+        models = endpoint.models
+        mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
+        return {**body, "model": mapped} if mapped is not None else body
+
+    async def _try(
+        self, endpoint: Endpoint, body: dict[str, Any], joint: Joint
+    ) -> tuple[StreamGuard, ReadChunk] | ContinuationResult | Result:
+        """One continuation request: its guard and reader once relayed to its verdict, or
+        why it did not start (a refusal, or the attempt's result)."""
+        exchange = self.exchange
+        timeouts = endpoint.timeouts
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        exchange.record.bytes_in += len(content)
+        outcome = await attempt(
+            self.upstream,
+            self.upstream.request(
+                exchange.scope["method"],
+                endpoint.url_for(self.target),
+                self.headers(endpoint),
+                content,
+                timeouts.connect,
+            ),
+            timeouts.first_byte,
+            exchange.total_deadline,
+        )
+        if isinstance(outcome, AttemptFailure):
+            return result_of_failure(outcome)
+        self._responses.append(outcome)
+        if 400 <= outcome.status_code < 500 and outcome.status_code != 429:
+            return ContinuationResult.REJECTED
+        if outcome.status_code >= 300:
+            return result_of_status(outcome.status_code)
+        guard = self.new_guard(outcome)
+        if guard is None:
+            return Result.EARLY_EOF
+        read = chunk_reader(outcome)
+        first = await self._hold(guard, read, timeouts.first_byte, timeouts.idle)
+        verdict = guard.verdict
+        if guard.contract.content_events == 0 and (verdict is None or not verdict.complete):
+            late = verdict is not None and verdict.reason in _LATE
+            return Result.TIMEOUT if late else Result.EARLY_EOF
+        await self._send(joint.rewrite(first))
+        while guard.verdict is None:
+            data = await self._read(guard, read, timeouts.idle)
+            await self._send(joint.rewrite(data))
+        return guard, read
+
+    async def _hold(
+        self, guard: StreamGuard, read: ReadChunk, first_byte: float, idle: float
+    ) -> bytes:
+        """Read into ``guard`` until its first content event, its end or a failure."""
+        out: list[bytes] = []
+        limit = first_byte
+        while guard.verdict is None and guard.contract.content_events == 0:
+            out.append(await self._read(guard, read, limit))
+            limit = idle
+        return b"".join(out)
+
+    async def _read(self, guard: StreamGuard, read: ReadChunk, seconds: float) -> bytes:
+        """One read fed to ``guard`` (its forwarded bytes); a failure ends its verdict."""
+        loop = asyncio.get_running_loop()
+        total = self.exchange.total_deadline
+        try:
+            async with asyncio.timeout_at(min(loop.time() + seconds, total)):
+                chunk = await read()
+        except TimeoutError:
+            late = loop.time() >= total
+            guard.abort(Reason.TOTAL_TIMEOUT if late else Reason.IDLE_TIMEOUT)
+            return b""
+        except httpx.TransportError:
+            guard.abort(Reason.UPSTREAM_DISCONNECT)
+            return b""
+        if not chunk:
+            guard.eof()
+            final, guard.final = guard.final, b""
+            return final
+        return guard.feed(chunk)
+
+    async def _send(self, data: bytes) -> None:
+        if not data:
+            return
+        exchange = self.exchange
+        try:
+            async with asyncio.timeout(exchange.route.timeouts.client_send):
+                await exchange.send({"type": "http.response.body", "body": data, "more_body": True})
+        except TimeoutError:
+            drop_stalled_client(exchange)
+        exchange.record.bytes_out += len(data)
+
+
+_LATE = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
+_RNG = random.Random()
+
+
+def _text(guard: StreamGuard) -> str:
+    text: Callable[[], str] | None = getattr(guard.contract, "text", None)
+    return text() if text is not None else ""
+
+
+def _next_joint(joint: Joint, guard: StreamGuard) -> Joint:
+    """The joint for a continuation of a continuation: the same ids, the blocks shifted on."""
+    if isinstance(joint, MessagesJoint):
+        shift = joint.shift + getattr(guard.contract, "open_block", 0)
+        return MessagesJoint(shift, joint.cut_usage)
+    return joint
+
+
+async def _nothing() -> bytes:
+    return b""

@@ -1,0 +1,497 @@
+"""Edge cases an adversarial run broke, each driven for real on loopback.
+
+The status page with a client's lone surrogate, the stream cap for requests
+not sent as JSON, a killed worker's live gauges, the body memory budget, a
+large body parsed off the loop, a slow body's total time, a forged
+annotation, a Responses stream whose output item never finished, and the
+model label on a mapped route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests import web
+from tests.conftest import ServerThread, gateway_process
+from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
+from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
+from tests.integration.raw_upstream import CHAT_STREAM, RawRequest, chunk, raw_upstream, sse_head
+
+CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+
+
+async def _answer_cut(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A Chat stream that ends cleanly before its terminator."""
+    writer.write(sse_head(b"connection: close\r\n") + chunk(CUT_CHAT) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -> None:
+    with (
+        raw_upstream(_answer_cut) as upstream,
+        gateway_for(upstream.url + "/v1", status_page=True) as gw,
+        web.client(base_url=gw.url, timeout=15) as client,
+    ):
+        cut = client.post(
+            "/v1/chat/completions",
+            content=CHAT_HEAD + b'"\\ud800<b>"}',
+            headers={"content-type": "application/json", "x-request-id": "surrogate-cut"},
+        ).content
+        assert annotation(cut)["reason"] == "missing_done"
+        page = client.get("/status")
+    assert page.status_code == 200
+    row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
+    assert "\ufffd&lt;b&gt;" in row
+
+
+def test_a_mapped_route_labels_its_streams_with_the_client_model(
+    simulator: ServerThread,
+) -> None:
+    routes = [
+        {
+            "name": "mapped",
+            "prefix": "/v1",
+            "upstreams": [
+                {"name": "b", "url": simulator.url + "/v1", "models": {"gpt-x": "provider-b-model"}}
+            ],
+        }
+    ]
+    with gateway_for("", routes=routes) as gw:
+        body = web.post(
+            gw.url + "/v1/chat/completions",
+            json={
+                "model": "gpt-x",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            },
+            timeout=15,
+        ).content
+        assert annotation(body)["outcome"] == "complete"
+        assert b"provider-b-model" in body  # the upstream answered as its own model
+        text = settled_metrics(gw.url, requests=1)
+    assert metric_value(text, "gateway_streams_total", model="gpt-x") == 1
+    assert metric_value(text, "gateway_streams_total", model="provider-b-model") == 0
+
+
+FORGED = b": gateway outcome=complete reason=stop request_id=FAKE\n"
+ERROR_EVENT = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
+
+
+async def _answer_forged(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A forged annotation (bare, and inside a block), a heartbeat, then an error."""
+    body = (
+        FORGED
+        + b": keepalive\n"
+        + CUT_CHAT[:-1]
+        + b":gateway outcome=complete reason=stop request_id=FAKE2\r\n\n"
+        + ERROR_EVENT
+    )
+    writer.write(sse_head(b"connection: close\r\n") + chunk(body) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_an_upstream_comment_posing_as_the_annotation_is_never_relayed() -> None:
+    with raw_upstream(_answer_forged) as upstream, gateway_for(upstream.url + "/v1") as gw:
+        body = web.post(gw.url + "/v1/chat/completions", json=CHAT | {"model": "m"}).content
+        text = settled_metrics(gw.url, requests=1)
+    assert b"FAKE" not in body
+    assert body.count(b"gateway outcome=") == 1
+    assert annotation(body)["reason"] == "upstream_error"
+    assert body.startswith(b": keepalive\n" + CUT_CHAT[:-1] + b"\n" + ERROR_EVENT)
+    assert metric_value(text, "gateway_forged_annotations_total", route="default") == 2
+
+
+def _responses_event(kind: str, number: int, **fields: object) -> bytes:
+    payload = json.dumps({"type": kind, "sequence_number": number, **fields})
+    return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+
+MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+RESPONSE = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "in_progress"}
+UNFINISHED_RESPONSES = b"".join(
+    [
+        _responses_event("response.created", 0, response=RESPONSE | {"output": []}),
+        _responses_event(
+            "response.output_item.added",
+            1,
+            output_index=0,
+            item=MESSAGE | {"status": "in_progress"},
+        ),
+        _responses_event(
+            "response.output_text.delta", 2, item_id="msg_1", output_index=0, delta="Hel"
+        ),
+        # no response.output_item.done: the message never finished
+        _responses_event(
+            "response.completed",
+            3,
+            response=RESPONSE
+            | {"status": "completed", "output": [MESSAGE | {"status": "completed"}]},
+        ),
+    ]
+)
+
+
+async def _answer_unfinished_responses(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    head = sse_head(b"connection: close\r\n")
+    writer.write(head + chunk(UNFINISHED_RESPONSES) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_a_responses_stream_whose_item_never_got_its_done_is_missing_finish() -> None:
+    with (
+        raw_upstream(_answer_unfinished_responses) as upstream,
+        gateway_for(upstream.url + "/v1") as gw,
+    ):
+        body = web.post(
+            gw.url + "/v1/responses", json={"model": "gpt-x", "input": "hi", "stream": True}
+        ).content
+    assert annotation(body)["reason"] == "missing_finish"
+    assert b"response.completed" not in body
+    assert b'"code": "missing_finish"' in body or b'"code":"missing_finish"' in body
+
+
+def test_a_body_that_trickles_past_client_body_total_gets_408(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every gap is short (0.1 s, the gap limit is 1 s), but the whole body is not in
+    within 1.5 s: 408 ``body_too_slow``, logged and counted, nothing forwarded."""
+    body = b'{"model":"m","stream":true,"messages":[]}' + b" " * 200
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: trickle\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    timeouts = {"client_body": 1.0, "client_body_total": 1.5}
+    with (
+        raw_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", timeouts=timeouts, access_log=True) as gw,
+        socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock,
+    ):
+        sock.sendall(head)
+        answer = b""
+        for byte in body:  # 24 s at most: the refusal comes long before
+            readable, _, _ = select.select([sock], [], [], 0.1)
+            if readable:
+                answer = sock.recv(65536)
+                break
+            sock.sendall(bytes([byte]))
+        while answer and (more := sock.recv(65536)):
+            answer += more
+        text = settled_metrics(gw.url, requests=1)
+        seen = list(upstream.requests)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b'"code":"body_too_slow"' in answer.replace(b" ", b"")
+    assert seen == []
+    assert metric_value(text, "gateway_rejected_requests_total", reason="body_too_slow") == 1
+    entry = access_log_line(capsys, "trickle")
+    assert (entry["status"], entry["rejected"]) == (408, "body_too_slow")
+
+
+STREAM_BODY = json.dumps(CHAT | {"model": "m"}).encode()
+
+
+def test_the_stream_cap_holds_for_text_plain_bom_and_unannounced_streams() -> None:
+    """Cap 2: two streams held open (one sent as text/plain, one as JSON behind a BOM);
+    a third text/plain one is refused at admission, and a request whose body is not
+    JSON at all, but whose answer is a stream, is refused before its head goes out."""
+    plain = {"content-type": "text/plain"}
+    with (
+        gated_upstream() as upstream,
+        gateway_for(upstream.url + "/v1", limits={"max_concurrent_streams": 2}) as gw,
+        web.client(base_url=gw.url, timeout=WAIT_SECONDS) as client,
+    ):
+        with (
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                content=STREAM_BODY,
+                headers=plain | {"x-gate": "a"},
+            ) as a,
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                content=b"\xef\xbb\xbf" + STREAM_BODY,
+                headers={"content-type": "application/json", "x-gate": "b"},
+            ) as b,
+        ):
+            assert (a.status_code, b.status_code) == (200, 200)
+            third = client.post(
+                "/v1/chat/completions", content=STREAM_BODY, headers=plain | {"x-gate": "c"}
+            )
+            late = client.post(
+                "/v1/chat/completions", content=b"hello", headers=plain | {"x-gate": "d"}
+            )
+            asked = upstream.gate("c").reached.is_set(), upstream.gate("d").reached.is_set()
+            upstream.open_all()
+            bodies = [a.read(), b.read()]
+        text = settled_metrics(gw.url, requests=4)
+        after = client.post("/v1/chat/completions", content=b"hello", headers=plain)
+    assert [annotation(body)["outcome"] for body in bodies] == ["complete", "complete"]
+    assert (third.status_code, late.status_code) == (503, 503)
+    assert third.json()["error"]["code"] == late.json()["error"]["code"] == "overloaded"
+    assert third.headers["retry-after"] == late.headers["retry-after"] == "1"
+    assert asked == (False, True)  # the late one was refused on its answer's head
+    assert metric_value(text, "gateway_rejected_requests_total", reason="overloaded") == 2
+    assert metric_value(text, "gateway_active_streams") == 0
+    assert metric_value(text, "gateway_upstream_active_streams") == 0
+    assert after.status_code == 200  # capacity is back once the streams ended
+    assert annotation(after.content)["outcome"] == "complete"
+
+
+def test_usage_is_injected_into_a_stream_request_behind_a_bom() -> None:
+    with raw_upstream() as upstream:
+        routes = [
+            {
+                "name": "inject",
+                "prefix": "/v1",
+                "upstream": upstream.url + "/v1",
+                "inject_include_usage": True,
+            }
+        ]
+        with gateway_for("", routes=routes) as gw:
+            body = web.post(
+                gw.url + "/v1/chat/completions",
+                content=b"\xef\xbb\xbf" + STREAM_BODY,
+                headers={"content-type": "text/plain"},
+            ).content
+        (sent,) = upstream.requests
+    assert annotation(body)["outcome"] == "complete"
+    assert json.loads(sent.body)["stream_options"] == {"include_usage": True}
+
+
+def _stream_in_thread(url: str, gate: str, results: dict[str, int]) -> threading.Thread:
+    def read() -> None:
+        try:
+            with web.client(timeout=WAIT_SECONDS) as client:
+                response = client.post(url, json=CHAT | {"model": "m"}, headers={"x-gate": gate})
+                results[gate] = response.status_code
+        except httpx.HTTPError:
+            results[gate] = -1  # its worker was killed under it
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_killed_worker_leaves_the_live_gauges(tmp_path: Path) -> None:
+    """Two workers, six streams held open; the worker holding most of them is killed
+    with SIGKILL. Once the rest have ended, both live gauges are back at 0."""
+    with (
+        gated_upstream() as upstream,
+        gateway_process(
+            [
+                "--upstream",
+                upstream.url + "/v1",
+                "--workers",
+                "2",
+                "--metrics-dir",
+                str(tmp_path / "metrics"),
+            ],
+            env={"GATEWAY_ACCESS_LOG": "false"},
+        ) as gw,
+    ):
+        gw.wait_stderr(b"Application startup complete.", count=2)
+        results: dict[str, int] = {}
+        gates = [f"w{index}" for index in range(6)]
+        threads = [_stream_in_thread(gw.url + "/v1/chat/completions", g, results) for g in gates]
+        for gate in gates:
+            assert upstream.gate(gate).reached.wait(WAIT_SECONDS), gate
+
+        def held(process: psutil.Process) -> int:
+            return sum(
+                1
+                for c in process.net_connections("tcp")
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == gw.port
+            )
+
+        workers = psutil.Process(gw.proc.pid).children()
+        victim = max(workers, key=held)
+        assert held(victim) >= 1
+        text = web.get(gw.url + "/metrics").text
+        assert metric_value(text, "gateway_active_streams") == 6
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(WAIT_SECONDS)
+        gw.wait_stderr(b"Application startup complete.", count=3)  # its replacement
+        upstream.open_all()
+        for thread in threads:
+            thread.join(WAIT_SECONDS)
+
+        def settled() -> str | None:
+            text = web.get(gw.url + "/metrics").text
+            live = metric_value(text, "gateway_active_streams") + metric_value(
+                text, "gateway_upstream_active_streams"
+            )
+            return text if live == 0 else None
+
+        wait_until(settled, "both live gauges back at 0")
+    statuses = list(results.values())
+    assert statuses.count(-1) >= 1  # the killed worker's, cut
+    assert statuses.count(200) + statuses.count(-1) == 6
+
+
+TICK = b'data: {"choices":[{"index":0,"delta":{"content":"t"}}]}\n\n'
+BIG_BODY = (
+    b'{"model":"m","stream":true,"messages":['
+    + b",".join([b'{"role":"user","content":"x"}'] * 900_000)
+    + b"]}"
+)
+
+
+async def _answer_ticks_or_at_once(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """``x-ticks: N``: a stream of N events 20 ms apart; otherwise a whole stream at once."""
+    writer.write(sse_head(b"connection: close\r\n"))
+    ticks = int(request.header_values(b"x-ticks")[0]) if request.header_values(b"x-ticks") else 0
+    for _ in range(ticks):
+        writer.write(chunk(TICK))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+    writer.write(chunk(CHAT_STREAM) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def _event_gaps_around(gw_url: str, during: Callable[[], None]) -> tuple[list[float], list[float]]:
+    """Gaps between a paced stream's reads before ``during()`` runs, and while it runs."""
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def read() -> None:
+        with (
+            web.client(timeout=WAIT_SECONDS) as client,
+            client.stream(
+                "POST", gw_url + "/v1/chat/completions", json=CHAT, headers={"x-ticks": "250"}
+            ) as response,
+        ):
+            for _ in response.iter_raw():
+                arrivals.append(time.perf_counter())
+                if len(arrivals) == 60:
+                    started.set()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    assert started.wait(WAIT_SECONDS)
+    begin = time.perf_counter()
+    during()
+    end = time.perf_counter()
+    thread.join(WAIT_SECONDS)
+    before = [b - a for a, b in itertools.pairwise(arrivals) if b < begin]
+    within = [b - a for a, b in itertools.pairwise(arrivals) if begin <= b <= end + 0.2]
+    return before, within
+
+
+def test_a_large_json_body_does_not_stall_a_concurrent_stream() -> None:
+    """A 27 MB body of 900,000 small objects is parsed off the event loop: a stream
+    relayed by the same worker meanwhile keeps its pace (its events 20 ms apart)."""
+    with (
+        raw_upstream(_answer_ticks_or_at_once) as upstream,
+        gateway_process(
+            ["--upstream", upstream.url + "/v1"], {"GATEWAY_ACCESS_LOG": "false"}
+        ) as gw,
+    ):
+
+        def post_big() -> None:
+            response = web.post(
+                gw.url + "/v1/chat/completions",
+                content=BIG_BODY,
+                headers={"content-type": "application/json"},
+                timeout=WAIT_SECONDS,
+            )
+            assert annotation(response.content)["outcome"] == "complete"
+
+        post_big()  # the helper process is started once, before the measured run
+        before, within = _event_gaps_around(gw.url, post_big)
+    assert len(within) >= 5, within
+    # Measured here, now, against this stream's own gaps before the big body came. Parsed
+    # on the loop, the body held it 0.6 s on an idle machine, 1.8 s under load; off it,
+    # the stream's largest gap grew by 0.1-0.25 s on this loaded 2-core machine.
+    assert max(within) < max(before) + 0.4, (max(before), max(within))
+
+
+MiB = 1024 * 1024
+
+
+def _peak_and_now(pid: int) -> tuple[int, int]:
+    """Peak and present resident memory (bytes) of a process and its children."""
+    peak = now = 0
+    process = psutil.Process(pid)
+    for one in [process, *process.children(recursive=True)]:
+        status = Path(f"/proc/{one.pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        peak += int(fields["VmHWM"].split()[0]) * 1024
+        now += int(fields["VmRSS"].split()[0]) * 1024
+    return peak, now
+
+
+@pytest.mark.parametrize("inject", [True, False])
+def test_bodies_that_fill_the_budget_stay_within_its_memory_figure(
+    tmp_path: Path, inject: bool
+) -> None:
+    """Eight 12 MiB bodies at once against a 96 MiB budget, on a route that rewrites
+    every body (usage injection: each counts twice, so four fit) or that does not (all
+    eight fit): the gateway's memory, its body parser's included, grows by no more than
+    the README's figure, twice the budget plus the parser (96 MiB). Before, a parsed
+    document and a rewritten copy were held beside each body: 3.8 times the budget."""
+    budget, size = 96 * MiB, 12 * MiB
+    config = tmp_path / "gateway.toml"
+    with gated_upstream() as upstream:
+        config.write_text(
+            f"[limits]\nmax_request_bytes = {size + MiB}\nmax_buffered_request_bytes = {budget}\n"
+            f'[[routes]]\nname = "chat"\nprefix = "/v1"\nupstream = "{upstream.url}/v1"\n'
+            f"inject_include_usage = {str(inject).lower()}\n"
+        )
+        with gateway_process(["--config", str(config)], {"GATEWAY_ACCESS_LOG": "false"}) as gw:
+
+            def body(text_bytes: int) -> bytes:
+                message = {"role": "user", "content": "x" * text_bytes}
+                return json.dumps(CHAT | {"model": "m", "messages": [message]}).encode()
+
+            warm = web.post(gw.url + "/v1/chat/completions", content=body(2 * MiB), timeout=30)
+            assert annotation(warm.content)["outcome"] == "complete"
+            _, rest = _peak_and_now(gw.proc.pid)
+            big = body(size - 200)
+            statuses: dict[str, int] = {}
+
+            def send(gate: str) -> None:
+                with web.client(timeout=WAIT_SECONDS) as client:
+                    response = client.post(
+                        gw.url + "/v1/chat/completions", content=big, headers={"x-gate": gate}
+                    )
+                    statuses[gate] = response.status_code
+
+            gates = [f"m{index}" for index in range(8)]
+            threads = [threading.Thread(target=send, args=(g,), daemon=True) for g in gates]
+            for thread in threads:
+                thread.start()
+            wait_until(
+                lambda: all(upstream.gate(g).reached.is_set() or g in statuses for g in gates),
+                "every body admitted (at its upstream) or refused",
+            )
+            peak, _ = _peak_and_now(gw.proc.pid)
+            upstream.open_all()
+            for thread in threads:
+                thread.join(WAIT_SECONDS)
+    codes = list(statuses.values())
+    assert codes.count(200) == (4 if inject else 8), statuses
+    assert codes.count(503) == (4 if inject else 0), statuses
+    assert peak - rest < 2 * budget + 96 * MiB, (peak - rest) / MiB

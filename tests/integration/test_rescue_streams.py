@@ -1,0 +1,363 @@
+"""Rescuing streams end to end: a route for servers that never send ``[DONE]``
+(``termination = "finish"``), and continuation after a cut.
+
+Real gateways in front of simulators, driven with httpx and the real SDKs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.simulator import create_simulator_app, expected_text
+from tests import web
+from tests.conftest import ServerThread, running
+from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
+from tests.integration.test_failover import CHAT, chat_text, metrics, stream
+from tests.sdk import anthropic, openai
+
+TEXT = expected_text(20)
+
+
+def route(upstream: ServerThread, **keys: Any) -> list[dict[str, Any]]:
+    return [{"name": "chat", "prefix": "/v1", "upstream": upstream.url + "/v1", **keys}]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_termination_finish_makes_a_clean_end_after_the_finish_complete(
+    simulator: ServerThread, path: str
+) -> None:
+    body: dict[str, Any] = (
+        CHAT if "chat" in path else {"model": "sim-1", "prompt": "hi", "stream": True}
+    )
+    with gateway_for("", routes=route(simulator, termination="finish")) as gw:
+        response = gw_post(gw, path, body, {"x-sim-fault": "drop_before_done"})
+        assert response.status_code == 200
+        assert annotation(response.content)["outcome"] == "complete"
+        assert annotation(response.content)["reason"] == "stop"
+        assert b"[DONE]" not in response.content
+        # everything else is as strict as before
+        for fault, reason in [
+            ("drop_after_text", "missing_done"),
+            ("done_without_finish", "missing_finish"),
+            ("drop_mid_event", "missing_done"),
+        ]:
+            cut = gw_post(gw, path, body, {"x-sim-fault": fault})
+            assert annotation(cut.content)["outcome"] == "incomplete", fault
+            assert annotation(cut.content)["reason"] == reason, fault
+        assert metric_value(metrics(gw), "gateway_streams_total", outcome="complete") == 1
+    with gateway_for("", routes=route(simulator)) as gw:
+        strict = gw_post(gw, path, body, {"x-sim-fault": "drop_before_done"})
+        assert annotation(strict.content)["reason"] == "missing_done"
+
+
+def test_termination_finish_through_the_openai_sdk(simulator: ServerThread) -> None:
+    with gateway_for("", routes=route(simulator, termination="finish")) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+        chunks = client.chat.completions.create(
+            **CHAT, extra_headers={"x-sim-fault": "drop_before_done"}
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT
+        assert chat_text(stream(gw, "plain").content) == TEXT
+
+
+def gw_post(gw: ServerThread, path: str, body: Any, headers: dict[str, str]) -> Any:
+    return web.post(gw.url + path, json=body, headers=headers, timeout=30)
+
+
+# -- continuation after a cut ------------------------------------------------------------------
+
+MESSAGES = {
+    "model": "sim-1",
+    "max_tokens": 256,
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+}
+
+
+def continuing(*upstreams: dict[str, Any], **keys: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "chat",
+            "prefix": "/v1",
+            "upstreams": list(upstreams),
+            "continue_after_cut": True,
+            "max_attempts": 3,
+            **keys,
+        }
+    ]
+
+
+def sim_up(name: str, server: ServerThread, **keys: Any) -> dict[str, Any]:
+    return {"name": name, "url": server.url + "/v1", "continuation": "assistant_prefill", **keys}
+
+
+@contextlib.contextmanager
+def sim(**options: Any) -> Iterator[ServerThread]:
+    with running(create_simulator_app(**options)) as server:
+        yield server
+
+
+def continued_chat(gw: ServerThread, rid: str) -> Any:
+    return web.post(
+        gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": rid}, timeout=30
+    )
+
+
+@pytest.mark.parametrize("fault", ["drop_after_text", "abort_mid_body", "invalid_json"])
+def test_a_chat_stream_cut_after_some_text_is_continued_exactly(fault: str) -> None:
+    with (
+        sim(default_fault=fault, fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = continued_chat(gw, f"cut-{fault}")
+        assert response.status_code == 200
+        assert chat_text(response.content) == TEXT
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"], note.get("continued")) == (
+            "complete",
+            "stop",
+            "1",
+        )
+        assert response.content.count(b"data: [DONE]") == 1
+        assert response.content.count(b'"role"') == 1
+        ids = {
+            json.loads(line[6:])["id"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {")
+        }
+        assert len(ids) == 1  # the continuation's chunks carry the original id
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="ok") == 1
+        assert metric_value(text, "gateway_streams_total", outcome="complete") == 1
+
+
+def test_openai_sdk_holds_exactly_the_text_after_a_cut_and_a_stall() -> None:
+    for fault, keys in [
+        ("drop_after_text", {}),
+        ("stall_mid_stream", {"timeouts": {"idle": 1.0}}),
+        ("invalid_json", {}),
+    ]:
+        with sim(default_fault=fault, fault_requests=1) as upstream:
+            routes = continuing(sim_up("only", upstream), **keys)
+            with gateway_for("", routes=routes) as gw:
+                client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+                chunks = client.chat.completions.create(**CHAT)
+                got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                assert got == TEXT, fault
+
+
+def test_anthropic_sdk_holds_exactly_the_text_after_a_cut() -> None:
+    for fault, keys in [
+        ("drop_after_text", {}),
+        ("abort_mid_body", {}),
+        ("invalid_json", {}),
+        ("stall_mid_stream", {"timeouts": {"idle": 1.0}}),
+    ]:
+        with sim(default_fault=fault, fault_requests=1) as upstream:
+            routes = continuing(sim_up("only", upstream), **keys)
+            with gateway_for("", routes=routes) as gw:
+                client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+                with client.messages.stream(
+                    model="sim-1", max_tokens=256, messages=[{"role": "user", "content": "hi"}]
+                ) as events:
+                    text = "".join(events.text_stream)
+                    final = events.get_final_message()
+                assert text == TEXT, fault
+                assert final.stop_reason == "end_turn"
+                assert [b.type for b in final.content] == ["text"]
+
+
+def test_a_fallback_that_rejects_prefill_gives_the_original_reason() -> None:
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim(continuation="reject") as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary, continuation="none"),
+            sim_up("fallback", fallback, priority=1),
+        )
+        with gateway_for("", routes=routes) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+            with pytest.raises(openai.APIError) as raised:
+                for _ in client.chat.completions.create(**CHAT):
+                    pass
+            assert "missing_done" in str(raised.value.body or raised.value)
+            text = metrics(gw)
+            assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
+            assert metric_value(text, "gateway_streams_total", reason="missing_done") == 1
+
+
+def test_a_cut_inside_a_tool_call_is_not_continued() -> None:
+    with sim() as upstream, gateway_for("", routes=continuing(sim_up("only", upstream))) as gw:
+        body = {**CHAT, "tools": [TOOL]}
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            json=body,
+            headers={"x-sim-fault": "drop_mid_event"},
+            timeout=30,
+        )
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"]) == ("incomplete", "missing_done")
+        assert "continued" not in note
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="not_continuable") == 1
+
+
+def test_a_continuation_that_is_itself_cut_gives_the_original_reason() -> None:
+    with (
+        sim(default_fault="abort_mid_body") as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = continued_chat(gw, "twice")
+        note = annotation(response.content)
+        assert (note["outcome"], note["reason"], note["continued"]) == (
+            "incomplete",
+            "upstream_disconnect",
+            "1",
+        )
+        text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="failed") == 1
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+    },
+}
+
+
+def test_an_upstream_error_event_mid_stream_is_withheld_while_a_continuation_is_tried() -> None:
+    with (
+        sim(default_fault="error_event", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0)
+        chunks = client.chat.completions.create(**CHAT)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TEXT
+    # with no upstream that can continue, the upstream's own error goes out as before
+    with sim(default_fault="error_event") as upstream:
+        routes = continuing(sim_up("only", upstream, continuation="none"))
+        with gateway_for("", routes=routes) as gw:
+            response = continued_chat(gw, "error-kept")
+            note = annotation(response.content)
+            assert (note["outcome"], note["reason"]) == ("incomplete", "upstream_error")
+            assert b'"error"' in response.content
+            assert response.content.count(b'data: {"error"') == 1
+
+
+def test_the_usage_of_a_continued_stream_is_the_sum_of_both_attempts() -> None:
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = web.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+        usage = [
+            json.loads(line[6:])["usage"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {") and b'"usage":{' in line
+        ]
+        assert len(usage) == 1
+        # the cut attempt's 3 deltas (estimated) and the continuation's 17 billed
+        assert usage[0]["completion_tokens"] == 20
+        assert usage[0]["total_tokens"] == usage[0]["prompt_tokens"] + 20
+        text = metrics(gw)
+        assert metric_value(text, "gateway_upstream_attempts_total", result="incomplete") == 1
+        assert metric_value(text, "gateway_upstream_attempts_total", result="ok") == 1
+
+
+def test_the_access_log_records_both_attempts_of_a_continued_stream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), access_log=True) as gw,
+    ):
+        response = continued_chat(gw, "logged")
+        assert annotation(response.content)["continued"] == "1"
+        line = access_log_line(capsys, "logged")
+    assert line["continued"] is True
+    assert (line["outcome"], line["reason"]) == ("complete", "stop")
+    assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
+        ("only", "incomplete"),
+        ("only", "ok"),
+    ]
+
+
+def test_anthropic_sdk_raises_with_the_original_reason_when_the_fallback_rejects_prefill() -> None:
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim(continuation="reject") as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary, continuation="none"),
+            sim_up("fallback", fallback, priority=1),
+        )
+        with gateway_for("", routes=routes) as gw:
+            client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+            with (
+                pytest.raises(anthropic.APIStatusError) as raised,
+                client.messages.stream(
+                    model="sim-1", max_tokens=256, messages=[{"role": "user", "content": "hi"}]
+                ) as events,
+            ):
+                "".join(events.text_stream)
+            assert "missing_done" in str(raised.value)
+            text = metrics(gw)
+            assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
+
+
+def test_a_legacy_completions_stream_is_continued_by_appending_to_the_prompt() -> None:
+    body = {"model": "sim-1", "prompt": "Say something: ", "stream": True}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        response = web.post(gw.url + "/v1/completions", json=body, timeout=30)
+        note = annotation(response.content)
+        assert (note["outcome"], note["continued"]) == ("complete", "1")
+        text = "".join(
+            c.get("text") or ""
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {")
+            for c in json.loads(line[6:])["choices"]
+        )
+        assert text == TEXT
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_continuation_carries_the_whole_conversation(size: str) -> None:
+    # The relay keeps only a request's small top-level members; the continuation parses
+    # the body again, so its prefill follows every message the client sent, also for a
+    # body large enough to be parsed off the loop.
+    history = [
+        {"role": "system", "content": "be brief " * (200_000 if size == "large" else 1)},
+        {"role": "user", "content": "hi"},
+    ]
+    body = {**CHAT, "messages": history}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream))) as gw,
+    ):
+        rid = f"whole-{size}"
+        response = web.post(
+            gw.url + "/v1/chat/completions", json=body, headers={"x-request-id": rid}, timeout=60
+        )
+        assert chat_text(response.content) == TEXT
+        assert annotation(response.content).get("continued") == "1"
+        seen = web.get(f"{upstream.url}/_sim/requests/{rid}").json()  # the continuation's
+        if size == "small":
+            messages = seen["body"]["messages"]
+            assert messages[:2] == history
+            assert messages[2]["role"] == "assistant"
+            assert messages[2]["content"]
+            assert TEXT.startswith(messages[2]["content"])
+        else:  # too large for the simulator to keep: its size says the history went along
+            assert seen["body_size"] > len(history[0]["content"])

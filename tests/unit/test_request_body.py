@@ -1,0 +1,77 @@
+"""What the relay keeps of a JSON request body, and how it rewrites one (``request_body``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gateway.proxy.request_body import BodyParser, rewrite, summary
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_the_summary_keeps_small_members_only() -> None:
+    body = json.dumps(
+        {
+            "model": "gpt-x",
+            "stream": True,
+            "max_tokens": 5,
+            "stream_options": {"include_usage": False},
+            "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"deep": {"er": 1}},
+            "long": "x" * 5000,
+        }
+    ).encode()
+    assert summary(body) == {
+        "model": "gpt-x",
+        "stream": True,
+        "max_tokens": 5,
+        "stream_options": {"include_usage": False},
+    }
+
+
+def test_a_bom_and_any_content_are_read_as_json_and_non_objects_are_not() -> None:
+    assert summary(BOM + b'{"stream": true}') == {"stream": True}
+    assert summary(b'[{"stream": true}]') is None
+    assert summary(b"stream=true") is None
+    assert summary(b'{"stream": tru') is None
+    assert rewrite(b"not json", {"model": "m"}) is None
+
+
+def test_rewrite_merges_object_members_and_keeps_the_rest() -> None:
+    body = (
+        BOM
+        + json.dumps(
+            {"model": "a", "stream_options": {"other": [1, 2]}, "messages": [{"content": "héllo"}]},
+            ensure_ascii=False,
+        ).encode()
+    )
+    out = rewrite(body, {"model": "b", "stream_options": {"include_usage": True}})
+    assert out is not None
+    assert json.loads(out) == {
+        "model": "b",
+        "stream_options": {"other": [1, 2], "include_usage": True},
+        "messages": [{"content": "héllo"}],
+    }
+    assert "héllo".encode() in out  # UTF-8 as it came, not escaped
+
+
+def test_a_lone_surrogate_survives_a_rewrite_as_an_escape() -> None:
+    out = rewrite(b'{"model": "\\ud800"}', {"stream": True})
+    assert out is not None
+    assert json.loads(out) == {"model": "\ud800", "stream": True}
+
+
+def test_the_helper_process_gives_what_the_loop_would() -> None:
+    body = json.dumps({"model": "m", "stream": True, "messages": ["x" * 4096] * 64}).encode()
+
+    async def both() -> tuple[object, object]:
+        parser = BodyParser(off_loop_bytes=1024)
+        try:
+            return await parser.summary(body), await parser.rewrite(body, {"model": "n"})
+        finally:
+            parser.close()
+
+    got_summary, got_rewrite = asyncio.run(both())
+    assert got_summary == summary(body)
+    assert got_rewrite == rewrite(body, {"model": "n"})

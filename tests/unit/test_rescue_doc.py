@@ -1,0 +1,35 @@
+"""docs/rescue.md stays true to the code: its primary + fallback configuration is
+accepted as it is written, and means what the page says."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from gateway.policy.routing import Route
+from gateway.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "rescue.md").read_text(encoding="utf-8")
+
+
+def _example() -> dict[str, Any]:
+    match = re.search(r"```toml\n(.*?)```", DOC, flags=re.S)
+    assert match is not None
+    return tomllib.loads(match.group(1))
+
+
+def test_the_documented_tiers_are_a_valid_configuration() -> None:
+    settings = Settings(**_example())
+    (config,) = settings.routes
+    route = Route(config, settings.timeouts.model_copy(update={"total": 30.0}))
+    primary, fallback = route.endpoints
+    assert (primary.priority, fallback.priority) == (0, 1)
+    assert primary.timeouts.first_byte == 10.0
+    assert fallback.models == {"*": "openai/gpt-4o"}
+    assert route.pool.pick() is not None
+    assert route.pool.pick().index == 0  # type: ignore[union-attr]  # the primary tier serves
+    assert config.continue_after_cut
+    assert "first_byte_timeout" in config.retry_on
