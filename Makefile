@@ -1,37 +1,78 @@
 # Two commands do all the set-up on a fresh machine with only Python:
-#   make run   - create .venv, install, start the gateway on 127.0.0.1:8080 in front of
-#                the built-in simulator (ARGS="--upstream URL" for a real provider)
-#   make test  - create .venv, install the test extras, run lint, types and the whole suite
+#   make run   - create .venv, install (the guard as pure Python: quick), start the gateway
+#                on 127.0.0.1:8080 in front of the built-in simulator (ARGS="--upstream URL"
+#                for a real provider; other ARGS, such as --port, keep the simulator)
+#   make test  - create .venv, install the test extras with the guard compiled, run lint,
+#                types and the whole suite
+# and, when wanted:
+#   make compiled-guard - compile the guard with mypyc (about 90 s on two cores; about half
+#                the guard's CPU per event), for `make run` too; the container image
+#                always ships it compiled
+#   make examples       - the SDKs the README's client examples use, and nothing else
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test test-guard-python lint typecheck bench clean
+.PHONY: run test test-guard-python lint typecheck bench clean compiled-guard examples
 
-# setup.py compiles the guard with mypyc at install: a change to its source reinstalls.
+# setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
+# to its source reinstalls.
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard gateway/guard/*.py)
+# What a compiling install leaves beside the guard's source (and the group's shared module).
+COMPILED_GUARD := gateway/guard/*.so gateway_guard__mypyc*.so
 
+# The pip the venv comes with (Python 3.11's does editable installs): upgrading it first
+# cost about 10 s of a first `make run` on a loaded two-core machine.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The quick install for `make run`: the guard as pure Python (it behaves the same; the
+# gateway logs that it is not compiled, and gateway_build_info{guard="python"} says so).
+# A compiled guard older than this install's inputs is removed, never left to shadow its
+# newer source, and so are the marks of the installs that compiled it: the next
+# `make test` compiles it again.
+# Built without build isolation, with only setuptools: an isolated build would install
+# mypy (the compiler) first, for nothing.
 $(VENV)/.installed-run: $(INSTALL_INPUTS) | $(BIN)/python
+	rm -f $(COMPILED_GUARD) $(VENV)/.compiled-guard $(VENV)/.installed-test $(VENV)/.installed-perf
+	$(BIN)/python -m pip install --quiet 'setuptools>=77.0.3'
+	PURE_PYTHON_GUARD=1 $(BIN)/python -m pip install --quiet --no-build-isolation -e .
+	touch $@
+
+# The guard compiled with mypyc, in place beside its source (the install `make test` runs).
+$(VENV)/.compiled-guard: $(INSTALL_INPUTS) | $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+compiled-guard: $(VENV)/.compiled-guard
+
+# The SDKs of the README's client examples (openai, anthropic, google-genai, ollama).
+$(VENV)/.installed-examples: pyproject.toml | $(VENV)/.installed-run
+	$(BIN)/python -m pip install --quiet -e '.[examples]'
+	touch $@
+
+examples: $(VENV)/.installed-examples
+
 # The test extras include the pinned Node SDKs the suite drives (when node and npm exist).
-$(VENV)/.installed-test: $(INSTALL_INPUTS) tests/node_sdks.py | $(BIN)/python
+# Installed with the guard compiled: `make test` tests the compiled guard (and
+# `make test-guard-python` its source).
+$(VENV)/.installed-test: $(INSTALL_INPUTS) tests/node_sdks.py | $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m tests.node_sdks
-	touch $@ $(VENV)/.installed-run
+	touch $@ $(VENV)/.compiled-guard
 
-$(VENV)/.installed-perf: $(INSTALL_INPUTS) | $(BIN)/python
+$(VENV)/.installed-perf: $(INSTALL_INPUTS) | $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e '.[test,perf]'
-	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
+	touch $@ $(VENV)/.installed-test $(VENV)/.compiled-guard
+
+# The simulator stays unless something names what to front: --upstream or --config in
+# ARGS, or GATEWAY_UPSTREAM_URL, GATEWAY_ROUTES or GATEWAY_CONFIG in the environment
+# (make sees the environment as variables). ARGS="--port 8090" alone keeps it.
+FRONTS := $(filter --upstream --upstream=% --config --config=%,$(ARGS))$(GATEWAY_UPSTREAM_URL)$(GATEWAY_ROUTES)$(GATEWAY_CONFIG)
 
 run: $(VENV)/.installed-run
-	$(BIN)/gateway serve $(or $(ARGS),--simulator)
+	$(BIN)/gateway serve $(if $(strip $(FRONTS)),,--simulator) $(ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check gateway tests
@@ -75,4 +116,4 @@ bench: $(VENV)/.installed-perf
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis \
-		gateway/guard/*.so gateway_guard__mypyc*.so tests/perf/.venv-litellm
+		$(COMPILED_GUARD) tests/perf/.venv-litellm

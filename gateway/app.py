@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import ipaddress
 import logging
 import os
 import platform
-import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from types import FrameType
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -40,12 +39,14 @@ from gateway import __version__
 from gateway.capture.writer import CaptureWriter
 from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
+from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
 from gateway.observe.status_page import HEADERS as STATUS_HEADERS
 from gateway.observe.status_page import LiveStream, StatusView, render
+from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
 from gateway.proxy.errors import error_body, error_headers, send_error
@@ -55,6 +56,7 @@ from gateway.proxy.relay import Relay
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.redaction import redacted
 from gateway.settings import RouteConfig, Settings
+from gateway.signals import install_drain_handlers, restore_handlers
 
 __all__ = ["create_app"]
 
@@ -114,7 +116,7 @@ class _Gateway:
     ) -> None:
         self.settings = settings
         self.transport = transport
-        self.metrics = Metrics()
+        self.metrics = Metrics(_longest_request(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(settings.access_log)
         self.captures = CaptureWriter.for_settings(
@@ -134,6 +136,7 @@ class _Gateway:
             )
             gateway_observers.append(self.tracing)
         self.status_board: StatusBoard | None = None
+        self.status_share: StatusShare | None = None
         if settings.status_page:
             self.status_board = StatusBoard()
             gateway_observers.append(self.status_board)
@@ -183,7 +186,17 @@ class _Gateway:
             lifecycle=self.lifecycle,
             tracer=self.tracing,
         )
-        previous = _chain_sigterm(self.lifecycle.begin_drain)
+        if self.relay.limiter is not None:
+            await self.relay.limiter.start()
+        previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
+        if self.status_board is not None and self.metrics.multiprocess_dir is not None:
+            self.status_share = StatusShare(
+                Path(self.metrics.multiprocess_dir),
+                self.status_board,
+                self._live_streams,
+                lambda: [(route.name, route.active) for route in self.routes],
+            )
+            self.status_share.start()
         # What exists now lives as long as the process: keep it out of every GC pass.
         gc.freeze()
         self.lifecycle.ready = True
@@ -196,11 +209,13 @@ class _Gateway:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()
             await self.lifecycle.wait_idle(5.0)
-            if previous is not None:
-                with contextlib.suppress(ValueError):
-                    signal.signal(signal.SIGTERM, previous)
+            restore_handlers(previous)
+            if self.status_share is not None:
+                await self.status_share.stop()
             await upstream.aclose()
             self.relay.bodies.close()  # the body parser's helper process, if it started
+            if self.relay.limiter is not None:
+                await self.relay.limiter.close()
             self.access_log.flush()
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)
@@ -305,7 +320,10 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        return HTMLResponse(render(self._status_view(board)), headers=STATUS_HEADERS)
+        view = self._status_view(board)
+        if relay.limiter is not None:
+            view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
         """None when the client may see the page: it is on loopback (behind trusted
@@ -326,7 +344,43 @@ class _Gateway:
         )
 
     def _status_view(self, board: StatusBoard) -> StatusView:
-        now = time.time()
+        live = self._live_streams()
+        active = [(route.name, route.active) for route in self.routes]
+        started, counts, incomplete = (
+            board.started,
+            board.counts(),
+            list(reversed(board.incomplete)),
+        )
+        merged_workers = None
+        if self.status_share is not None:  # several workers: every worker's share
+            merged = self.status_share.merged()
+            live, active, started = merged.live, merged.active, merged.started
+            counts, incomplete, merged_workers = merged.counts, merged.incomplete, merged.workers
+        return StatusView(
+            now=time.time(),
+            version=__version__,
+            python=f"{platform.python_implementation()} {platform.python_version()}",
+            pid=os.getpid(),
+            workers=self.settings.workers,
+            started=started,
+            tracing=self.tracing is not None,
+            minutes=board.minutes,
+            active=active,
+            live=live,
+            counts=counts,
+            incomplete=incomplete,
+            config=redacted(self.settings),
+            merged_workers=merged_workers,
+            pools=[
+                (route.name, endpoint.name, endpoint.priority, str(route.pool.state(i)))
+                for route in self.routes
+                if len(route.endpoints) > 1
+                for i, endpoint in enumerate(route.endpoints)
+            ],
+        )
+
+    def _live_streams(self) -> list[LiveStream]:
+        """This process's streams in flight, the oldest first."""
         live = []
         for key in self.lifecycle.inflight_keys():
             if isinstance(key, Exchange) and key.record.stream:
@@ -342,72 +396,16 @@ class _Gateway:
                     )
                 )
         live.sort(key=lambda stream: -stream.age)
-        return StatusView(
-            now=now,
-            version=__version__,
-            python=f"{platform.python_implementation()} {platform.python_version()}",
-            pid=os.getpid(),
-            workers=self.settings.workers,
-            started=board.started,
-            tracing=self.tracing is not None,
-            minutes=board.minutes,
-            active=[(route.name, route.active) for route in self.routes],
-            live=live,
-            counts=board.counts(),
-            incomplete=list(reversed(board.incomplete)),
-            config=redacted(self.settings),
-            pools=[
-                (route.name, endpoint.name, endpoint.priority, str(route.pool.state(i)))
-                for route in self.routes
-                if len(route.endpoints) > 1
-                for i, endpoint in enumerate(route.endpoints)
-            ],
-        )
-
-
-def _chain_sigterm(begin_drain: Callable[[Callable[[], None]], None]) -> Any:
-    """On SIGTERM drain first, then shut the server down; the process exits 0.
-
-    uvicorn's own handler records the signal and raises it again once the
-    server has stopped (``Server.capture_signals``), so that the process
-    dies by SIGTERM (exit status 143). After a drain the signal has been
-    handled: the server is told to exit through ``should_exit`` instead,
-    the way a uvicorn ``Server`` is stopped from code. A second SIGTERM
-    (or SIGINT, left to the server) stops at once, through uvicorn's handler.
-    """
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-    except (ValueError, RuntimeError):
-        return None
-    state = {"signalled": False}
-    server = getattr(previous, "__self__", None)
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        def stop_now() -> None:
-            if callable(previous):
-                previous(signum, frame)
-
-        def drained() -> None:
-            if isinstance(server, uvicorn.Server):
-                server.should_exit = True
-            else:
-                stop_now()
-
-        if state["signalled"]:
-            stop_now()
-            return
-        state["signalled"] = True
-        loop.call_soon_threadsafe(begin_drain, drained)
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a test server in a thread)
-        return None
-    return previous
+        return live
 
 
 _TRACING_SHUTDOWN_SECONDS = 5.0
+
+
+def _longest_request(settings: Settings) -> float:
+    """The longest total deadline of any route: the duration histogram's top bucket."""
+    totals = [settings.route_timeouts(route).total for route in settings.effective_routes()]
+    return max([settings.timeouts.total, *totals])
 
 
 def _json_error(status: int, message: str, code: str, request_id: str) -> Response:
@@ -493,5 +491,5 @@ def create_worker_app() -> Starlette:
     from gateway.settings import settings_for_worker
 
     settings = settings_for_worker()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return create_app(settings)

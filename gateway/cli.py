@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 
 from gateway import __version__, guard_build
-from gateway.logsetup import configure_logging
+from gateway.logsetup import configure_logging, uvicorn_log_config
 from gateway.redaction import redact_url, redacted
 from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
 
@@ -31,7 +31,24 @@ __all__ = ["main"]
 
 log = logging.getLogger("gateway")
 
-_SECONDS: dict[str, Any] = {"type": float, "metavar": "SECONDS", "help": "seconds"}
+
+def _default(key: str) -> Any:
+    """The default of a dotted settings key (``timeouts.idle``), read from the model."""
+    model: Any = Settings
+    *sections, leaf = key.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return model.model_fields[leaf].default
+
+
+def _seconds(key: str, meaning: str) -> dict[str, Any]:
+    """A flag in seconds: its meaning, its default and the setting it sets."""
+    return {
+        "type": float,
+        "metavar": "SECONDS",
+        "help": f"{meaning} (default {_default(key):g}; the setting {key})",
+    }
+
 
 #: The flags of ``serve`` and ``check-config``: (settings key, flag, argparse options).
 #: A dotted key sets one key of a section (pydantic-settings deep-merges sources).
@@ -54,19 +71,49 @@ _SETTING_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("host", "--host", {"metavar": "ADDRESS", "help": "listen address (default 127.0.0.1)"}),
     ("port", "--port", {"type": int, "help": "listen port (default 8080)"}),
     ("workers", "--workers", {"type": int, "metavar": "N", "help": "worker processes (default 1)"}),
-    ("timeouts.connect", "--connect-timeout", _SECONDS),
-    ("timeouts.first_byte", "--first-byte-timeout", _SECONDS),
-    ("timeouts.idle", "--idle-timeout", _SECONDS),
-    ("timeouts.total", "--total-timeout", _SECONDS),
+    (
+        "timeouts.connect",
+        "--connect-timeout",
+        _seconds("timeouts.connect", "longest wait for the TCP/TLS connection to an upstream"),
+    ),
+    (
+        "timeouts.first_byte",
+        "--first-byte-timeout",
+        _seconds(
+            "timeouts.first_byte",
+            "longest wait from sending a request upstream to the first byte of its answer",
+        ),
+    ),
+    (
+        "timeouts.idle",
+        "--idle-timeout",
+        _seconds(
+            "timeouts.idle",
+            "longest silence between two chunks of a running answer (heartbeats count)",
+        ),
+    ),
+    (
+        "timeouts.total",
+        "--total-timeout",
+        _seconds("timeouts.total", "longest a whole request may take, first to last byte"),
+    ),
     (
         "drain_timeout",
         "--drain-timeout",
-        _SECONDS | {"help": "seconds in-flight streams get after SIGTERM"},
+        _seconds(
+            "drain_timeout",
+            "how long in-flight streams may go on after SIGTERM or Ctrl-C, before they are "
+            "ended with gateway_shutdown",
+        ),
     ),
     (
         "metrics_dir",
         "--metrics-dir",
-        {"metavar": "DIR", "help": "prometheus multiprocess directory"},
+        {
+            "metavar": "DIR",
+            "help": "prometheus multiprocess directory (default: a new temporary one when "
+            "--workers is above 1)",
+        },
     ),
 )
 
@@ -253,10 +300,34 @@ def _die(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _origin(url: str) -> str:
-    """``scheme://host[:port]`` of a URL, user-info masked as in ``check-config``."""
+def _base(url: str) -> str:
+    """An upstream's base URL as the start-up lines show it: its path kept (requests go
+    below it), user-info and query values masked as in ``check-config``."""
     parts = urlsplit(redact_url(url) or "")
-    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+
+
+def _warn_pathless(route: str, prefix: str, urls: list[str]) -> None:
+    """A ``/v1`` route in front of a base URL with no path: every request gets a 404.
+
+    The path below the prefix is appended to the base URL, so ``/v1/chat/completions``
+    in front of ``http://host:11434`` goes to ``http://host:11434/chat/completions``.
+    """
+    if not prefix.rstrip("/").endswith("/v1"):
+        return
+    for url in urls:
+        if urlsplit(url).path.strip("/") == "":
+            log.warning(
+                "route %s: %s fronts %s, a base URL with no path: %s/chat/completions goes to "
+                "%s/chat/completions (OpenAI-compatible servers answer under /v1: did you mean "
+                "%s/v1?)",
+                route,
+                prefix,
+                _base(url),
+                prefix.rstrip("/"),
+                _base(url).rstrip("/"),
+                _base(url).rstrip("/"),
+            )
 
 
 def _prepare_metrics_dir(settings: Settings) -> None:
@@ -271,6 +342,8 @@ def _prepare_metrics_dir(settings: Settings) -> None:
         # mistyped directory must not lose anybody's data.
         for stale in path.glob("*.db"):
             stale.unlink()
+        for stale in path.glob("gateway-status-*.json"):  # the status page's shares
+            stale.unlink()
     except OSError as exc:
         _die(f"metrics_dir {settings.metrics_dir or '(a new temporary directory)'}: {exc}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
@@ -279,10 +352,13 @@ def _prepare_metrics_dir(settings: Settings) -> None:
 def _log_start(settings: Settings) -> None:
     """What an operator should see at start: each route, and risky settings."""
     if guard_build() == "python":
-        log.info("guard: pure Python (not compiled: no C compiler at install, or not asked to)")
+        log.info(
+            "guard: pure Python (it behaves the same at about twice the CPU per event; "
+            "`make compiled-guard` compiles it where there is a C compiler)"
+        )
     for route in settings.effective_routes():
         if route.upstreams:
-            pool = ", ".join(f"{u.name} {_origin(u.url)}" for u in route.upstreams)
+            pool = ", ".join(f"{u.name} {_base(u.url)}" for u in route.upstreams)
             log.info(
                 "route %s: %s -> %s (protocol %s, max_attempts %d, retry_on %s)",
                 route.name,
@@ -292,14 +368,16 @@ def _log_start(settings: Settings) -> None:
                 route.max_attempts,
                 ",".join(route.retry_on) or "nothing",
             )
+            _warn_pathless(route.name, route.prefix, [u.url for u in route.upstreams])
             continue
         log.info(
             "route %s: %s -> %s (protocol %s)",
             route.name,
             route.prefix,
-            _origin(route.upstream or ""),
+            _base(route.upstream or ""),
             route.protocol,
         )
+        _warn_pathless(route.name, route.prefix, [route.upstream or ""])
     if not settings.annotate:
         log.warning(
             "annotate = false: a stream the upstream cut ends without an error event, so "
@@ -322,7 +400,7 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     _prepare_metrics_dir(settings)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
     from gateway.edge import uvicorn_options
 
@@ -337,6 +415,7 @@ def serve(settings: Settings) -> None:
         # uvicorn's own rewriting would let a client on 127.0.0.1 replace its address.
         "proxy_headers": False,
         "log_level": settings.log_level,
+        "log_config": uvicorn_log_config(settings.log_level, settings.log_format),
         # The drain (lifecycle.py) runs before uvicorn's own shutdown starts, and
         # streams stopped by it flush their trailer within 5 s: uvicorn needs little.
         "timeout_graceful_shutdown": 5,

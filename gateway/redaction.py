@@ -35,6 +35,9 @@ def redacted(settings: Settings) -> dict[str, Any]:
     data = settings.model_dump(mode="json", exclude={"credentials"})
     data["upstream_url"] = redact_url(data.get("upstream_url"))
     data["client_key_sha256"] = [f"<sha256 {h[:8]}…>" for h in settings.client_key_sha256]
+    data["redis_url"] = redact_url(data.get("redis_url"))  # a password is user-info
+    for client in data.get("clients", []):
+        client["key_sha256"] = [f"<sha256 {h[:8]}…>" for h in client["key_sha256"]]
     for route in data.get("routes", []):
         route["upstream"] = redact_url(route.get("upstream"))
         if route.get("credential_env"):

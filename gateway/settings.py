@@ -24,7 +24,7 @@ import tempfile
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -50,6 +50,8 @@ from gateway.protocols import CredentialStyle
 
 __all__ = [
     "DEFAULT_RETRY_ON",
+    "ClientConfig",
+    "ClientLimits",
     "Limits",
     "RetryCause",
     "RouteConfig",
@@ -71,6 +73,10 @@ ProtocolName = Literal["auto"] | Protocol
 CredentialStyleName = Literal["auto"] | CredentialStyle
 _ROUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+#: A named client: a bounded metric label.
+_CLIENT_NAME = re.compile(r"^[a-z0-9_-]{1,40}$")
+#: The client label of requests that no named client made.
+ANONYMOUS = "anonymous"
 #: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
@@ -171,6 +177,12 @@ class Limits(_Strict):
     )
     max_response_bytes: int = Field(
         1024 * 1024 * 1024, gt=0, description="Streamed response limit (limit_exceeded)."
+    )
+    max_buffered_answer_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        description="Plain 2xx JSON answers up to this Content-Length are read whole first "
+        "(a cut or unparseable one becomes a 502); 0: relay every answer as it arrives.",
     )
     max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
     max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
@@ -308,6 +320,12 @@ class RouteConfig(_Strict):
     inject_include_usage: bool = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
+    default_output_reservation: int = Field(
+        1024,
+        ge=1,
+        description="Output tokens reserved for a limited client's request that names no "
+        "max_tokens (replaced by what the answer really cost when it ends).",
+    )
     client_key_sha256: list[str] | None = Field(
         None,
         description="SHA-256 hex digests of the client keys this route accepts; "
@@ -432,6 +450,59 @@ class RouteConfig(_Strict):
         ]
 
 
+class ClientLimits(_Strict):
+    """A named client's limits (all of it, or one route's or one model's share)."""
+
+    requests_per_minute: int | None = Field(None, gt=0, description="Requests a UTC minute.")
+    tokens_per_minute: int | None = Field(
+        None, gt=0, description="Input + output tokens a UTC minute."
+    )
+    tokens_per_day: int | None = Field(None, gt=0, description="Token budget a UTC day.")
+    tokens_per_month: int | None = Field(None, gt=0, description="Token budget a UTC month.")
+    max_concurrent_streams: int | None = Field(None, gt=0, description="Streams at once.")
+
+    def any(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+class ClientConfig(_Strict):
+    """A named client: its keys, the routes it may use, its limits."""
+
+    name: str = Field(description="Label in metrics, the access log and traces.")
+    key_sha256: list[str] = Field(
+        min_length=1, description="SHA-256 hex digests of its keys (several: rotation)."
+    )
+    routes: list[str] | None = Field(
+        None, description="Routes it may use; default: every route that accepts keys."
+    )
+    limits: ClientLimits = ClientLimits()
+    route_limits: dict[str, ClientLimits] = Field(
+        default_factory=dict, description="Limits on its use of one route, by route name."
+    )
+    model_limits: dict[str, ClientLimits] = Field(
+        default_factory=dict, description="Limits on its use of one model, by model name."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _CLIENT_NAME.match(value) or value == ANONYMOUS:
+            raise ValueError(f"must be 1-40 of [a-z0-9_-], and not {ANONYMOUS!r}")
+        return value
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hashes(cls, value: list[str]) -> list[str]:
+        return _sha256_list(value)
+
+    def limited(self) -> bool:
+        return (
+            self.limits.any()
+            or any(v.any() for v in self.route_limits.values())
+            or any(v.any() for v in self.model_limits.values())
+        )
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. See config/gateway.example.toml."""
 
@@ -480,6 +551,25 @@ class Settings(BaseSettings):
         False,
         description="Allow listening beyond loopback with a route credential and no client keys.",
     )
+    clients: list[ClientConfig] = Field(
+        default_factory=list, description="Named clients: keys, routes, limits."
+    )
+    limits_backend: Literal["memory", "redis"] = Field(
+        "memory", description="Where the clients' counters live: this process, or Redis."
+    )
+    redis_url: str | None = Field(
+        None, description="redis:// or rediss:// URL of the limits backend (password in it)."
+    )
+    limits_timeout: float = Field(
+        0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
+    )
+    on_backend_error: Literal["allow", "deny"] = Field(
+        "allow", description="Limits backend unreachable or slow: serve anyway, or 503."
+    )
+    limits_per_worker: bool = Field(
+        False,
+        description="Memory backend with several workers: each enforces limits divided by N.",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="CIDRs of proxies whose X-Forwarded-* headers are believed; empty: none.",
@@ -487,6 +577,10 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="The process log on stderr: timestamped text lines, or one JSON object each.",
+    )
     tracing: Tracing = Tracing()
     status_page: bool = Field(
         False,
@@ -552,6 +646,58 @@ class Settings(BaseSettings):
                 "port would spend it. Set client_key_sha256 (globally or on the route), or "
                 "allow_unauthenticated = true (GATEWAY_ALLOW_UNAUTHENTICATED=true) if that "
                 "is intended"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _clients(self) -> Settings:
+        """Unique names, one owner per key, known routes, and a backend that can count."""
+        names = [c.name for c in self.clients]
+        if len(set(names)) != len(names):
+            raise ValueError("client names must be unique")
+        routes = {r.name for r in self.effective_routes()}
+        owner: dict[str, str] = {}
+        listed = set(self.client_key_sha256).union(
+            *(r.client_key_sha256 or () for r in self.effective_routes())
+        )
+        for client in self.clients:
+            for digest in client.key_sha256:
+                if digest in owner:
+                    raise ValueError(
+                        f"clients {owner[digest]} and {client.name} share a key: "
+                        "a key belongs to one client"
+                    )
+                if digest in listed:
+                    raise ValueError(
+                        f"a key of client {client.name} is also in a client_key_sha256 list: "
+                        "list it in one place (the client's key_sha256)"
+                    )
+                owner[digest] = client.name
+            unknown = sorted(set(client.routes or ()).union(client.route_limits).difference(routes))
+            if unknown:
+                raise ValueError(
+                    f"client {client.name} names route(s) {', '.join(unknown)} that do not exist"
+                )
+        limited = any(c.limited() for c in self.clients)
+        if self.limits_backend == "redis" and self.redis_url is None:
+            raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
+            "redis",
+            "rediss",
+            "unix",
+        ):
+            raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if (
+            limited
+            and self.limits_backend == "memory"
+            and self.workers > 1
+            and not self.limits_per_worker
+        ):
+            raise ValueError(
+                f'workers = {self.workers} with limits_backend = "memory": each worker '
+                "would count alone and admit up to N times every limit. Use "
+                'limits_backend = "redis", or limits_per_worker = true (each worker enforces '
+                "every limit divided by the number of workers)"
             )
         return self
 
@@ -764,21 +910,70 @@ def describe_errors(
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc)
+        key = key_path(err["loc"])
         flag = next((flags[k] for k in _prefixes(loc) if k in flags), None)
         env_name = _environment_origin(loc)
+        unknown = err["type"] == "extra_forbidden"
         if flag:
             origin = f" (command-line flag {flag})"
         elif env_name:
             origin = f" (environment variable {env_name})"
         elif config and loc:
-            origin = f" (config file {config}, or its default)"
+            # an unknown key is never a default: it can only come from the file
+            origin = (
+                f" (config file {config})"
+                if unknown
+                else f" (config file {config}, or its default)"
+            )
         else:
             origin = ""
         error = err.get("ctx", {}).get("error")
-        message = str(error) if err["type"] == "value_error" and error else err["msg"]
+        if unknown:
+            message = f"is not a setting ({_unknown_key_hint(err['loc'])})"
+        elif err["type"] == "value_error" and error:
+            message = str(error)
+        else:
+            message = err["msg"]
         lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """A location as the one key-path notation of every error: ``routes[0].max_attempts``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The settings model that holds the last key of ``loc`` (list indexes skipped)."""
+    model: type[BaseModel] | None = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            continue
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _model_in(annotation)
+        if model is None:
+            for member in _union_members(annotation):
+                for arg in typing.get_args(member):
+                    model = model or _model_in(arg)
+    return model
+
+
+def _unknown_key_hint(loc: Sequence[int | str]) -> str:
+    """``did you mean …?`` for a mistyped key, as for a mistyped ``GATEWAY_*`` variable."""
+    model = _model_at(loc)
+    known = [k for k in model.model_fields if k not in _NOT_FROM_ENVIRONMENT] if model else []
+    close = difflib.get_close_matches(str(loc[-1]), known, 1, 0.6)
+    if close:
+        return f"did you mean {key_path([*loc[:-1], close[0]])}?"
+    return "no setting has a similar name; see config/gateway.example.toml"
 
 
 def _prefixes(loc: list[str]) -> list[str]:
@@ -815,17 +1010,23 @@ def _with_credentials(settings: Settings) -> Settings:
                 continue
             value = os.environ.get(upstream.credential_env)
             if not value:
-                where = (
-                    f"routes[{route.name}].upstreams[{upstream.name}]"
-                    if route.upstreams
-                    else f"routes[{route.name}]"
-                )
+                where = _credential_key(settings, route, upstream)
                 raise ValueError(
                     f"{where}.credential_env: environment variable "
                     f"{upstream.credential_env} is not set or empty"
                 )
             credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
     return settings.model_copy(update={"credentials": credentials})
+
+
+def _credential_key(settings: Settings, route: RouteConfig, upstream: UpstreamConfig) -> str:
+    """Where a ``credential_env`` was set, in the key-path notation of every error."""
+    if not settings.routes:
+        return "credential_env"
+    index = settings.routes.index(route)
+    if route.upstreams:
+        return f"routes[{index}].upstreams[{route.upstreams.index(upstream)}]"
+    return f"routes[{index}]"
 
 
 _WORKER_ENV = "GATEWAY_WORKER_SETTINGS"

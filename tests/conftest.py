@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -12,10 +13,34 @@ from typing import Any
 
 import pytest
 import uvicorn
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from tests import guard_source
 
 guard_source.install()
+
+# Hypothesis profiles: every @given test takes its settings from here, none sets its own.
+# No deadline in either: a loaded two-core machine runs one example in far more than
+# hypothesis's 200 ms now and then, which says nothing about the code. ``ci`` is
+# derandomized (the same examples every run, so a failure reproduces) with the counts
+# the property tests are held to; ``dev``, for the inner loop, runs far fewer.
+# HYPOTHESIS_PROFILE picks one by name; otherwise CI=true picks ``ci``.
+_SLOW_OR_LARGE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+hypothesis_settings.register_profile(
+    "ci", max_examples=200, deadline=None, derandomize=True, suppress_health_check=_SLOW_OR_LARGE
+)
+hypothesis_settings.register_profile(
+    "dev",
+    max_examples=25,
+    deadline=None,
+    derandomize=False,  # hypothesis's own default turns it on where CI is set
+    suppress_health_check=_SLOW_OR_LARGE,
+)
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
+    "ci" if os.environ.get("CI", "").lower() in ("true", "1") else "dev"
+)
+hypothesis_settings.load_profile(HYPOTHESIS_PROFILE)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
 
+from gateway.logsetup import utc_timestamp
 from gateway.observe.record import RequestRecord
 
 # json.dumps with options builds a new encoder per call; one encoder serves every line.
@@ -79,11 +81,13 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     verdict = record.verdict
     usage = record.usage
     return {
+        "time": utc_timestamp(time.time()),
         "request_id": record.request_id,
         "route": record.route or None,  # "": refused at the edge, under no route
         "method": record.method or None,
         "path": bounded(record.path) or None,
         "client": record.client,
+        "client_name": record.client_name,
         "status": record.status,
         "model": bounded(record.model),
         "upstream_model": bounded(record.upstream_model),
@@ -100,6 +104,13 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "bytes_in": record.bytes_in,
         "bytes_out": record.bytes_out,
         "usage": usage.as_dict() if usage is not None else None,
+        "charged": None
+        if record.charge is None
+        else {
+            "input": record.charge.input,
+            "output": record.charge.output,
+            "source": record.charge.source.value,
+        },
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
         "attempts": [

@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway import __version__, guard_build
 from gateway.observe.record import RequestRecord
+from gateway.observe.runtime import runtime_registry
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -44,6 +45,20 @@ __all__ = [
 OPERATION_DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+
+
+def duration_buckets(longest: float) -> tuple[float, ...]:
+    """The GenAI operation-duration buckets, doubled on past 81.92 s until ``longest``.
+
+    A request lasts up to its total deadline (``timeouts.total``, 3600 s by
+    default): without buckets up there every long stream lands in ``+Inf``.
+    """
+    buckets = list(OPERATION_DURATION_BUCKETS)
+    while buckets[-1] < longest:
+        buckets.append(round(buckets[-1] * 2, 2))
+    return tuple(buckets)
+
+
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )  # fmt: skip
@@ -120,6 +135,13 @@ def fast_observe(child: Any) -> Add:
     return fast
 
 
+def _counted(count: float) -> float:
+    """A count for a Counter's fast path: what ``Counter.inc`` refuses is refused here."""
+    if count < 0:
+        raise ValueError(f"Counters can only be incremented by non-negative amounts: {count}")
+    return count
+
+
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -190,30 +212,34 @@ class Metrics:
 
     name = "metrics"
 
-    def __init__(self) -> None:
+    def __init__(self, longest_request_seconds: float = 3600.0) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._adds: dict[tuple[Any, ...], Add] = {}
         reg = self.registry
         self.multiprocess = multiprocess_enabled()
+        #: The multiprocess directory (None with one process); the status page shares it.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        #: process_* and python_* (gateway.observe.runtime), appended to the exposition.
+        self.runtime = runtime_registry(self.multiprocess_dir)
         self.requests = Counter(
             "gateway_requests_total",
             "Proxied requests by the status the client got.",
-            ["route", "method", "code"],
+            ["route", "method", "code", "client"],
             registry=reg,
         )
         self.request_duration = Histogram(
             "gateway_request_duration_seconds",
             "Request received to last byte sent.",
             ["route", "stream"],
-            buckets=OPERATION_DURATION_BUCKETS,
+            buckets=duration_buckets(longest_request_seconds),
             registry=reg,
         )
         self.streams = Counter(
             "gateway_streams_total",
             "Requests that asked for a stream, by verdict.",
-            ["route", "model", "outcome", "reason"],
+            ["route", "model", "outcome", "reason", "client"],
             registry=reg,
         )
         self.active_streams = Gauge(
@@ -247,7 +273,39 @@ class Metrics:
         self.tokens = Counter(
             "gateway_tokens_total",
             "Tokens as reported by the provider.",
-            ["route", "model", "type"],
+            ["route", "model", "type", "client"],
+            registry=reg,
+        )
+        self.client_tokens = Counter(
+            "gateway_client_tokens_total",
+            "Tokens charged to a named client: reported by the provider, or estimated.",
+            ["client", "route", "model", "type", "source"],
+            registry=reg,
+        )
+        self.limited_requests = Counter(
+            "gateway_limited_requests_total",
+            "Requests a named client's limits refused (429), or 503 with the backend down.",
+            ["client", "limit"],
+            registry=reg,
+        )
+        self.budget_remaining = Gauge(
+            "gateway_client_budget_remaining_tokens",
+            "Tokens left in a named client's day or month budget, as last counted.",
+            ["client", "window"],
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        )
+        self.budget_tokens = Gauge(
+            "gateway_client_budget_tokens",
+            "A named client's day or month token budget (per worker with limits_per_worker).",
+            ["client", "window"],
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        )
+        self.limit_backend_errors = Counter(
+            "gateway_limit_backend_errors_total",
+            "Limits backend calls that failed or timed out, by operation.",
+            ["operation"],
             registry=reg,
         )
         self.usage_unknown = Counter(
@@ -361,6 +419,17 @@ class Metrics:
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
 
+    def limited(self, client: str, limit: str) -> None:
+        self._child(self.limited_requests, client, limit).inc()
+
+    def limit_backend_failed(self, operation: str) -> None:
+        self._child(self.limit_backend_errors, operation).inc()
+
+    def budget(self, client: str, window: str, limit: int, used: int) -> None:
+        """A client's budget as last counted: ``used`` of ``limit`` in ``window``."""
+        self._child(self.budget_tokens, client, window).set(limit)
+        self._child(self.budget_remaining, client, window).set(max(limit - used, 0))
+
     def observer_failed(self, observer: str) -> None:
         self._child(self.observer_errors, observer).inc()
 
@@ -395,8 +464,8 @@ class Metrics:
     def observe(self, record: RequestRecord) -> None:
         """Record one finished proxied request."""
         add = self._add
-        route, model = record.route, record.model_label
-        add(self.requests, route, record.method, str(record.status))(1)
+        route, model, client = record.route, record.model_label, record.client_name
+        add(self.requests, route, record.method, str(record.status), client)(1)
         add(self.request_duration, route, "true" if record.stream else "false")(record.duration)
         if record.time_to_first_byte is not None:
             add(self.time_to_first_byte, route)(record.time_to_first_byte)
@@ -417,11 +486,21 @@ class Metrics:
         if usage is not None:
             for kind, count in usage.as_dict().items():
                 if count:
-                    if count < 0:  # what Counter.inc refuses (an observer failure)
-                        raise ValueError(f"negative token count: {count}")
-                    add(self.tokens, route, model, kind)(count)
+                    add(self.tokens, route, model, kind, client)(_counted(count))
+        charge = record.charge
+        if charge is not None:
+            source = charge.source.value
+            if charge.input:
+                add(self.client_tokens, client, route, model, "input", source)(
+                    _counted(charge.input)
+                )
+            if charge.output:
+                add(self.client_tokens, client, route, model, "output", source)(
+                    _counted(charge.output)
+                )
         if record.stream and verdict is not None:
-            add(self.streams, route, model, verdict.outcome.value, verdict.reason.value)(1)
+            outcome, reason = verdict.outcome.value, verdict.reason.value
+            add(self.streams, route, model, outcome, reason, client)(1)
             if usage is None:
                 add(self.usage_unknown, route, model)(1)
 
@@ -430,5 +509,5 @@ class Metrics:
         if self.multiprocess:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+            return generate_latest(registry) + generate_latest(self.runtime)
+        return generate_latest(self.registry) + generate_latest(self.runtime)

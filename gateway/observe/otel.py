@@ -132,6 +132,7 @@ class OtelTracing:
         attributes: dict[str, Any] = {
             "gateway.request_id": record.request_id,
             "gateway.stream": record.stream,
+            "gateway.client": record.client_name,
             "http.request.body.size": record.bytes_in,
             "http.response.body.size": record.bytes_out,
         }

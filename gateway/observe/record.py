@@ -10,6 +10,7 @@ from gateway.policy.errors import RequestError
 
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
+    from gateway.policy.limits import Cost
 
 __all__ = ["Attempt", "RequestRecord"]
 
@@ -37,6 +38,8 @@ class RequestRecord:
     path: str
     started: float
     client: str | None = None  # the peer address, or the client behind a trusted proxy
+    client_name: str = "anonymous"  # the named client whose key it presented ([[clients]])
+    charge: Cost | None = None  # what a named client was charged (its limits, its tokens)
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it

@@ -62,6 +62,7 @@ class StatusBoard:
         self, minutes: int = 15, keep: int = 50, clock: Callable[[], float] = time.time
     ) -> None:
         self.minutes = minutes
+        self.keep = keep
         self._clock = clock
         self._buckets: deque[tuple[int, Counter[_Key]]] = deque(maxlen=minutes)
         self.incomplete: deque[IncompleteStream] = deque(maxlen=keep)
@@ -87,6 +88,10 @@ class StatusBoard:
                     duration=record.duration,
                 )
             )
+
+    def minute_counts(self) -> list[tuple[int, Counter[_Key]]]:
+        """The per-minute counters as kept (for a worker's share, status_share.py)."""
+        return list(self._buckets)
 
     def counts(self) -> dict[tuple[str, str], Counter[str]]:
         """Counts by kind per (route, upstream) over the last ``minutes`` minutes."""

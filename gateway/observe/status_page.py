@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway.observe.status import IncompleteStream
 
-__all__ = ["HEADERS", "REFRESH_SECONDS", "LiveStream", "StatusView", "render"]
+__all__ = ["HEADERS", "REFRESH_SECONDS", "ClientUse", "LiveStream", "StatusView", "render"]
 
 REFRESH_SECONDS = 5
 #: Live streams listed at most (the count above the table is always the whole number).
@@ -53,6 +53,17 @@ pre { background: #f6f7f9; padding: .8em; max-width: 70em; overflow-x: auto; }
 
 
 @dataclass(frozen=True, slots=True)
+class ClientUse:
+    """One limit of a named client against its counter (None: the backend did not answer)."""
+
+    client: str
+    scope: str  # "all", "route=<name>" or "model=<name>"
+    limit: str
+    used: int | None
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
 class LiveStream:
     request_id: str
     route: str
@@ -77,6 +88,9 @@ class StatusView:
     counts: dict[tuple[str, str], Counter[str]]
     incomplete: Sequence[IncompleteStream]  # newest first
     config: dict[str, Any] = field(default_factory=dict)
+    clients: Sequence[ClientUse] = ()
+    #: With several workers: how many workers' shares the page merged (None: one process's).
+    merged_workers: int | None = None
     #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
     pools: Sequence[tuple[str, str, int, str]] = ()
 
@@ -257,6 +271,27 @@ def _incomplete(view: StatusView) -> str:
     return "".join(parts)
 
 
+def _clients(view: StatusView) -> str:
+    if not view.clients:
+        return ""
+    rows = (
+        [
+            _e(u.client),
+            _e(u.scope),
+            _e(u.limit),
+            _e("unavailable" if u.used is None else u.used),
+            _e(u.value),
+            _e("-" if u.used is None else f"{100 * u.used / u.value:.0f} %"),
+        ]
+        for u in view.clients
+    )
+    return (
+        '<section id="clients"><h2>Clients and their limits</h2>'
+        + _table(["client", "scope", "limit", "used", "of", "share"], rows, {3, 4, 5})
+        + "</section>"
+    )
+
+
 def _build(view: StatusView) -> str:
     rows = [
         ["version", _e(view.version)],
@@ -279,8 +314,13 @@ def render(view: StatusView) -> str:
     uptime = _duration(max(0.0, view.now - view.started))
     meta = (
         f"Version {view.version}, up {uptime}; as of {_utc(view.now)} UTC, refreshed every "
-        f"{REFRESH_SECONDS} s. Counts are this worker process's"
-        + (f" (one of {view.workers})." if view.workers > 1 else ".")
+        f"{REFRESH_SECONDS} s. "
+        + (
+            f"Counts and streams are those of all {view.merged_workers} worker processes."
+            if view.merged_workers is not None
+            else "Counts are this worker process's"
+            + (f" (one of {view.workers})." if view.workers > 1 else ".")
+        )
     )
     return "".join(
         [
@@ -296,6 +336,7 @@ def render(view: StatusView) -> str:
             _counts(view),
             _pools(view),
             _incomplete(view),
+            _clients(view),
             _build(view),
             "</body></html>",
         ]

@@ -16,7 +16,9 @@ ejects it again, for twice as long. The doubling starts over once an
 upstream has stayed in for ``max_seconds``. At most ``max_ejected_percent``
 of a pool, and never all of it, is out at once (ejected or half-open): a
 failure that would eject one more is counted, and the upstream stays in.
-Results of attempts that started before an ejection do not count.
+Results of attempts that started before an ejection do not count. An
+ejected upstream that panic routing (below) sent an attempt to, and that
+answered it, is back in the pool at once: it is serving, so it is not out.
 
 Priority tiers (Envoy's priority levels): each upstream has a ``tier``
 (its ``priority``, default 0). An attempt goes to the lowest tier with an
@@ -67,7 +69,8 @@ class MemberState(enum.StrEnum):
 #: Every allowed move of a member's stored state (``cooling`` is derived, never stored).
 _TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     MemberState.IN: frozenset({MemberState.EJECTED}),
-    MemberState.EJECTED: frozenset({MemberState.HALF_OPEN}),
+    # its time over, its probe; or, sent a request by panic routing, it answered
+    MemberState.EJECTED: frozenset({MemberState.HALF_OPEN, MemberState.IN}),
     # a failed probe ejects again; a probe that said nothing leaves it ejected, probe-ready
     MemberState.HALF_OPEN: frozenset({MemberState.IN, MemberState.EJECTED}),
     MemberState.COOLING: frozenset(),
@@ -108,6 +111,7 @@ class Lease:
 
     index: int
     probe: bool = False  # the half-open upstream's one probe
+    panic: bool = False  # sent to an upstream that was out, because nothing else was left
 
 
 class _Member:
@@ -210,8 +214,10 @@ class Pool:
             best = self._least_loaded([i for i in range(len(members)) if i not in exclude])
             if best is None:
                 return None
-            members[best].active += 1
-            return members[best].lease
+            member = members[best]
+            member.active += 1
+            # sent to a member that is out: if it answers, it is serving (``done``)
+            return Lease(best, panic=True) if member.state is not MemberState.IN else member.lease
         return self._claim(best)
 
     def claim(self, index: int) -> Lease | None:
@@ -308,10 +314,7 @@ class Pool:
         now = self._clock()
         if lease.probe:
             if health is Health.OK:
-                member.move(MemberState.IN)
-                member.out_until = None
-                member.failures = 0
-                member.returned_at = now
+                self._return(member, now)
                 return Change.RETURNED
             if health is Health.FAILED:
                 self._eject(member, now)
@@ -319,7 +322,10 @@ class Pool:
             member.move(MemberState.EJECTED)  # its time is over: the next pick probes again
             return Change.NONE
         if member.state is not MemberState.IN:
-            return Change.NONE  # started before the ejection
+            if lease.panic and health is Health.OK:  # out, and yet it answered: it is in
+                self._return(member, now)
+                return Change.RETURNED
+            return Change.NONE  # started before the ejection, or failed while out
         if health is Health.OK:
             member.failures = 0
         elif health is Health.FAILED:
@@ -355,6 +361,12 @@ class Pool:
         cool = self._members[index].cool_until
         until = max(cool.get(model, 0.0), cool.get(None, 0.0)) if cool else 0.0
         return max(until - self._clock(), 0.0)
+
+    def _return(self, member: _Member, now: float) -> None:
+        member.move(MemberState.IN)
+        member.out_until = None
+        member.failures = 0
+        member.returned_at = now
 
     def _eject(self, member: _Member, now: float) -> None:
         policy = self.policy

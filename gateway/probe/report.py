@@ -11,6 +11,7 @@ answer's text or an upstream URL.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -40,6 +41,64 @@ _HEADER: Final = (
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+#: The text table's width (``gateway probe``'s terminal output).
+TABLE_WIDTH: Final = 100
+_TEXT_HEADER: Final = ("check", "expects", "got", "result", "ttfb", "total")
+#: Column widths of the text table (the last two right-aligned): an indent of two,
+#: 11 + 28 + 28 + 6 + 7 + 7, and two spaces between columns make 99.
+_WIDTHS: Final = (11, 28, 28, 6, 7, 7)
+#: What each check holds the answer to, in the words of the text table's ``got``.
+_EXPECTS: Final = {
+    "stream": "complete",
+    "usage": "reported usage",
+    "tool_call": "complete/tool_calls",
+    "choices": "2 choices finished",
+    "plain": "2xx application/json",
+    "interrupted": "incomplete/client_disconnect",
+    "refused": "4xx upstream_status",
+}
+
+
+def _got(c: Cell) -> str:
+    """What a check got, in the terms of its ``expects``."""
+    verdict = f"{c.outcome}/{c.reason}" if c.outcome else None
+    status = "-" if c.status is None else str(c.status)
+    if c.check == "usage" and c.outcome == "complete":
+        return (
+            "usage "
+            + (c.usage or "unknown")
+            + (f" ({c.usage_position})" if c.usage_position else "")
+        )
+    if c.check == "choices" and c.outcome == "complete":
+        return f"{len(c.finish_reasons)} finished ({','.join(c.finish_reasons)})"
+    if c.check == "plain":
+        return f"{status} {c.media_type or '-'}" + (f" ({c.error})" if c.error else "")
+    if c.check == "refused":
+        return f"{status} {c.reason}" if c.reason else f"{status} ({c.error or '-'})"
+    return verdict or c.error or f"status {status}"
+
+
+def _short_ms(value: float | None) -> str:
+    """Milliseconds in at most 7 characters (seconds from 100 s on)."""
+    if value is not None and value >= 99_999.95:
+        return f"{value / 1000:.0f}s"
+    return _number(value)
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= TABLE_WIDTH else text[: TABLE_WIDTH - 3] + "..."
+
+
+def _row(cells: tuple[str, ...]) -> str:
+    """One line of the text table: columns padded (numbers right-aligned), long ones cut."""
+    out = []
+    for index, (cell, width) in enumerate(zip(cells, _WIDTHS, strict=True)):
+        if len(cell) > width:
+            cell = cell[: width - 1] + "~"
+        out.append(cell.rjust(width) if index >= 4 else cell.ljust(width))
+    return ("  " + "  ".join(out)).rstrip()
 
 
 @dataclass(slots=True)
@@ -108,15 +167,46 @@ class Matrix:
         return f"{total} checks: {total - failed} passed, {failed} failed"
 
     def table(self) -> str:
-        """A plain-text table for the terminal."""
-        rows = [list(_HEADER), *self._rows()]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER) - 1)]
-        lines = [
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
-            + ("  " + row[-1] if row[-1] else "")
-            for row in rows
-        ]
-        return "\n".join(line.rstrip() for line in lines) + "\n" + self.summary() + "\n"
+        """A plain-text table for the terminal, at most ``TABLE_WIDTH`` columns wide.
+
+        One heading line per route, protocol and model; under it one row per
+        check with what the check expects and what it got (an expected
+        ``incomplete`` passes), and the problem of a failed one on its own
+        indented line. The full detail is in the JSON and the Markdown.
+        """
+        lines: list[str] = []
+        group: tuple[str, str, str] | None = None
+        for c in self.cells:
+            if (c.route, c.protocol, c.model) != group:
+                group = (c.route, c.protocol, c.model)
+                if lines:
+                    lines.append("")
+                heading = f"route {c.route}, protocol {c.protocol}, model {c.model} (times in ms)"
+                lines.append(_fit(heading))
+                lines.append(_row(_TEXT_HEADER))
+            lines.append(
+                _row(
+                    (
+                        c.check,
+                        _EXPECTS.get(c.check, "-"),
+                        _got(c),
+                        "pass" if c.passed else "FAIL",
+                        _short_ms(c.ttfb_ms),
+                        _short_ms(c.total_ms),
+                    )
+                )
+            )
+            if c.problem:
+                lines.extend(
+                    textwrap.wrap(
+                        c.problem,
+                        TABLE_WIDTH,
+                        initial_indent="    problem: ",
+                        subsequent_indent="      ",
+                        break_on_hyphens=False,
+                    )
+                )
+        return "\n".join(lines) + "\n" + self.summary() + "\n"
 
     def markdown(self) -> str:
         """A Markdown report: the versions, the times and the table."""

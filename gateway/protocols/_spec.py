@@ -86,6 +86,11 @@ def _model_field(body: Json) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def body_model(path: str, body: Json | None) -> str | None:
+    """The OpenAI/Anthropic way: the request body's ``model``."""
+    return _model_field(body) if body is not None else None
+
+
 @dataclass(frozen=True, slots=True)
 class ProtocolSpec:
     """One protocol family: its contract and everything the relay must know about it."""
@@ -106,6 +111,8 @@ class ProtocolSpec:
     any_path: bool = False
     #: The model that answered, from a whole non-streamed answer.
     answer_model: Callable[[Json], str | None] = _model_field
+    #: The model a request asks for (path below the prefix, parsed JSON body or None).
+    request_model: Callable[[str, Json | None], str | None] = body_model
     #: Build the contract for one stream from the route's options.
     make_contract: Callable[[ContractOptions], Contract] | None = None
     #: Rewrite a stream request's JSON body to ask for usage; True when it did (Chat only).

@@ -6,13 +6,25 @@ counted (and capped) as a stream at admission like any other.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import unquote
 
 from gateway.guard import GeminiContract, Protocol
 from gateway.guard.gemini import gemini_answer_usage, gemini_wants_stream, is_gemini_path
 from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
 
 __all__ = ["GEMINI"]
+
+
+#: ``.../models/{model}:generateContent``: the model is in the path (an SDK quotes it).
+_PATH_MODEL = re.compile(r"/models/([^/?:]+):")
+
+
+def _path_model(path: str, body: Any) -> str | None:
+    """The model a Gemini request names in its URL; the body names none."""
+    match = _PATH_MODEL.search(path.split("?", 1)[0])
+    return unquote(match.group(1)) if match else None
 
 
 def _model_version(body: dict[str, Any]) -> str | None:
@@ -53,6 +65,7 @@ GEMINI = ProtocolSpec(
     wants_stream=lambda path, body: gemini_wants_stream(path),
     answer_usage=gemini_answer_usage,
     answer_model=_model_version,
+    request_model=_path_model,
     credential=CredentialStyle.X_GOOG_API_KEY,
     requests=ClientRequests(path=_path, text=_text, tool=_tool),
     genai_operation="generate_content",

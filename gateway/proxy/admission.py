@@ -13,6 +13,12 @@ when it has that list, else the global one (the shorthand for "every route
 takes these"); an empty list takes no key. A missing or unknown key is 401
 (``unauthorized``); a key the gateway knows but this route does not accept
 is 403 (``forbidden``). Digests are compared in constant time, all of them.
+
+Named clients (``[[clients]]``): each one's keys are accepted on the routes
+it lists (default: every route that does not set ``client_key_sha256 = []``),
+and a request that presents one is that client's (``Caller.name``); every
+other request is ``anonymous``. ``Caller.keyed`` says a gateway key
+authenticated it: that credential is never forwarded upstream.
 A refusal is an ``Refused`` with the status, the metric label and the
 message the client gets; nothing has been sent upstream at that point.
 """
@@ -22,14 +28,38 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from starlette.types import Receive, Scope
 
 from gateway.policy.routing import PathRejected, Route, Target, request_target
 from gateway.proxy.headers import RawHeaders, get_header
-from gateway.settings import Limits, RouteConfig
+from gateway.settings import ANONYMOUS, ClientConfig, Limits, RouteConfig
 
-__all__ = ["Admission", "ClientGone", "Refused", "body_weight", "presented_key"]
+__all__ = [
+    "ANONYMOUS_CALLER",
+    "Admission",
+    "Caller",
+    "ClientGone",
+    "Refused",
+    "body_weight",
+    "presented_key",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request is: a named client or ``anonymous``, and whether a gateway key
+    authenticated it (then that key is the gateway's, never the upstream's)."""
+
+    name: str = ANONYMOUS
+    keyed: bool = False
+
+
+ANONYMOUS_CALLER = Caller()
+_KEYED_ANONYMOUS = Caller(ANONYMOUS, True)
+#: (digest, caller): what an accepted key makes of the request.
+_Accepted = tuple[tuple[bytes, Caller], ...]
 
 
 class Refused(Exception):
@@ -59,23 +89,52 @@ class Admission:
     """The gate in front of the upstreams, with the live stream counts it caps."""
 
     def __init__(
-        self, limits: Limits, client_key_sha256: list[str], routes: Iterable[RouteConfig] = ()
+        self,
+        limits: Limits,
+        client_key_sha256: list[str],
+        routes: Iterable[RouteConfig] = (),
+        clients: Iterable[ClientConfig] = (),
     ) -> None:
         self.limits = limits
+        routes = list(routes)
         self._global_keys = _digests(client_key_sha256)
-        self._route_keys = {
-            r.name: _digests(r.client_key_sha256) for r in routes if r.client_key_sha256 is not None
+        global_accepted = tuple((d, _KEYED_ANONYMOUS) for d in self._global_keys)
+        self._route_keys: dict[str, _Accepted] = {
+            r.name: tuple((d, _KEYED_ANONYMOUS) for d in _digests(r.client_key_sha256))
+            for r in routes
+            if r.client_key_sha256 is not None
         }
-        self._known_keys = tuple(set(self._global_keys).union(*self._route_keys.values()))
+        self._default_keys: _Accepted = global_accepted
+        for client in clients:
+            caller = Caller(client.name, True)
+            named = tuple((d, caller) for d in _digests(client.key_sha256))
+            for route in routes:
+                if route.client_key_sha256 == [] or (
+                    client.routes is not None and route.name not in client.routes
+                ):
+                    continue
+                self._route_keys[route.name] = (
+                    self._route_keys.get(route.name, global_accepted) + named
+                )
+        self._known_keys = tuple(
+            set(self._global_keys).union(
+                *((d for d, _ in accepted) for accepted in self._route_keys.values()),
+                *(_digests(c.key_sha256) for c in clients),
+            )
+        )
         self.active_streams = 0
         #: Request body bytes held now (being read, or read and not yet released).
         self.buffered_bytes = 0
 
+    def takes_keys(self, route: str) -> bool:
+        """Whether a route takes client keys (and drops them before the upstream)."""
+        return bool(self._route_keys.get(route, self._default_keys))
+
     async def admit(
         self, route: Route, scope: Scope, receive: Receive, draining: bool
-    ) -> tuple[Target, bytes]:
-        """The request target below the prefix and the whole request body, or Refused /
-        ClientGone."""
+    ) -> tuple[Target, bytes, Caller]:
+        """The request target below the prefix, the whole request body and who sent it,
+        or Refused / ClientGone."""
         if draining:
             raise Refused(
                 503,
@@ -96,10 +155,9 @@ class Admission:
                 400, "bad_path", "The request path is not allowed.", "invalid_request_error"
             ) from None
         headers = scope["headers"]
-        accepted = self._route_keys.get(route.name, self._global_keys)
-        if accepted:
-            self._check_key(accepted, headers)
-        return target, await self._read_body(headers, receive, body_weight(route))
+        accepted = self._route_keys.get(route.name, self._default_keys)
+        caller = self._check_key(accepted, headers) if accepted else ANONYMOUS_CALLER
+        return target, await self._read_body(headers, receive, body_weight(route)), caller
 
     async def _read_body(
         self, headers: list[tuple[bytes, bytes]], receive: Receive, weight: int = 1
@@ -150,12 +208,13 @@ class Admission:
         key = presented_key(headers)
         return bool(key) and _listed(hashlib.sha256(key or b"").digest(), self._global_keys)
 
-    def _check_key(self, accepted: tuple[bytes, ...], headers: list[tuple[bytes, bytes]]) -> None:
+    def _check_key(self, accepted: _Accepted, headers: list[tuple[bytes, bytes]]) -> Caller:
         key = presented_key(headers)
         if key:
             digest = hashlib.sha256(key).digest()
-            if _listed(digest, accepted):
-                return
+            caller = _match(digest, accepted)
+            if caller is not None:
+                return caller
             if _listed(digest, self._known_keys):
                 raise Refused(
                     403,
@@ -227,6 +286,14 @@ def _listed(digest: bytes, digests: tuple[bytes, ...]) -> bool:
     found = False
     for expected in digests:  # constant time, and no early exit
         found |= hmac.compare_digest(digest, expected)
+    return found
+
+
+def _match(digest: bytes, accepted: _Accepted) -> Caller | None:
+    found: Caller | None = None
+    for expected, caller in accepted:  # constant time, and no early exit
+        if hmac.compare_digest(digest, expected):
+            found = caller
     return found
 
 

@@ -36,6 +36,7 @@ from gateway.guard import Reason, StreamGuard, Usage
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
 from gateway.policy.errors import RequestError
+from gateway.proxy.buffered import BufferedFailure, buffered_length, failure_body, read_whole
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -256,10 +257,58 @@ def _read_answer(exchange: Exchange, body: bytes) -> None:
         record.upstream_model = exchange.spec.answer_model(obj)
 
 
-async def relay_plain(
-    exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None = None
+async def _relay_buffered(
+    exchange: Exchange, response: httpx.Response, draining: bool, held: Held | None, length: int
 ) -> None:
-    """Relay a plain (unguarded) answer unchanged (status, headers, body; ``held``: read so far)."""
+    """Read a bounded JSON answer whole, then send it, or a 502/504 if it is cut or broken."""
+    record = exchange.record
+    chunks = response.aiter_raw() if held is None else _resume(held)
+    status, failure = response.status_code, None
+    try:
+        async with asyncio.timeout_at(exchange.total_deadline):
+            body = await read_whole(chunks, length)
+    except TimeoutError:
+        status, failure, record.error = 504, Reason.TOTAL_TIMEOUT, RequestError.UPSTREAM_TIMEOUT
+    except BufferedFailure as exc:
+        status, failure, record.error = 502, exc.reason, RequestError(exc.reason.value)
+    if failure is None:
+        headers = response_headers(response, record)
+    else:
+        body, headers = failure_body(exchange.spec.protocol, failure, record.request_id)
+    record.status = status
+    record.time_to_first_byte = time.monotonic() - record.started
+    await exchange.send({"type": "http.response.start", "status": status, "headers": headers})
+    try:
+        await _send_last(exchange, body, draining)
+    except TimeoutError:
+        drop_stalled_client(exchange)
+    record.bytes_out += len(body)
+    exchange.response_done = True
+    if failure is None:
+        _read_answer(exchange, body)
+
+
+async def relay_plain(
+    exchange: Exchange,
+    response: httpx.Response,
+    draining: bool,
+    held: Held | None = None,
+    *,
+    buffer_limit: int = 0,
+) -> None:
+    """Relay a non-SSE answer unchanged (status, headers, body; ``held``: read so far).
+
+    A 2xx JSON answer of known length up to ``buffer_limit`` is read whole first
+    (``gateway.proxy.buffered``): a cut or unparseable one becomes a 502.
+    """
+    length = (
+        buffered_length(response, buffer_limit)
+        if buffer_limit and exchange.scope["method"] != "HEAD"  # a HEAD answer has no body
+        else None
+    )
+    if length is not None:
+        await _relay_buffered(exchange, response, draining, held, length)
+        return
     send, record = exchange.send, exchange.record
     record.status = response.status_code
     await send(

@@ -20,6 +20,7 @@ from gateway.observe import RequestRecord
 from gateway.policy.routing import Route
 from gateway.protocols import ProtocolSpec
 from gateway.protocols.sse import SSE
+from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
 from gateway.settings import Timeouts
 
 __all__ = ["AbortConnection", "Exchange", "bare_verdict"]
@@ -47,6 +48,8 @@ class Exchange:
     held_copies: int = 0  # bytes of rewritten bodies counted in the body budget
     stop_reason: Reason | None = None
     response_done: bool = False
+    #: Who sent it; a gateway key that authenticated it is not forwarded upstream.
+    caller: Caller = ANONYMOUS_CALLER
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 

@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
+from gateway.limits import LimitRefused, build_limiter
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
@@ -51,11 +52,19 @@ from gateway.policy.failover import (
     retry_after_ms,
     retry_after_seconds,
 )
+from gateway.policy.limits import NOTHING
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
-from gateway.proxy.admission import Admission, ClientGone, Refused, body_weight
+from gateway.proxy.admission import (
+    Admission,
+    Caller,
+    ClientGone,
+    Refused,
+    body_weight,
+    presented_key,
+)
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
 from gateway.proxy.connection import edge_refusal, watch_connection
@@ -70,9 +79,10 @@ from gateway.proxy.headers import (
     request_id_of,
     strip_hop_by_hop,
 )
-from gateway.proxy.request_body import BodyParser
+from gateway.proxy.limited import cost_of_record, send_limited, with_headers
+from gateway.proxy.request_body import BodyParser, input_estimate
 from gateway.proxy.upstream import Upstream, close_quietly
-from gateway.settings import Settings
+from gateway.settings import ANONYMOUS, Settings
 
 __all__ = ["Relay"]
 
@@ -124,9 +134,15 @@ class Relay:
         self.model_labels = model_labels
         self.lifecycle = lifecycle
         self.admission = Admission(
-            settings.limits, settings.client_key_sha256, settings.effective_routes()
+            settings.limits,
+            settings.client_key_sha256,
+            settings.effective_routes(),
+            settings.clients,
         )
-        self.bodies = BodyParser()
+        self.bodies = BodyParser(count_input=bool(settings.clients))
+        _warn_uncredentialed(settings, self.admission)
+        #: The named clients' limits; None when no client has any (nothing to ask).
+        self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
@@ -160,9 +176,11 @@ class Relay:
         self.lifecycle.register(exchange, lambda: exchange.stop(Reason.GATEWAY_SHUTDOWN))
         try:
             try:
-                target, body = await self.admission.admit(
+                target, body, caller = await self.admission.admit(
                     route, scope, receive, self.lifecycle.draining
                 )
+                exchange.caller = caller
+                record.client_name = caller.name
             except Refused as refused:
                 await self._refuse(send, record, refused)
                 return
@@ -222,9 +240,7 @@ class Relay:
         record.protocol = spec.name
         # The body's small top-level members only: the document itself is never kept.
         request_json = await self.bodies.summary(exchange.body)
-        if request_json is not None:
-            model = request_json.get("model")
-            record.model = model if isinstance(model, str) else None
+        record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
         if (
             record.stream
@@ -242,10 +258,32 @@ class Relay:
                 exchange.body = rewritten
                 exchange.withhold_usage = True
         body, exchange.body = exchange.body, b""
+        limiter = self.limiter
+        reservation = None
+        if limiter is not None and limiter.limited(record.client_name):
+            try:
+                reservation = await limiter.reserve(
+                    record.client_name,
+                    route.name,
+                    record.model,
+                    request_json,
+                    input_estimate(request_json, len(body)),
+                    route.config.default_output_reservation,
+                    record.stream,
+                    record.request_id,
+                    route.timeouts.total,
+                )
+            except LimitRefused as refused:
+                await self._limited(exchange, refused)
+                return
+            if reservation.headers:
+                exchange.send = with_headers(exchange.send, reservation.headers)
         if record.stream:
             try:
                 self.admission.start_stream(route)
             except Refused as refused:
+                if reservation is not None and limiter is not None:
+                    await limiter.settle(reservation, NOTHING)
                 await self._refuse(exchange.send, record, refused)
                 return
             exchange.counted = True
@@ -256,6 +294,24 @@ class Relay:
             if exchange.counted:
                 self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
+            if record.client_name != ANONYMOUS:
+                # What a named client's request cost: its tokens metric, its limits.
+                cost = cost_of_record(record, input_estimate(request_json, len(body)))
+                record.charge = cost
+                if reservation is not None and self.limiter is not None:
+                    await self.limiter.settle(reservation, cost)
+
+    async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
+        """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
+        record = exchange.record
+        record.rejected = "rate_limited" if refused.status == 429 else "limits_unavailable"
+        record.status = refused.status
+        # Counted apart from gateway_rejected_requests_total: a team at its limit is no
+        # sign of an overloaded gateway.
+        self.metrics.limited(record.client_name, refused.label)
+        record.bytes_out += await send_limited(
+            exchange.send, str(exchange.spec.name), refused, record.request_id
+        )
 
     # -- the policy around attempts -------------------------------------------------------
 
@@ -268,7 +324,7 @@ class Relay:
     ) -> None:
         route = exchange.route
         exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
-        headers = self._upstream_headers(exchange.scope, exchange.record)
+        headers = self._upstream_headers(exchange.scope, exchange.record, exchange.caller)
         tried: list[int] = []
         # A request's first pick is never empty (panic routing).
         first = route.pool.pick(model=exchange.record.model)
@@ -537,14 +593,16 @@ class Relay:
             )
         else:
             log.info(
-                "route %s: upstream %s is back (a probe request succeeded)",
+                "route %s: upstream %s is back (it answered a request)",
                 route.name,
                 endpoint.name,
             )
 
-    def _upstream_headers(self, scope: Scope, record: RequestRecord) -> RawHeaders:
+    def _upstream_headers(self, scope: Scope, record: RequestRecord, caller: Caller) -> RawHeaders:
         """The request's headers for any upstream (each one's credential is added later)."""
         headers = strip_hop_by_hop(scope["headers"], self._request_drop)
+        if caller.keyed:
+            headers = _without_key(headers, presented_key(scope["headers"]))
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
@@ -612,7 +670,13 @@ class Relay:
                         Reason.INVALID_SHAPE, f"not {exchange.spec.framing.media_type}"
                     )
                 )
-            await relay_plain(exchange, response, draining, held)
+            await relay_plain(
+                exchange,
+                response,
+                draining,
+                held,
+                buffer_limit=self.settings.limits.max_buffered_answer_bytes,
+            )
             return
         record.stream = True
         try:
@@ -814,6 +878,31 @@ async def _read_refusal(response: httpx.Response) -> Held:
     except (httpx.TransportError, OSError):
         return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
     return Held(b"".join(out), chunks=chunks)
+
+
+def _warn_uncredentialed(settings: Settings, admission: Admission) -> None:
+    """Say at start which routes take client keys but send the upstream no credential."""
+    for route in settings.effective_routes():
+        bare = [u.name for u in route.pool() if not u.credential_env]
+        if bare and admission.takes_keys(route.name):
+            log.warning(
+                "route %s: clients authenticate with gateway keys, which are not forwarded, "
+                "and upstream(s) %s have no credential_env: they get no credential",
+                route.name,
+                ", ".join(bare),
+            )
+
+
+def _without_key(headers: RawHeaders, key: bytes | None) -> RawHeaders:
+    """``headers`` without the gateway key that authenticated the request."""
+    if not key:
+        return headers
+    return [
+        (k, v)
+        for k, v in headers
+        if k not in _CREDENTIAL_HEADERS
+        or not (v == key or (k == b"authorization" and v[7:].strip() == key))
+    ]
 
 
 def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:

@@ -37,15 +37,31 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from gateway.guard.jsonparse import loads
+from gateway.policy.limits import estimate_input
 
-__all__ = ["OFF_LOOP_BYTES", "BodyParser", "Summary", "rewrite", "summary"]
+__all__ = ["OFF_LOOP_BYTES", "BodyParser", "Summary", "input_estimate", "rewrite", "summary"]
 
 log = logging.getLogger("gateway")
 
 #: Bodies larger than this are parsed in the helper process.
 OFF_LOOP_BYTES = 1024 * 1024
-#: The top-level members of a JSON object body that the gateway keeps (see ``summary``).
-Summary = dict[str, Any]
+
+
+class Summary(dict[str, Any]):
+    """The top-level members of a JSON object body that the gateway keeps (see
+    ``summary``), and, where named clients are configured, the input tokens the
+    whole document's text is estimated at (``policy.limits.estimate_input``: its
+    messages are not kept, so the estimate is made while they are at hand)."""
+
+    __slots__ = ("input_tokens",)
+
+    def __init__(self, members: dict[str, Any], input_tokens: int | None) -> None:
+        super().__init__(members)
+        self.input_tokens = input_tokens
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across the helper process
+        return (Summary, (dict(self), self.input_tokens))
+
 
 _BOM = b"\xef\xbb\xbf"
 _FIRST = (b"{", b" ", b"\n", b"\r", b"\t")
@@ -77,12 +93,14 @@ def _small(value: object, depth: int = 0) -> bool:
     return False
 
 
-def summary(body: bytes) -> Summary | None:
-    """The small top-level members of a JSON object body; None when it is not one."""
+def summary(body: bytes, count_input: bool = False) -> Summary | None:
+    """The small top-level members of a JSON object body (with ``count_input``, and its
+    input estimate); None when it is not one."""
     doc = _document(body)
     if doc is None:
         return None
-    return {key: value for key, value in doc.items() if _small(value)}
+    tokens = estimate_input(doc, len(body)) if count_input else None
+    return Summary({key: value for key, value in doc.items() if _small(value)}, tokens)
 
 
 def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
@@ -100,16 +118,26 @@ def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def input_estimate(request: dict[str, Any] | None, body_size: int) -> int:
+    """A request's input tokens: the estimate its summary made of the whole document,
+    else (not JSON, or made without) ``estimate_input`` of what there is."""
+    if isinstance(request, Summary) and request.input_tokens is not None:
+        return request.input_tokens
+    return estimate_input(request, body_size)
+
+
 class BodyParser:
     """``summary`` and ``rewrite`` for the relay: on the loop for small bodies, in the
     helper process for large ones."""
 
-    def __init__(self, off_loop_bytes: int = OFF_LOOP_BYTES) -> None:
+    def __init__(self, off_loop_bytes: int = OFF_LOOP_BYTES, *, count_input: bool = False) -> None:
         self.off_loop_bytes = off_loop_bytes
+        #: Estimate each body's input tokens (named clients are charged for them).
+        self.count_input = count_input
         self._pool: ProcessPoolExecutor | None = None
 
     async def summary(self, body: bytes) -> Summary | None:
-        return await self._run(summary, body)
+        return await self._run(summary, body, self.count_input)
 
     async def rewrite(self, body: bytes, changes: dict[str, Any]) -> bytes | None:
         return await self._run(rewrite, body, changes)

@@ -88,14 +88,19 @@ BUILTIN_MANIFESTS = (
 
 # Fixed by the lead: metric -> label names (histograms also have `le`).
 METRIC_LABELS: dict[str, set[str]] = {
-    "gateway_requests_total": {"route", "method", "code"},
+    "gateway_requests_total": {"route", "method", "code", "client"},
     "gateway_request_duration_seconds": {"route", "stream"},
-    "gateway_streams_total": {"route", "model", "outcome", "reason"},
+    "gateway_streams_total": {"route", "model", "outcome", "reason", "client"},
     "gateway_active_streams": {"route"},
     "gateway_time_to_first_byte_seconds": {"route"},
     "gateway_time_to_first_token_seconds": {"route", "model"},
     "gateway_time_per_output_chunk_seconds": {"route", "model"},
-    "gateway_tokens_total": {"route", "model", "type"},
+    "gateway_tokens_total": {"route", "model", "type", "client"},
+    "gateway_client_tokens_total": {"client", "route", "model", "type", "source"},
+    "gateway_limited_requests_total": {"client", "limit"},
+    "gateway_client_budget_remaining_tokens": {"client", "window"},
+    "gateway_client_budget_tokens": {"client", "window"},
+    "gateway_limit_backend_errors_total": {"operation"},
     "gateway_usage_unknown_total": {"route", "model"},
     "gateway_relayed_bytes_total": {"route", "direction"},
     "gateway_rejected_requests_total": {"reason"},
@@ -289,6 +294,11 @@ MUTANTS = {
         "gateway_upstream_ejected) == 1\n        for: 10m",
         "gateway_upstream_ejected) == 1\n        for: 1m",
     ),
+    "budget alert reads the oldest count": (
+        "min by (client, window) (gateway_client_budget_remaining_tokens)",
+        "max by (client, window) (gateway_client_budget_remaining_tokens)",
+    ),
+    "budget alert fires at 10% left": (") < 0.10\n", ") <= 0.10\n"),
     "upstream unavailable is not critical": (
         "        for: 2m\n        labels:\n          severity: critical",
         "        for: 2m\n        labels:\n          severity: warning",
@@ -749,6 +759,41 @@ def test_kubernetes_validate_strict(name: str) -> None:
     assert output.count("passed for resource") == objects * len(KUBERNETES_VERSIONS), output
     assert "WARN" not in output, output
     assert "ERROR" not in output, output
+
+
+def test_the_optional_redis_validates_and_its_overlay_points_the_gateway_at_it() -> None:
+    """config/kubernetes/redis: the base plus a Redis Deployment and Service, and the
+    gateway's environment pointed at that Service, as the settings model reads it."""
+    redis_dir = K8S / "redis"
+    versions = [arg for v in KUBERNETES_VERSIONS for arg in ("-k", v)]
+    manifest = redis_dir / "redis.yaml"
+    output = ok(
+        run_pip_tool("kubernetes-validate", "--strict", *versions, str(manifest), offline=True)
+    )
+    objects = load_all_yaml(manifest)
+    assert output.count("passed for resource") == len(objects) * len(KUBERNETES_VERSIONS)
+    kustomization = load_yaml(redis_dir / "kustomization.yaml")
+    assert kustomization["resources"] == ["..", "redis.yaml"]
+    (patch,) = kustomization["patches"]
+    env = load_yaml(redis_dir / patch["path"])
+    assert env["metadata"]["name"] == "gateway-env"
+    assert "ConfigMap/gateway-env" in manifests()
+    service = next(o for o in objects if o["kind"] == "Service")
+    host = urllib.parse.urlsplit(env["data"]["GATEWAY_REDIS_URL"])
+    assert host.hostname == service["metadata"]["name"]
+    assert host.port == service["spec"]["ports"][0]["port"]
+    from gateway.settings import check_environment
+
+    check_environment(env["data"])
+    assert env["data"]["GATEWAY_LIMITS_BACKEND"] == "redis"
+
+
+def test_compose_has_an_optional_redis() -> None:
+    services = load_yaml(REPO / "compose.yaml")["services"]
+    redis = services["redis"]
+    assert redis["profiles"] == ["limits"]  # only with --profile limits
+    assert "redis" not in services["gateway"].get("depends_on", {})
+    assert "GATEWAY_REDIS_URL=redis://redis:6379/0" in _compose_comments()
 
 
 def test_kubernetes_validate_rejects_an_unknown_field(tmp_path: Path) -> None:

@@ -230,7 +230,7 @@ def test_every_setting_has_a_variable_that_is_read(
         ),
         (
             {"GATEWAY_ROUTES": '[{"name": "a", "upstream": "http://exa mple.com/v1"}]'},
-            "routes.0.upstream (environment variable GATEWAY_ROUTES): must not contain spaces",
+            "routes[0].upstream (environment variable GATEWAY_ROUTES): must not contain spaces",
         ),
         (
             {"GATEWAY_UPSTREAM_URL": UPSTREAM, "GATEWAY_CLIENT_KEY_SHA256": '["abc"]'},
@@ -398,7 +398,7 @@ def test_an_upstream_url_with_an_invalid_host_is_refused_at_load(
     with pytest.raises(ValidationError) as caught:
         load_settings(routes=[{"upstream": url}])
     message = describe_errors(caught.value)
-    assert "routes.0.upstream" in message
+    assert "routes[0].upstream" in message
     assert expected in message
 
 
@@ -425,7 +425,7 @@ def test_serve_refuses_an_invalid_host_from_the_command_line() -> None:
     _refused(result, "upstream_url (command-line flag --upstream): must not contain spaces")
 
 
-def test_serve_logs_each_route_with_its_origin_only_and_warns_without_annotation(
+def test_serve_logs_each_route_with_its_base_url_masked_and_warns_without_annotation(
     tmp_path: Path,
 ) -> None:
     config = tmp_path / "g.toml"
@@ -435,16 +435,22 @@ def test_serve_logs_each_route_with_its_origin_only_and_warns_without_annotation
         'upstream = "http://user:sk-in-url@127.0.0.1:9/deep/v1?api-key=sk-in-query"\n'
         '[[routes]]\nname = "an"\nprefix = "/anthropic/v1"\n'
         'upstream = "http://[::1]:9/v1"\nprotocol = "messages"\n'
+        '[[routes]]\nname = "ol"\nprefix = "/ollama/v1"\n'
+        'upstream = "http://127.0.0.1:11434"\n'
     )
     with gateway_process(["--config", str(config)]) as gw:
         assert web.get(gw.url + "/healthz").status_code == 200
         out, err = gw.stop()
     output = (out + err).decode()
-    assert output.count("route oa: /v1 -> http://<redacted>@127.0.0.1:9 (protocol auto)\n") == 1
-    assert output.count("route an: /anthropic/v1 -> http://[::1]:9 (protocol messages)\n") == 1
+    masked = "http://<redacted>@127.0.0.1:9/deep/v1?api-key=<redacted>"
+    assert output.count(f"route oa: /v1 -> {masked} (protocol auto)\n") == 1
+    assert output.count("route an: /anthropic/v1 -> http://[::1]:9/v1 (protocol messages)\n") == 1
+    assert output.count("route ol: /ollama/v1 -> http://127.0.0.1:11434 (protocol auto)\n") == 1
     assert "sk-in-url" not in output
     assert "sk-in-query" not in output
-    assert "/deep/" not in output
+    pathless = re.findall(r"WARNING gateway: route (\w+): .* a base URL with no path.*", output)
+    assert pathless == ["ol"], output
+    assert "did you mean http://127.0.0.1:11434/v1?" in output
     warning = re.findall(r"WARNING gateway: annotate = false: a stream the upstream cut .*", output)
     assert len(warning) == 1, output
 

@@ -732,7 +732,7 @@ def test_each_upstream_gets_its_own_credential_and_never_another(
 
 def test_a_missing_upstream_credential_is_named_at_start(healthy: ServerThread) -> None:
     os.environ.pop("GW_TEST_KEY_MISSING", None)
-    with pytest.raises(ValueError, match=r"routes\[chat\]\.upstreams\[b\]\.credential_env"):
+    with pytest.raises(ValueError, match=r"routes\[0\]\.upstreams\[1\]\.credential_env"):
         load_settings(
             routes=pool(
                 up("a", healthy.url + "/v1"),

@@ -19,7 +19,7 @@ from gateway.settings import load_settings
 from gateway.simulator import expected_text
 from tests import web
 from tests.conftest import ServerThread, free_port, running
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import access_log_lines, gateway_for, metric_value
 from tests.sdk import genai, genai_errors, genai_types
 
 pytestmark = pytest.mark.timeout(120)
@@ -133,3 +133,20 @@ def test_the_route_credential_goes_as_x_goog_api_key(
     key = seen["headers"]["x-goog-api-key"]
     assert key["sha256"] == hashlib.sha256(b"upstream-secret").hexdigest()  # not the client's
     assert "authorization" not in seen["headers"]
+
+
+def test_the_access_log_names_the_model_from_the_url(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gemini names its model in the URL, not the body: the log line has it all the same."""
+    with (
+        gateway_for("", routes=_routes(simulator.url + "/v1beta"), access_log=True) as gw,
+        _client(gw, **{"x-request-id": "gemini-model-1"}) as client,
+    ):
+        list(client.models.generate_content_stream(model=MODEL, contents="hi"))
+        client.models.generate_content(model="models/gemini-2.0-flash", contents="hi")
+    lines = [line for line in access_log_lines(capsys.readouterr().out) if line["route"]]
+    assert [(line["stream"], line["model"]) for line in lines] == [
+        (True, MODEL),
+        (False, "gemini-2.0-flash"),
+    ]

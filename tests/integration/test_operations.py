@@ -70,17 +70,34 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
     [
         ('port = "eighty"\n', {}, "port (config file"),
         ("bogus_key = 1\n", {}, "bogus_key (config file"),
+        (
+            "[timeouts]\nidel = 3\n",
+            {},
+            "bad.toml): is not a setting (did you mean timeouts.idle?)",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\nmax_atempts = 2\n',
+            {},
+            "bad.toml): is not a setting (did you mean routes[0].max_attempts?)",
+        ),
+        (
+            '[[routes]]\nname = "a"\nprefix = "/v1"\n'
+            '[[routes.upstreams]]\nname = "u"\nurl = "http://x"\nwieght = 2\n',
+            {},
+            "bad.toml): is not a setting (did you mean routes[0].upstreams[0].weight?)",
+        ),
+        ("zzzz_qqqq = 1\n", {}, "bad.toml): is not a setting (no setting has a similar"),
         ("[timeouts]\nidle = -1\n", {}, "timeouts.idle"),
         ("", {"GATEWAY_TIMEOUTS__IDLE": "soon"}, "environment variable GATEWAY_TIMEOUTS__IDLE"),
         (
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "ftp://x"\n',
             {},
-            "routes.0.upstream",
+            "routes[0].upstream",
         ),
         (
             '[[routes]]\nname = "a"\nprefix = "v1/"\nupstream = "http://x"\n',
             {},
-            "routes.0.prefix",
+            "routes[0].prefix",
         ),
         (
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
@@ -92,7 +109,7 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
             '[[routes]]\nname = "a"\nprefix = "/v1"\nupstream = "http://x"\n'
             'credential_env = "GW_TEST_UNSET_KEY"\n',
             {},
-            "routes[a].credential_env: environment variable GW_TEST_UNSET_KEY is not set",
+            "routes[0].credential_env: environment variable GW_TEST_UNSET_KEY is not set",
         ),
         ('client_key_sha256 = ["abc"]\n', {}, "client_key_sha256"),
         ("[limits]\nmax_request_bytes = 0\n", {}, "limits.max_request_bytes"),
@@ -161,7 +178,7 @@ def test_check_config_redacts_secrets(tmp_path: Path) -> None:
 
 def test_readme_configuration_reference_lists_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
-    from gateway.settings import RouteConfig, UpstreamConfig
+    from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     for name in Settings.model_fields:
         if name in ("credentials", "timeouts", "limits"):  # the sections are listed by key
@@ -175,6 +192,8 @@ def test_readme_configuration_reference_lists_every_setting() -> None:
         assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
     for key in UpstreamConfig.model_fields:
         assert f"`routes[].upstreams[].{key}`" in readme, f"README lacks routes[].upstreams[].{key}"
+    for key in ClientConfig.model_fields:
+        assert f"`clients[].{key}`" in readme, f"README lacks clients[].{key}"
 
 
 def _readme_default(value: object) -> str:
@@ -192,7 +211,7 @@ def _readme_default(value: object) -> str:
 
 def test_readme_configuration_tables_give_each_settings_default() -> None:
     """Each row of the README's configuration tables is a setting, with the code's default."""
-    from gateway.settings import RouteConfig, UpstreamConfig
+    from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     section = (ROOT / "README.md").read_text().split("\n## Configuration\n", 1)[1]
     section = section.split("\n### Upstream pools and failover\n", 1)[0]
@@ -208,6 +227,7 @@ def test_readme_configuration_tables_give_each_settings_default() -> None:
             fields[name] = field
     fields |= {f"routes[].{k}": f for k, f in RouteConfig.model_fields.items()}
     fields |= {f"routes[].upstreams[].{k}": f for k, f in UpstreamConfig.model_fields.items()}
+    fields |= {f"clients[].{k}": f for k, f in ClientConfig.model_fields.items()}
     assert set(rows) == set(fields), set(rows) ^ set(fields)
     for key, field in fields.items():
         if key == "routes[].upstream":  # optional in the model; required without upstreams

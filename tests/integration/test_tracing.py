@@ -127,6 +127,7 @@ def test_complete_cut_and_failed_streams_become_spans_with_their_parentage(
         "gateway.route": "sim",
         "gateway.upstream": "sim",
         "gateway.request_id": "tr-complete",
+        "gateway.client": "anonymous",
         "gateway.stream": True,
         "http.request.method": "POST",
         "http.response.status_code": 200,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.capture import redact_stream
@@ -239,7 +239,6 @@ def _tool_stream(arguments: str, cuts: list[int]) -> bytes:
     return _chat_chunk(head) + body + _chat_chunk({}, "tool_calls") + b"data: [DONE]\n\n"
 
 
-@settings(max_examples=150, deadline=None)
 @given(value=_json_values, cuts=st.lists(st.integers(0, 400), max_size=6), ascii=st.booleans())
 def test_valid_tool_arguments_stay_valid_in_any_pieces(
     value: object, cuts: list[int], ascii: bool
@@ -248,7 +247,6 @@ def test_valid_tool_arguments_stay_valid_in_any_pieces(
     assert _verdict("chat", redact_stream(stream)) == ("complete", "tool_calls")
 
 
-@settings(max_examples=150, deadline=None)
 @given(text=st.text(max_size=40), cuts=st.lists(st.integers(0, 400), max_size=6))
 def test_invalid_tool_arguments_stay_invalid_in_any_pieces(text: str, cuts: list[int]) -> None:
     try:
@@ -265,7 +263,6 @@ def test_invalid_tool_arguments_stay_invalid_in_any_pieces(text: str, cuts: list
     assert _verdict("chat", redact_stream(stream)) == expected
 
 
-@settings(max_examples=100, deadline=None)
 @given(cuts=st.lists(st.integers(0, 2000), max_size=8))
 def test_redaction_does_not_depend_on_how_the_stream_was_split(cuts: list[int]) -> None:
     """Redaction runs on the whole stream, so chunk boundaries never change it, and the

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.guard import Outcome, Protocol, Reason, SSEDecoder, StreamGuard, Usage, Verdict
@@ -717,11 +717,6 @@ def test_a_rejected_event_leaves_the_error_to_the_gateway() -> None:
 
 # -- same bytes, any partition, same verdict ----------------------------------------------------
 
-PROPERTY = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 _TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",), max_codepoint=0x1F9FF), max_size=8
@@ -776,7 +771,6 @@ def _result(chunks: list[bytes], limit: int | None) -> tuple[bytes, Verdict]:
     return run.output, run.verdict
 
 
-@PROPERTY
 @given(
     data=st.data(),
     stream=gemini_streams(),

@@ -240,6 +240,35 @@ def test_results_of_attempts_started_before_an_ejection_do_not_count() -> None:
     assert take(pool, (1,), panic=False).probe
 
 
+def test_an_ejected_upstream_that_answers_a_panic_attempt_is_back_at_once() -> None:
+    """Both were down at start: the healthy one was ejected first (the cap kept the other
+    in); it then serves the attempts panic routing sends it, so it must not stay out."""
+    pool, _ = make([1, 1], eject_after=2, base_seconds=30)
+    assert fail(pool, 1, 2)[-1] is Change.EJECTED  # "healthy": connect errors at start
+    assert fail(pool, 0, 3) == [Change.NONE] * 3  # "failing": the cap keeps it in
+    busy = take(pool, (1,))  # one attempt in flight on it: panic routing picks the other
+    pool.cool_down(0, 1)  # its 503's Retry-After: nothing usable now
+    lease = take(pool)
+    assert (lease.index, lease.panic, lease.probe) == (1, True, False)
+    assert pool.done(lease, Health.OK) is Change.RETURNED
+    assert not pool.is_out(1)
+    assert pool.available((0,))  # a retry off the failing one has somewhere to go
+    # and now the failing one can go out: its failures went on counting under the cap
+    assert pool.done(busy, Health.FAILED) is Change.EJECTED
+
+
+def test_a_panic_attempt_that_fails_leaves_the_ejection_as_it_was() -> None:
+    pool, _ = make([1, 1], eject_after=1, base_seconds=30)
+    fail(pool, 1, 1)
+    until = pool.out_until(1)
+    take(pool, (1,))
+    pool.cool_down(0, 5)
+    lease = take(pool)
+    assert lease.panic
+    assert pool.done(lease, Health.FAILED) is Change.NONE
+    assert pool.out_until(1) == until
+
+
 @pytest.mark.parametrize(
     ("size", "percent", "most"),
     [(2, 50, 1), (4, 50, 2), (3, 50, 1), (2, 100, 1), (5, 100, 4), (4, 0, 0), (10, 10, 1)],
@@ -298,7 +327,7 @@ def test_a_member_walks_in_ejected_half_open_in_and_reports_cooling() -> None:
     [
         (MemberState.IN, MemberState.HALF_OPEN),
         (MemberState.IN, MemberState.IN),
-        (MemberState.EJECTED, MemberState.IN),
+        (MemberState.EJECTED, MemberState.EJECTED),
         (MemberState.HALF_OPEN, MemberState.HALF_OPEN),
         (MemberState.IN, MemberState.COOLING),
     ],

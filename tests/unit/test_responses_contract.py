@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.guard import (
@@ -764,7 +764,6 @@ def test_one_chunk_and_byte_at_a_time_give_the_same_result(case: Case) -> None:
     )
 
 
-@settings(max_examples=400, deadline=None)
 @given(data=st.data())
 def test_any_partition_of_any_case_gives_the_same_result(data: st.DataObject) -> None:
     case = data.draw(st.sampled_from(CASES), "case")

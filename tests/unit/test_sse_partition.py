@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.guard import (
@@ -45,12 +45,6 @@ from tests.unit.helpers import (
     text_chunk,
     usage_chunk,
     with_offsets,
-)
-
-PROPERTY = settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
 # -- fixtures -------------------------------------------------------------------------
@@ -321,7 +315,6 @@ def partitions(draw: st.DrawFn, data: bytes) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-@PROPERTY
 @given(data=st.data(), stream=event_streams())
 def test_random_streams_decode_like_the_reference_in_any_partition(
     data: st.DataObject, stream: bytes
@@ -338,7 +331,6 @@ def test_random_streams_decode_like_the_reference_in_any_partition(
         ends.append(event.end)
 
 
-@PROPERTY
 @given(data=st.data(), stream=event_streams())
 def test_random_streams_guard_output_is_partition_independent(
     data: st.DataObject, stream: bytes
@@ -365,7 +357,6 @@ def test_random_streams_guard_output_is_partition_independent(
         assert not decoder.in_block
 
 
-@PROPERTY
 @given(
     data=st.data(),
     stream=event_streams(),
@@ -439,7 +430,6 @@ def chat_streams(draw: st.DrawFn) -> bytes:
     return stream
 
 
-@PROPERTY
 @given(
     data=st.data(),
     stream=chat_streams(),

@@ -1,0 +1,289 @@
+"""Client limits as arithmetic: windows, the reservation estimate, the settlement.
+
+Pure: no clock (``now`` is always passed in, seconds since the epoch), no I/O.
+The backends (``gateway.limits``) keep the counters; this module says which
+counters a request touches, by how much, and what it finally cost.
+
+- Windows are fixed UTC windows: a minute, a day, a month. A counter is named
+  by its scope, its limit and its window's start, and lives until the
+  window's end: nothing grows without bound.
+- A reservation is the input estimate (the bytes of the prompt's text, 4 a
+  token) plus the output the request allows (``max_tokens`` and its
+  per-protocol names), or the route's ``default_output_reservation``.
+- The settlement replaces it by the cost: the provider's reported usage when
+  there is some (``reported``), else the input estimate plus the output bytes
+  actually relayed, 4 a token (``estimated``). Never zero for a stream that
+  produced output.
+"""
+
+from __future__ import annotations
+
+import calendar
+import enum
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "NOTHING",
+    "Check",
+    "Cost",
+    "Limit",
+    "Rule",
+    "Source",
+    "Window",
+    "checks_for",
+    "cost_of",
+    "estimate_input",
+    "output_estimate",
+    "requested_output",
+    "window_end",
+    "window_start",
+]
+
+#: The estimate's exchange rate, until the upstream's usage says otherwise.
+BYTES_PER_TOKEN = 4
+
+
+class Limit(enum.StrEnum):
+    """A client limit: the ``limit`` label of ``gateway_limited_requests_total``."""
+
+    REQUESTS_PER_MINUTE = "requests_per_minute"
+    TOKENS_PER_MINUTE = "tokens_per_minute"
+    TOKENS_PER_DAY = "tokens_per_day"
+    TOKENS_PER_MONTH = "tokens_per_month"
+    MAX_CONCURRENT_STREAMS = "max_concurrent_streams"
+
+    @property
+    def window(self) -> Window | None:
+        return _WINDOW_OF[self]
+
+    @property
+    def counts_tokens(self) -> bool:
+        return self in _TOKEN_LIMITS
+
+    @property
+    def is_budget(self) -> bool:
+        """A day's or a month's budget: spent, it answers ``insufficient_quota``."""
+        return self in (Limit.TOKENS_PER_DAY, Limit.TOKENS_PER_MONTH)
+
+
+class Window(enum.StrEnum):
+    """A fixed UTC window: the ``window`` label of the budget gauges."""
+
+    MINUTE = "minute"
+    DAY = "day"
+    MONTH = "month"
+
+
+class Source(enum.StrEnum):
+    """Where a settled cost came from: the ``source`` label of client tokens."""
+
+    REPORTED = "reported"
+    ESTIMATED = "estimated"
+
+
+_WINDOW_OF: Mapping[Limit, Window | None] = {
+    Limit.REQUESTS_PER_MINUTE: Window.MINUTE,
+    Limit.TOKENS_PER_MINUTE: Window.MINUTE,
+    Limit.TOKENS_PER_DAY: Window.DAY,
+    Limit.TOKENS_PER_MONTH: Window.MONTH,
+    Limit.MAX_CONCURRENT_STREAMS: None,
+}
+_TOKEN_LIMITS = frozenset({Limit.TOKENS_PER_MINUTE, Limit.TOKENS_PER_DAY, Limit.TOKENS_PER_MONTH})
+
+
+def window_start(window: Window, now: float) -> int:
+    """The start of the UTC window that holds ``now``, in whole epoch seconds."""
+    second = int(now)
+    if window is Window.MINUTE:
+        return second - second % 60
+    if window is Window.DAY:
+        return second - second % 86400
+    year, month = time.gmtime(second)[:2]
+    return calendar.timegm((year, month, 1, 0, 0, 0))
+
+
+def window_end(window: Window, now: float) -> int:
+    """The end of the UTC window that holds ``now`` (the next one's start)."""
+    start = window_start(window, now)
+    if window is Window.MINUTE:
+        return start + 60
+    if window is Window.DAY:
+        return start + 86400
+    year, month = time.gmtime(start)[:2]
+    year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return calendar.timegm((year, month, 1, 0, 0, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One scope's limits: a client's, or its share of one route or one model.
+
+    ``scope`` names it in counters (``team-a``, ``team-a/route=chat``,
+    ``team-a/model=gpt-4o``); ``limits`` maps each configured limit to its value.
+    """
+
+    scope: str
+    limits: Mapping[Limit, int]
+
+
+class Check(NamedTuple):
+    """One counter a request must fit in: ``used + amount <= value`` within its window,
+    where the amount is the request's reserved tokens (``tokens``), else 1.
+
+    ``key`` names the counter (scope, limit, window start); ``expires`` is its
+    window's end (None: the concurrency count, which has no window). Nothing in it
+    depends on the request but its scopes and the minute: checks are kept and reused.
+    """
+
+    scope: str
+    limit: Limit
+    value: int
+    key: str
+    tokens: bool
+    expires: int | None
+
+    def amount(self, reserved: int) -> int:
+        return reserved if self.tokens else 1
+
+
+def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
+    """The counters a request touches at ``now``: requests, tokens, maybe one stream."""
+    checks: list[Check] = []
+    bounds: dict[Window, tuple[int, int]] = {}
+    for rule in rules:
+        for limit, value in rule.limits.items():
+            window = _WINDOW_OF[limit]
+            if window is None:
+                if stream:
+                    key = f"{rule.scope}|{limit}"
+                    checks.append(Check(rule.scope, limit, value, key, False, None))
+                continue
+            bound = bounds.get(window)
+            if bound is None:
+                bound = bounds[window] = (window_start(window, now), window_end(window, now))
+            key = f"{rule.scope}|{limit}|{bound[0]}"
+            checks.append(Check(rule.scope, limit, value, key, limit in _TOKEN_LIMITS, bound[1]))
+    return checks
+
+
+# -- the reservation estimate ---------------------------------------------------------------
+
+#: Request fields whose text is the input: every protocol's names for it.
+_INPUT_FIELDS = ("messages", "prompt", "input", "contents", "system", "instructions", "tools")
+#: Fields that say how much output a request allows, by protocol.
+_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
+    """Input tokens of a request: the UTF-8 bytes of its text, ``BYTES_PER_TOKEN`` a token.
+
+    A body the gateway could not read as JSON counts whole.
+    """
+    if request is None:
+        return _tokens(body_size)
+    size = 0
+    for name in _INPUT_FIELDS:
+        value = request.get(name)
+        if value is not None:
+            size += _text_bytes(value)
+    return _tokens(size)
+
+
+def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
+    """The output a request allows (``max_tokens``, ``max_completion_tokens``,
+    ``max_output_tokens``, Gemini's ``generationConfig.maxOutputTokens``), else ``default``."""
+    if request is None:
+        return default
+    for name in _OUTPUT_FIELDS:
+        value = request.get(name)
+        if isinstance(value, int) and _positive(value):
+            return value
+    config = request.get("generationConfig") or request.get("generation_config")
+    if isinstance(config, Mapping):
+        value = config.get("maxOutputTokens", config.get("max_output_tokens"))
+        if isinstance(value, int) and _positive(value):
+            return value
+    return default
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _tokens(size: int) -> int:
+    return -(-size // BYTES_PER_TOKEN)
+
+
+def _text_bytes(value: object) -> int:
+    """The UTF-8 bytes of every string in ``value`` (nested lists and objects, as JSON
+    parses them: exact types, checked with ``type`` because it is on the request path)."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            text: str = item  # type: ignore[assignment]
+            total += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+        elif kind is dict:
+            stack.extend(item.values())  # type: ignore[attr-defined]
+        elif kind is list:
+            stack.extend(item)  # type: ignore[arg-type]
+    return total
+
+
+# -- the settlement -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a request really cost, in tokens, and where the numbers came from."""
+
+    input: int
+    output: int
+    source: Source
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+
+#: The cost of a request that never reached an upstream.
+NOTHING = Cost(0, 0, Source.ESTIMATED)
+
+
+def output_estimate(stream: bool, events: int, content_chars: int, body_bytes: int) -> int:
+    """Output tokens of an answer that reported no usage, from what reached the client.
+
+    A stream: its content characters, ``BYTES_PER_TOKEN`` a token, or its body bytes
+    when it relayed events but no text (tool calls); nothing when it relayed no event.
+    A plain answer: its body bytes.
+    """
+    if not stream:
+        return _tokens(body_bytes)
+    if events == 0:
+        return 0
+    return _tokens(content_chars) if content_chars else max(_tokens(body_bytes), 1)
+
+
+def cost_of(
+    reported_input: int | None,
+    reported_output: int | None,
+    estimated_input: int,
+    estimated_output: int,
+) -> Cost:
+    """The cost of an answer: the provider's usage when it reported some, else estimated.
+
+    A reported usage with one side missing takes the estimate for that side.
+    """
+    if reported_input is None and reported_output is None:
+        return Cost(estimated_input, estimated_output, Source.ESTIMATED)
+    return Cost(
+        estimated_input if reported_input is None else reported_input,
+        estimated_output if reported_output is None else reported_output,
+        Source.REPORTED,
+    )

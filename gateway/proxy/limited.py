@@ -1,0 +1,117 @@
+"""A limited client's answers: the 429 (or 503) in the protocol's own shape, the
+x-ratelimit-* headers on every answer, and the cost settled when it ends.
+
+The shapes are the providers' own, so that the official SDKs raise their own
+error types (openai's ``RateLimitError``, anthropic's ``RateLimitError``,
+google-genai's ``ClientError`` with ``RESOURCE_EXHAUSTED``) and their
+built-in retries wait ``retry-after-ms`` / ``Retry-After``. A spent budget
+(a day's or a month's) is ``insufficient_quota`` with the window's reset
+time, and ``x-should-retry: false``: an SDK's retry cannot help before then.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from starlette.types import Message, Send
+
+from gateway.limits import LimitRefused
+from gateway.observe import RequestRecord
+from gateway.policy.limits import Cost, Limit, cost_of, output_estimate
+from gateway.proxy.errors import error_headers
+from gateway.proxy.headers import RawHeaders
+
+__all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
+
+_FAMILY = {Limit.REQUESTS_PER_MINUTE: "requests", Limit.TOKENS_PER_MINUTE: "tokens"}
+
+
+def _message(refused: LimitRefused, now: float) -> str:
+    if refused.limit is None:
+        return "The gateway cannot check this client's limits now; retry shortly."
+    if refused.limit.is_budget:
+        reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + refused.retry_after))
+        return f"This client's {refused.limit} budget is spent; it resets at {reset}."
+    return (
+        f"This client's {refused.limit} limit is reached; retry after {refused.retry_after:.3f} s."
+    )
+
+
+def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: float) -> bytes:
+    """The error body in ``protocol``'s shape."""
+    message = f"{_message(refused, now)} (request_id={request_id})"
+    limit = refused.limit
+    budget = limit is not None and limit.is_budget
+    body: dict[str, Any]
+    if protocol == "messages":
+        kind = "api_error" if limit is None else "rate_limit_error"
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    elif protocol == "gemini":
+        status = "UNAVAILABLE" if limit is None else "RESOURCE_EXHAUSTED"
+        body = {"error": {"code": refused.status, "message": message, "status": status}}
+    else:
+        if limit is None:
+            type_, code = "service_unavailable", "limits_backend_unavailable"
+        elif budget:
+            type_, code = "insufficient_quota", "insufficient_quota"
+        else:
+            type_, code = _FAMILY.get(limit, "requests"), "rate_limit_exceeded"
+        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
+    seconds = refused.retry_after
+    headers: RawHeaders = [
+        (b"retry-after", str(max(math.ceil(seconds), 1)).encode()),
+        (b"retry-after-ms", str(max(math.ceil(seconds * 1000), 1)).encode()),
+    ]
+    limit = refused.limit
+    if limit is not None and limit.is_budget:
+        headers.append((b"x-should-retry", b"false"))
+    family = _FAMILY.get(limit) if limit is not None else None
+    if family is not None:
+        headers.append((b"x-ratelimit-remaining-" + family.encode(), b"0"))
+        headers.append((b"x-ratelimit-reset-" + family.encode(), f"{seconds:.3f}s".encode()))
+    return headers
+
+
+async def send_limited(send: Send, protocol: str, refused: LimitRefused, request_id: str) -> int:
+    """Answer a refused request; returns the body's length."""
+    now = time.time()
+    body = limited_body(protocol, refused, request_id, now)
+    headers = error_headers(body, request_id, limited_headers(refused, now))
+    await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    return len(body)
+
+
+def with_headers(send: Send, extra: RawHeaders) -> Send:
+    """``send`` with ``extra`` added to the response's head."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
+
+
+def cost_of_record(record: RequestRecord, estimated_input: int) -> Cost:
+    """What a finished request cost: the provider's reported usage, else an estimate
+    from its input and the output that reached the client. A request that never
+    reached an upstream, or got an error status from it, cost nothing."""
+    verdict = record.verdict
+    usage = record.usage if record.usage is not None else verdict.usage if verdict else None
+    if usage is not None and (usage.input_tokens is not None or usage.output_tokens is not None):
+        return cost_of(usage.input_tokens, usage.output_tokens, estimated_input, 0)
+    if not record.attempts or (record.status >= 400 and record.status != 499):
+        return cost_of(None, None, 0, 0)
+    if verdict is not None:
+        output = output_estimate(True, verdict.events, verdict.content_chars, record.bytes_out)
+    else:
+        output = output_estimate(False, 0, 0, record.bytes_out if record.status else 0)
+    return cost_of(None, None, estimated_input, output)

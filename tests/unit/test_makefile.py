@@ -1,0 +1,93 @@
+"""The Makefile's recipes, read through ``make -n`` in a copy of the files it looks at.
+
+``make -n`` prints what it would run and runs nothing: no venv is made, nothing is
+installed. The copy has no ``.venv``, so it is what a fresh clone's make would do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("fresh-clone")
+    for name in ("Makefile", "pyproject.toml", "setup.py", "tests/node_sdks.py"):
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, where / name)
+    shutil.copytree(ROOT / "gateway" / "guard", where / "gateway" / "guard")
+    return where
+
+
+def _dry(clone: Path, *args: str, **env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
+    done = subprocess.run(
+        ["make", "-n", *args],
+        cwd=clone,
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def _installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line and " -e " in line]
+
+
+def test_make_run_installs_the_guard_as_pure_python(clone: Path) -> None:
+    lines = _dry(clone, "run")
+    installs = _installs(lines)
+    assert len(installs) == 1, lines
+    assert installs[0].startswith("PURE_PYTHON_GUARD=1 "), installs
+    # a compiled guard left from an earlier install must not shadow newer source
+    assert any(line.startswith("rm -f gateway/guard/*.so") for line in lines), lines
+
+
+@pytest.mark.parametrize("target", ["test", "compiled-guard", "test-guard-python"])
+def test_the_test_install_and_compiled_guard_compile_it(clone: Path, target: str) -> None:
+    installs = _installs(_dry(clone, target))
+    compiling = [line for line in installs if "PURE_PYTHON_GUARD" not in line]
+    assert len(compiling) == 1, installs
+
+
+def test_make_examples_installs_the_sdks_only(clone: Path) -> None:
+    installs = _installs(_dry(clone, "examples"))
+    assert installs[-1].endswith("-e '.[examples]'"), installs
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {spec.split(">")[0].split("=")[0] for spec in extras["examples"]}
+    assert names == {"openai", "anthropic", "google-genai", "ollama"}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ("", {}, "serve --simulator"),
+        ("--port 8090", {}, "serve --simulator --port 8090"),
+        ("--host 0.0.0.0 --workers 2", {}, "serve --simulator --host 0.0.0.0 --workers 2"),
+        ("--upstream https://api.openai.com/v1", {}, "serve --upstream https://api.openai.com/v1"),
+        ("--config=c.toml --port 1", {}, "serve --config=c.toml --port 1"),
+        ("--port 8090", {"GATEWAY_UPSTREAM_URL": "http://x/v1"}, "serve --port 8090"),
+        ("", {"GATEWAY_CONFIG": "c.toml"}, "serve"),
+        ("", {"GATEWAY_ROUTES": "[]"}, "serve"),
+    ],
+)
+def test_make_run_keeps_the_simulator_unless_told_what_to_front(
+    clone: Path, args: str, env: dict[str, str], expected: str
+) -> None:
+    last = _dry(clone, "run", f"ARGS={args}", **env)[-1]
+    assert " ".join(last.split()) == f".venv/bin/gateway {expected}"
