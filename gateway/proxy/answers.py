@@ -264,13 +264,18 @@ async def _relay_buffered(
     record = exchange.record
     chunks = response.aiter_raw() if held is None else _resume(held)
     status, failure = response.status_code, None
+    task = exchange.task
+    deadline = Deadline(task.get_loop(), task, exchange.total_deadline)
     try:
-        async with asyncio.timeout_at(exchange.total_deadline):
-            body = await read_whole(chunks, length)
-    except TimeoutError:
+        body = await read_whole(chunks, length)
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
         status, failure, record.error = 504, Reason.TOTAL_TIMEOUT, RequestError.UPSTREAM_TIMEOUT
     except BufferedFailure as exc:
         status, failure, record.error = 502, exc.reason, RequestError(exc.reason.value)
+    finally:
+        deadline.cancel()
     if failure is None:
         headers = response_headers(response, record)
     else:
