@@ -54,9 +54,11 @@ from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
 from gateway.proxy.relay import Relay
 from gateway.proxy.upstream import Upstream, create_upstream
+from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
 from gateway.settings import RouteConfig, Settings
 from gateway.signals import install_drain_handlers, restore_handlers
+from gateway.wsedge import WsEdge, ws_edge_state
 
 __all__ = ["create_app"]
 
@@ -85,6 +87,16 @@ class GatewayApp(Starlette):
                 return
             await super().__call__(scope, receive, _with_request_id(scope, send))
             return
+        if scope["type"] == "websocket":
+            route = match_route(self.gateway.routes, scope["path"])
+            ws_relay = self.gateway.ws_relay
+            if (
+                route is not None
+                and ws_relay is not None
+                and is_websocket_path(route, scope["path"][len(route.config.prefix) :])
+            ):
+                await ws_relay.handle(route, scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -148,6 +160,7 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        self.ws_relay: WebSocketRelay | None = None
         self.routes: list[ProxyRoute] = []
         for config in settings.effective_routes():
             self._add_route(
@@ -188,6 +201,17 @@ class _Gateway:
         )
         if self.relay.limiter is not None:
             await self.relay.limiter.start()
+        self.ws_relay = WebSocketRelay(
+            settings=self.settings,
+            admission=self.relay.admission,
+            metrics=self.metrics,
+            observers=self.observers,
+            access_log=self.access_log,
+            model_labels=self.model_labels,
+            lifecycle=self.lifecycle,
+            forwarding=self.forwarding,
+            limiter=self.relay.limiter,
+        )
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
         if self.status_board is not None and self.metrics.multiprocess_dir is not None:
             self.status_share = StatusShare(
@@ -202,9 +226,22 @@ class _Gateway:
         self.lifecycle.ready = True
         try:
             # uvicorn hands this state to every connection: the edge reads its limits there.
-            yield edge_state(
-                self.settings.limits, self.settings.timeouts, self.metrics.reject, self.edge_refused
-            )
+            yield {
+                **edge_state(
+                    self.settings.limits,
+                    self.settings.timeouts,
+                    self.metrics.reject,
+                    self.edge_refused,
+                ),
+                **ws_edge_state(
+                    WsEdge(
+                        max_message_bytes=self.settings.max_ws_message_bytes,
+                        ping_interval=self.settings.ws_ping_interval_seconds,
+                        max_pings_per_second=self.settings.ws_max_client_messages_per_second,
+                        client_send=self.settings.timeouts.client_send,
+                    )
+                ),
+            }
         finally:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()

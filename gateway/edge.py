@@ -26,8 +26,10 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
 - What the parser refuses (not HTTP/1.1, a bad chunk size, a bare LF where
   the strict parser wants CRLF) gets 400, in the gateway's shape like every
   other refusal (uvicorn's own is plain text).
-- An ``Upgrade`` request (WebSockets are off) is an ordinary request, and
-  what follows it on the connection is parsed on (stock uvicorn drops it).
+- A WebSocket handshake (``Upgrade: websocket``) hands the connection to
+  ``gateway.wsedge`` once its head passed the checks. Any other ``Upgrade``
+  request is an ordinary request, and what follows it on the connection is
+  parsed on (stock uvicorn drops it).
 - Every request's scope carries the ``gateway.abort`` extension (a dict, as
   ASGI extensions are), which resets its connection (``abort_connection``)
   and tells of its loss (``watch_connection``): a callback, called once when
@@ -164,10 +166,17 @@ def edge_state(
 def uvicorn_options() -> dict[str, Any]:
     """uvicorn's options for the gateway app: the edge in front, its lifespan required.
 
-    ``serve()`` and the tests both use these. WebSockets are off: the gateway
-    relays none, and an upgraded connection would leave the edge.
+    ``serve()`` and the tests both use these. A WebSocket handshake leaves the
+    edge for ``gateway.wsedge`` (its own limits; per-message deflate off).
     """
-    return {"http": EdgeProtocol, "ws": "none", "lifespan": "on"}
+    from gateway.wsedge import EdgeWebSocketProtocol
+
+    return {
+        "http": EdgeProtocol,
+        "ws": EdgeWebSocketProtocol,
+        "ws_per_message_deflate": False,
+        "lifespan": "on",
+    }
 
 
 class _Refusal(NamedTuple):
@@ -350,8 +359,13 @@ class EdgeProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade as upgrade:
-                # WebSockets are off: an Upgrade request is an ordinary one, but the
-                # parser stopped after it, so what followed it in this read is parsed on.
+                if self._should_upgrade() and not self._discard:
+                    # A WebSocket handshake: the connection leaves the edge for
+                    # ``gateway.wsedge`` (its head passed the checks above).
+                    self._upgrade()
+                    return False
+                # Any other Upgrade request is an ordinary one, but the parser
+                # stopped after it, so what followed it in this read is parsed on.
                 data = data[upgrade.args[0] :]
                 if data and not self._discard:
                     continue
@@ -362,6 +376,15 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._refuse(_INVALID)
                 return False
             return not self._discard
+
+    def _upgrade(self) -> None:
+        self._phase = _IDLE
+        self._open = False
+        for handle in (self._timer, self._linger):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._linger = None
+        self.handle_websocket_upgrade()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         self._running = cycle

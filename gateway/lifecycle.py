@@ -54,6 +54,7 @@ class Lifecycle:
         self._idle = asyncio.Event()
         self._idle.set()
         self._drain_task: asyncio.Task[None] | None = None
+        self._on_drain: list[Callable[[], None]] = []
 
     @property
     def state(self) -> State:
@@ -99,6 +100,11 @@ class Lifecycle:
         if not self._inflight:
             self._idle.set()
 
+    def on_drain(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called when the drain begins (long-lived connections close
+        at once when nothing is in flight on them)."""
+        self._on_drain.append(callback)
+
     def begin_drain(self, then: Callable[[], None] | None = None) -> None:
         """Start draining (call from the event loop): not ready, no new work, timed drain.
 
@@ -113,6 +119,8 @@ class Lifecycle:
         )
         loop = asyncio.get_running_loop()
         self._drain_task = loop.create_task(self._drain(then))
+        for callback in self._on_drain:
+            callback()
 
     async def _drain(self, then: Callable[[], None] | None) -> None:
         if not await self.wait_idle(self.drain_timeout):

@@ -574,6 +574,25 @@ class Settings(BaseSettings):
         default_factory=list,
         description="CIDRs of proxies whose X-Forwarded-* headers are believed; empty: none.",
     )
+    max_ws_message_bytes: int = Field(
+        16 * 1024 * 1024,
+        gt=0,
+        description="Largest WebSocket message either way (close 1009 beyond).",
+    )
+    ws_max_connection_seconds: float = Field(
+        3600.0, gt=0, description="Longest life of a WebSocket connection (close 1000)."
+    )
+    ws_idle_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait for the next response.create between responses (close 1000).",
+    )
+    ws_max_client_messages_per_second: int = Field(
+        50, gt=0, description="Client messages (and pings) per second on a WebSocket (1008)."
+    )
+    ws_ping_interval_seconds: float = Field(
+        20.0, gt=0, description="Keepalive pings to a quiet WebSocket client (1011 unanswered)."
+    )
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

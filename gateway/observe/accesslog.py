@@ -80,7 +80,7 @@ def bounded(value: str | None, limit: int = MAX_STRING) -> str | None:
 def log_fields(record: RequestRecord) -> dict[str, Any]:
     verdict = record.verdict
     usage = record.usage
-    return {
+    fields = {
         "time": utc_timestamp(time.time()),
         "request_id": record.request_id,
         "route": record.route or None,  # "": refused at the edge, under no route
@@ -120,7 +120,11 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "rejected": record.rejected,
         "error": record.error,
         "continued": record.continued > 0,
+        "transport": record.transport,
     }
+    if record.websocket is not None:
+        fields["websocket"] = record.websocket
+    return fields
 
 
 class AccessLog:

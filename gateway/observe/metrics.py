@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gateway import __version__, guard_build
 from gateway.observe.record import RequestRecord
 from gateway.observe.runtime import runtime_registry
+from gateway.observe.ws_metrics import WsMetrics
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -390,6 +391,8 @@ class Metrics:
             multiprocess_mode="max",
         )
         self.build_info.labels(__version__, guard_build()).set(1)
+        #: The Responses WebSocket connections' own (gateway.observe.ws_metrics).
+        self.websocket = WsMetrics(reg)
 
     def stream_started(self, route: str) -> None:
         self._add(self.active_streams, route)(1)

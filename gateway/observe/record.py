@@ -63,6 +63,9 @@ class RequestRecord:
     continued: int = 0
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
+    transport: str = "http"  # "websocket": one response (or the end) of a WebSocket connection
+    #: WebSocket facts: the connection's id, and at its end its responses and close codes.
+    websocket: dict[str, Any] | None = None
     # Set by a trace hook at the start (gateway.observe.hooks): its handle (a span), ended
     # by its observer, and the headers that carry the request's trace context upstream.
     trace: Any = None

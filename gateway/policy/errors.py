@@ -34,6 +34,8 @@ class RequestError(enum.StrEnum):
     CLIENT_STALLED = "client_stalled"
     #: a 2xx JSON answer that does not parse (relayed unchanged)
     INVALID_JSON = "invalid_json"
+    #: the upstream refused a WebSocket handshake (its status relayed)
+    UPSTREAM_STATUS = "upstream_status"
 
     @classmethod
     def of(cls, error: AttemptError) -> RequestError:

@@ -155,9 +155,14 @@ class Admission:
                 400, "bad_path", "The request path is not allowed.", "invalid_request_error"
             ) from None
         headers = scope["headers"]
-        accepted = self._route_keys.get(route.name, self._default_keys)
-        caller = self._check_key(accepted, headers) if accepted else ANONYMOUS_CALLER
+        caller = self.check_key(route, headers)
         return target, await self._read_body(headers, receive, body_weight(route)), caller
+
+    def check_key(self, route: Route, headers: list[tuple[bytes, bytes]]) -> Caller:
+        """Who the request is (a named client, or anonymous); Refused (401/403) unless it
+        presents a key the route accepts."""
+        accepted = self._route_keys.get(route.name, self._default_keys)
+        return self._check_key(accepted, headers) if accepted else ANONYMOUS_CALLER
 
     async def _read_body(
         self, headers: list[tuple[bytes, bytes]], receive: Receive, weight: int = 1

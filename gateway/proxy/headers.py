@@ -18,9 +18,16 @@ import ipaddress
 import os
 import re
 from collections.abc import Iterable, MutableMapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from gateway.protocols import CredentialStyle
+
+if TYPE_CHECKING:
+    from gateway.policy.routing import Endpoint
+    from gateway.protocols import ProtocolSpec
 
 __all__ = [
+    "CREDENTIAL_HEADERS",
     "FORWARDING_HEADERS",
     "HOP_BY_HOP",
     "Forwarding",
@@ -30,6 +37,8 @@ __all__ = [
     "pick_request_id",
     "request_id_of",
     "strip_hop_by_hop",
+    "with_credential",
+    "without_key",
 ]
 
 RawHeaders = list[tuple[bytes, bytes]]
@@ -203,3 +212,38 @@ def _parse_address(value: str) -> IPAddress | None:
         return ipaddress.ip_address(value)
     except ValueError:
         return None
+
+
+#: Where a request carries a credential: the client's, replaced by an upstream's own.
+CREDENTIAL_HEADERS: Final = frozenset(
+    {b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"}
+)
+
+
+def without_key(headers: RawHeaders, key: bytes | None) -> RawHeaders:
+    """``headers`` without the gateway key that authenticated the request."""
+    if not key:
+        return headers
+    return [
+        (k, v)
+        for k, v in headers
+        if k not in CREDENTIAL_HEADERS
+        or not (v == key or (k == b"authorization" and v[7:].strip() == key))
+    ]
+
+
+def with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
+    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
+    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
+    if endpoint.credential is None:
+        return headers
+    headers = [(k, v) for k, v in headers if k not in CREDENTIAL_HEADERS]
+    secret = endpoint.credential.get_secret_value().encode()
+    style = endpoint.style_for(spec)
+    if style is CredentialStyle.X_API_KEY:
+        headers.append((b"x-api-key", secret))
+    elif style is CredentialStyle.X_GOOG_API_KEY:
+        headers.append((b"x-goog-api-key", secret))
+    else:
+        headers.append((b"authorization", b"Bearer " + secret))
+    return headers

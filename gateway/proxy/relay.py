@@ -56,7 +56,7 @@ from gateway.policy.limits import NOTHING
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
-from gateway.protocols import ContractOptions, CredentialStyle, ProtocolSpec
+from gateway.protocols import ContractOptions
 from gateway.proxy.admission import (
     Admission,
     Caller,
@@ -78,6 +78,8 @@ from gateway.proxy.headers import (
     get_header,
     request_id_of,
     strip_hop_by_hop,
+    with_credential,
+    without_key,
 )
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
 from gateway.proxy.request_body import BodyParser, input_estimate
@@ -88,7 +90,6 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"})
 _REQUEST_DROP = (
     frozenset({b"host", b"content-length", b"x-request-id", b"expect"}) | FORWARDING_HEADERS
 )
@@ -401,7 +402,7 @@ class Relay:
             self.upstream.request(
                 exchange.scope["method"],
                 endpoint.url_for(outgoing.target),
-                _with_credential(outgoing.headers, endpoint, exchange.spec),
+                with_credential(outgoing.headers, endpoint, exchange.spec),
                 content,
                 timeouts.connect,
             ),
@@ -497,7 +498,7 @@ class Relay:
             metrics=self.metrics,
             index=index,
             target=outgoing.target,
-            headers=lambda endpoint: _with_credential(outgoing.headers, endpoint, exchange.spec),
+            headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
             request_json=outgoing.request_json,
             document=lambda: self.bodies.document(outgoing.body),
             body_size=len(outgoing.body),
@@ -602,7 +603,7 @@ class Relay:
         """The request's headers for any upstream (each one's credential is added later)."""
         headers = strip_hop_by_hop(scope["headers"], self._request_drop)
         if caller.keyed:
-            headers = _without_key(headers, presented_key(scope["headers"]))
+            headers = without_key(headers, presented_key(scope["headers"]))
         if record.stream:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
@@ -891,35 +892,6 @@ def _warn_uncredentialed(settings: Settings, admission: Admission) -> None:
                 route.name,
                 ", ".join(bare),
             )
-
-
-def _without_key(headers: RawHeaders, key: bytes | None) -> RawHeaders:
-    """``headers`` without the gateway key that authenticated the request."""
-    if not key:
-        return headers
-    return [
-        (k, v)
-        for k, v in headers
-        if k not in _CREDENTIAL_HEADERS
-        or not (v == key or (k == b"authorization" and v[7:].strip() == key))
-    ]
-
-
-def _with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
-    """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
-    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
-    if endpoint.credential is None:
-        return headers
-    headers = [(k, v) for k, v in headers if k not in _CREDENTIAL_HEADERS]
-    secret = endpoint.credential.get_secret_value().encode()
-    style = endpoint.style_for(spec)
-    if style is CredentialStyle.X_API_KEY:
-        headers.append((b"x-api-key", secret))
-    elif style is CredentialStyle.X_GOOG_API_KEY:
-        headers.append((b"x-goog-api-key", secret))
-    else:
-        headers.append((b"authorization", b"Bearer " + secret))
-    return headers
 
 
 def _mapped(route: Route, model: str | None) -> bool:

@@ -11,7 +11,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from gateway.simulator._continuation import (
     Refusal,
@@ -38,6 +39,7 @@ from gateway.simulator._records import (
 from gateway.simulator._renderers import make_renderer
 from gateway.simulator._script import Step, Write, json_steps, stream_steps
 from gateway.simulator._sse import dumps
+from gateway.simulator._websocket import serve_responses_websocket
 from gateway.simulator._wire import Closing, ScriptedResponse, install_abort_log_filter
 
 __all__ = ["UNKNOWN_MODEL", "create_simulator_app"]
@@ -239,6 +241,14 @@ class _Simulator:
     async def responses(self, request: Request) -> Response:
         return await self._generate(request, "responses")
 
+    async def responses_websocket(self, websocket: WebSocket) -> None:
+        await serve_responses_websocket(
+            websocket,
+            default_tps=self.default_tps,
+            default_tokens=self.default_tokens,
+            default_fault=self.default_fault,
+        )
+
     async def messages(self, request: Request) -> Response:
         return await self._generate(request, "messages")
 
@@ -379,6 +389,7 @@ def create_simulator_app(
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
         Route("/v1/responses", sim.responses, methods=["POST"]),
+        WebSocketRoute("/v1/responses", sim.responses_websocket),
         Route("/v1/messages", sim.messages, methods=["POST"]),
         Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
         Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),

@@ -114,6 +114,8 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_captures_written_total": {"route"},
     "gateway_captures_dropped_total": {"route", "reason"},
     "gateway_build_info": {"version", "guard"},
+    "gateway_active_websocket_connections": {"route"},
+    "gateway_websocket_connections_total": {"route", "close"},
 }
 # Seconds beyond the drain timeout that a stop must allow: the server gives
 # itself drain_timeout + 5 s to shut down (uvicorn's timeout_graceful_shutdown).

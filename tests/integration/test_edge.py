@@ -545,10 +545,9 @@ def test_what_is_not_http_behind_a_pipelined_request_waits_for_its_response(
 def test_an_upgrade_is_an_ordinary_request_and_the_connection_goes_on(
     gateway: ServerThread, recorder: Recorder
 ) -> None:
-    upgrade = (
-        b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    )
+    """An Upgrade other than to a WebSocket (the Responses WebSocket mode has its own
+    tests, tests/integration/test_websocket.py) is served as an ordinary request."""
+    upgrade = b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
     after = _post(b"/v1/chat/completions", BODY, b"Connection: close")
     first, second = _responses(_exchange(gateway, upgrade + after), 2)
     assert (first.status, second.status) == (200, 200)

@@ -30,6 +30,17 @@ def test_the_documented_complete_trailer_is_what_the_guard_renders() -> None:
     assert rendered.decode() in DOC
 
 
+def test_the_documented_websocket_error_is_what_the_guard_renders() -> None:
+    from gateway.guard.annotation import incomplete_message
+    from gateway.guard.wsmessage import error_message
+
+    message = incomplete_message(Protocol.RESPONSES, Reason.MISSING_DONE, "req-7f3a")
+    rendered = error_message(
+        Reason.MISSING_DONE, message, request_id="req-7f3a", last_sequence_number=41
+    )
+    assert rendered in DOC
+
+
 def _outcome_section(text: str) -> str:
     match = re.search(r"^#+ Outcomes.*?(?=^## )", text, flags=re.M | re.S)
     assert match is not None

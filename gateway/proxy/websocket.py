@@ -1,0 +1,843 @@
+"""The Responses API over WebSocket: one client connection, relayed and verified.
+
+A route whose protocol is ``responses`` accepts ``GET <prefix>/responses``
+with ``Upgrade: websocket``. The admission of today applies to the handshake
+(path, client key, the drain); then the upstream socket is opened to the
+same path on an upstream of the route's pool (``ws_upstream``: failover on
+a failed connect or handshake), and only then is the client's accepted.
+Text messages are relayed both ways, one for one, unchanged.
+
+Each client ``response.create`` starts one response, judged by the
+Responses contract through ``MessageGuard`` (the WebSocket message framing):
+one verdict, one access-log line and the stream metrics per response, the
+connection counted as a stream for admission while a response is in flight.
+A response created with a ``stream_id`` is its own lane; events name their
+lane the same way (an event that names none, or does not parse, belongs to
+the oldest response in flight). A second ``response.create`` on a lane that is busy is
+refused with an ``error`` event (``response_in_progress``), not forwarded.
+
+Ends, each with one ``Close`` (the ``close`` label of
+``gateway_websocket_connections_total``) and a close code:
+
+- a response cut (the upstream closed or broke mid-response, a deadline,
+  invalid JSON, a contract violation, a message over the limit): the client
+  gets one ``error`` event carrying the reason, then both sockets close with
+  1011 (``incomplete``);
+- the client left: the upstream socket is closed at once (within
+  ``CLOSE_TIMEOUT``), a response in flight is ``client_disconnect``;
+- the drain: a connection with no response in flight closes with 1001 at
+  once, one with a response closes after it; past the drain timeout the
+  response gets the ``gateway_shutdown`` error first;
+- limits: binary message 1003, over ``ws_max_client_messages_per_second``
+  1008, over ``max_ws_message_bytes`` 1009 (``gateway.wsedge``),
+  ``ws_idle_seconds`` without a response and ``ws_max_connection_seconds``
+  1000 (with a response in flight: its ``total_timeout`` error, 1011).
+
+Deadlines are stamped times read by one watchdog per connection, which
+sleeps until the earliest of them (no timer per message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+
+from gateway.guard import Action, Reason, ResponsesContract
+from gateway.guard.jsonparse import loads
+from gateway.guard.wsmessage import MessageGuard
+from gateway.lifecycle import Lifecycle
+from gateway.limits import Limiter
+from gateway.observe import AccessLog, Metrics, ModelLabels, Observers, RequestRecord
+from gateway.observe.record import Attempt
+from gateway.policy.failover import Result
+from gateway.policy.pool import Health
+from gateway.policy.routing import PathRejected, Route, Target, request_target
+from gateway.proxy.admission import Admission, Caller, Refused, presented_key
+from gateway.proxy.errors import error_body, error_headers
+from gateway.proxy.headers import (
+    FORWARDING_HEADERS,
+    Forwarding,
+    RawHeaders,
+    get_header,
+    new_request_id,
+    request_id_of,
+    strip_hop_by_hop,
+    without_key,
+)
+from gateway.proxy.ws_upstream import (
+    Opened,
+    Refusal,
+    close_upstream,
+    open_upstream,
+    upstream_done,
+)
+from gateway.settings import Settings
+from gateway.wsedge import WS_EXTENSION
+
+__all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
+
+log = logging.getLogger("gateway")
+
+_HANDSHAKE_DROP = (
+    frozenset(
+        {
+            b"host",
+            b"upgrade",
+            b"connection",
+            b"content-length",
+            b"x-request-id",
+            b"sec-websocket-key",
+            b"sec-websocket-version",
+            b"sec-websocket-extensions",
+            b"sec-websocket-accept",
+        }
+    )
+    | FORWARDING_HEADERS
+)
+
+
+class Close(enum.StrEnum):
+    """Why a WebSocket connection ended (a bounded metric label)."""
+
+    CLIENT = "client_closed"  # the client closed or left
+    UPSTREAM = "upstream_closed"  # the upstream closed between responses
+    INCOMPLETE = "incomplete"  # a response was cut: error event, 1011
+    MESSAGE_TOO_BIG = "message_too_big"  # 1009
+    BINARY = "binary_refused"  # 1003
+    RATE_LIMITED = "rate_limited"  # 1008: messages or pings per second
+    IDLE = "idle"  # ws_idle_seconds without a response: 1000
+    MAX_DURATION = "max_duration"  # ws_max_connection_seconds: 1000
+    SHUTDOWN = "shutdown"  # the drain: 1001
+    CLIENT_STALLED = "client_stalled"  # the client stopped reading: aborted
+    PING_TIMEOUT = "ping_timeout"  # a keepalive ping to the client went unanswered: 1011
+    REFUSED = "refused"  # the handshake was refused (no route, key, drain)
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # no upstream completed the handshake
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    close: Close
+    #: The close code the client gets (None: it is gone, nothing is sent).
+    client_code: int | None
+    client_reason: str = ""
+    upstream_code: int = 1000
+    #: What a response still in flight ends with (None: its verdict is already final).
+    reason: Reason | None = None
+    detail: str = ""
+
+
+def is_websocket_path(route: Route, rest: str) -> bool:
+    """Whether a path below a route's prefix takes the Responses WebSocket mode."""
+    return rest.rstrip("/").endswith("/responses") and route.spec_for(rest).name == "responses"
+
+
+@dataclass(slots=True, eq=False)
+class _Response:
+    """One response in flight on a connection."""
+
+    record: RequestRecord
+    guard: MessageGuard
+    lane: str | None
+    last: float | None = None  # the upstream's last message of this response
+    last_content: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Connection:
+    """What one connection's tasks share."""
+
+    route: Route
+    scope: Scope
+    receive: Receive
+    send: Send
+    opened: Opened
+    record: RequestRecord
+    started: float
+    responses: dict[str | None, _Response] = field(default_factory=dict)
+    count: int = 0  # responses started
+    last_activity: float = 0.0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_reason: Reason | None = None
+    counted: bool = False  # counted as a stream in admission
+    window: float = 0.0  # the rate limit's one-second window and its messages
+    window_messages: int = 0
+    failed: bool = False  # a response the upstream broke: its health
+
+    @property
+    def facts(self) -> dict[str, object]:
+        facts = self.scope.get("extensions", {}).get(WS_EXTENSION)
+        return facts if isinstance(facts, dict) else {}
+
+
+class WebSocketRelay:
+    """Relays Responses WebSocket connections for the routes that speak that protocol."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        admission: Admission,
+        metrics: Metrics,
+        observers: Observers,
+        access_log: AccessLog,
+        model_labels: ModelLabels,
+        lifecycle: Lifecycle,
+        forwarding: Forwarding,
+        limiter: Limiter | None = None,
+    ) -> None:
+        self.settings = settings
+        #: Named clients' limits are settled per HTTP request: a limited client's
+        #: upgrade is refused (its SDK falls back to HTTP), never let past its budget.
+        self.limiter = limiter
+        self.admission = admission
+        self.metrics = metrics
+        self.ws_metrics = metrics.websocket
+        self.observers = observers
+        self.access_log = access_log
+        self.model_labels = model_labels
+        self.lifecycle = lifecycle
+        self.forwarding = forwarding
+        self._connections: set[_Connection] = set()
+        lifecycle.on_drain(self._drain_started)
+
+    def _drain_started(self) -> None:
+        for conn in list(self._connections):
+            conn.wake.set()
+
+    # -- the handshake --------------------------------------------------------------
+
+    async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.monotonic()
+        request_id = request_id_of(scope)
+        record = RequestRecord(
+            request_id=request_id,
+            route=route.name,
+            method="GET",
+            path=scope["path"],
+            started=started,
+            client=self.forwarding.client(scope["headers"], _peer(scope)),
+            transport="websocket",
+            protocol="responses",
+        )
+        agent = get_header(scope["headers"], b"user-agent")
+        if agent is not None:
+            record.user_agent = agent.decode("latin-1")
+        close = Close.REFUSED
+        facts: dict[str, Any] = {"connection_id": request_id, "responses": 0}
+        record.websocket = facts
+        opened: Opened | None = None
+        blamed = False  # a response the upstream broke: its health
+        try:
+            message = await receive()
+            if message["type"] != "websocket.connect":
+                return
+            admitted = self._admit(route, scope)
+            if isinstance(admitted, Refused):
+                record.rejected = admitted.label
+                self.metrics.reject(admitted.label)
+                await _deny(
+                    send,
+                    scope,
+                    admitted.status,
+                    admitted.message,
+                    admitted.type_,
+                    admitted.label,
+                    request_id,
+                    record,
+                )
+                return
+            target, caller = admitted
+            record.client_name = caller.name
+            result = await open_upstream(
+                route,
+                target,
+                self._upstream_headers(scope, request_id, caller),
+                self.metrics,
+                record.attempts,
+                max_size=self.settings.max_ws_message_bytes,
+                ping_interval=self.settings.ws_ping_interval_seconds,
+            )
+            if isinstance(result, Refusal):
+                close = Close.UPSTREAM_UNAVAILABLE
+                record.error = result.error
+                await _deny_upstream(send, scope, result, request_id, record)
+                return
+            opened = result
+            record.upstream = opened.endpoint.name
+            await send(
+                {"type": "websocket.accept", "headers": [(b"x-request-id", request_id.encode())]}
+            )
+            record.status = 101
+            self.ws_metrics.opened(route.name)
+            conn = _Connection(route, scope, receive, send, opened, record, started)
+            conn.last_activity = started
+            self._connections.add(conn)
+            try:
+                end = await self._run(conn)
+            finally:
+                self._connections.discard(conn)
+                for response in list(conn.responses.values()):  # cancelled: count them out
+                    self._finish(conn, response)
+            close, blamed = end.close, conn.failed
+            facts.update(
+                responses=conn.count,
+                close=str(end.close),
+                client_close_code=end.client_code,
+                upstream_close_code=end.upstream_code,
+                close_reason=end.client_reason or None,
+            )
+        finally:
+            if opened is not None:
+                health = Health.FAILED if blamed else Health.OK
+                record.attempts.append(
+                    Attempt(opened.endpoint.name, Result.OK, time.monotonic() - opened.started)
+                )
+                upstream_done(route, opened.endpoint, opened.lease, health, self.metrics)
+            for attempt in record.attempts:
+                self.metrics.upstream_attempts.labels(
+                    route.name, attempt.upstream, attempt.result
+                ).inc()
+            self.ws_metrics.ended(
+                route.name, str(close), opened is not None and record.status == 101
+            )
+            record.duration = time.monotonic() - started
+            self.access_log.write(record)
+
+    def _admit(self, route: Route, scope: Scope) -> tuple[Target, Caller] | Refused:
+        if self.lifecycle.draining:
+            return Refused(
+                503,
+                "shutting_down",
+                "The gateway is shutting down; retry on another instance.",
+                "service_unavailable",
+            )
+        try:
+            caller = self.admission.check_key(route, scope["headers"])
+        except Refused as refused:
+            return refused
+        if self.limiter is not None and self.limiter.limited(caller.name):
+            return Refused(
+                403,
+                "limited_client_websocket",
+                "This client's limits are enforced on HTTP requests: "
+                "use HTTP streaming (POST /v1/responses) instead of a WebSocket.",
+                "permission_error",
+            )
+        try:
+            target = request_target(
+                route,
+                scope["path"],
+                scope.get("raw_path") or scope["path"].encode(),
+                scope.get("query_string", b""),
+            )
+        except PathRejected:
+            return Refused(
+                400, "bad_path", "The request path is not allowed.", "invalid_request_error"
+            )
+        return target, caller
+
+    def _upstream_headers(self, scope: Scope, request_id: str, caller: Caller) -> RawHeaders:
+        headers = strip_hop_by_hop(scope["headers"], _HANDSHAKE_DROP)
+        if caller.keyed:  # a gateway key is the gateway's: never the upstream's
+            headers = without_key(headers, presented_key(scope["headers"]))
+        headers += self.forwarding.headers(
+            scope["headers"], _peer(scope), "https" if scope.get("scheme") == "wss" else "http"
+        )
+        headers.append((b"x-request-id", request_id.encode()))
+        return headers
+
+    # -- the connection ---------------------------------------------------------------
+
+    async def _run(self, conn: _Connection) -> _End:
+        tasks = [
+            asyncio.ensure_future(self._from_client(conn)),
+            asyncio.ensure_future(self._from_upstream(conn)),
+            asyncio.ensure_future(self._watchdog(conn)),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+        try:
+            end = next(iter(done)).result()
+        except Exception:
+            log.exception("websocket connection %s failed", conn.record.request_id)
+            end = _End(
+                Close.INCOMPLETE,
+                1011,
+                "gateway error",
+                1011,
+                Reason.UPSTREAM_DISCONNECT,
+                "gateway error",
+            )
+        await self._end(conn, end)
+        return end
+
+    async def _end(self, conn: _Connection, end: _End) -> None:
+        """Finish the responses in flight, tell the client why, close both sockets."""
+        client_code = end.client_code
+        responses = list(conn.responses.values())
+        # A response cut by another one's end (its lane's neighbour was rejected) ends
+        # with that one's reason.
+        fallback = end.reason or next(
+            (r.guard.verdict.reason for r in responses if r.guard.verdict is not None),
+            Reason.UPSTREAM_DISCONNECT,
+        )
+        for response in responses:
+            if end.reason is not None or response.guard.verdict is None:
+                response.guard.abort(fallback, end.detail)
+            text = response.guard.error_message(response.record.request_id, response.lane)
+            if text is not None and client_code is not None and self.settings.annotate:
+                if await self._to_client_bounded(conn, text):
+                    response.record.bytes_out += len(text)
+                else:
+                    client_code = None
+            self._finish(conn, response)
+        upstream = asyncio.ensure_future(
+            close_upstream(conn.opened.ws, end.upstream_code, end.client_reason[:120])
+        )
+        if client_code is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    conn.send(
+                        {
+                            "type": "websocket.close",
+                            "code": client_code,
+                            "reason": end.client_reason[:120],
+                        }
+                    ),
+                    1.0,
+                )
+        await upstream
+
+    async def _to_client_bounded(self, conn: _Connection, text: str) -> bool:
+        try:
+            await asyncio.wait_for(conn.send({"type": "websocket.send", "text": text}), 1.0)
+        except Exception:
+            return False
+        return True
+
+    # -- client -> upstream -------------------------------------------------------------
+
+    async def _from_client(self, conn: _Connection) -> _End:
+        settings = self.settings
+        limit = settings.ws_max_client_messages_per_second
+        upstream = conn.opened.ws
+        while True:
+            message = await conn.receive()
+            if message["type"] == "websocket.disconnect":
+                return self._client_gone(conn, message.get("code", 1005))
+            text = message.get("text")
+            if text is None:
+                return _End(
+                    Close.BINARY,
+                    1003,
+                    "binary messages are not accepted",
+                    reason=Reason.CLIENT_DISCONNECT,
+                    detail="binary message",
+                )
+            now = time.monotonic()
+            conn.last_activity = now
+            if now - conn.window >= 1.0:
+                conn.window, conn.window_messages = now, 0
+            conn.window_messages += 1
+            if conn.window_messages > limit:
+                return _End(
+                    Close.RATE_LIMITED,
+                    1008,
+                    "too many messages per second",
+                    reason=Reason.LIMIT_EXCEEDED,
+                    detail="client message rate",
+                )
+            if "response.create" in text:
+                text_or_end = await self._on_create(conn, text, now)
+                if isinstance(text_or_end, _End):
+                    return text_or_end
+                if text_or_end is None:
+                    continue
+                text = text_or_end
+            try:
+                await upstream.send(text)
+            except ConnectionClosed as exc:
+                return self._upstream_closed(conn, exc)
+
+    def _client_gone(self, conn: _Connection, code: int) -> _End:
+        facts = conn.facts
+        if facts.get("stalled"):
+            return _End(Close.CLIENT_STALLED, None, "client stalled", 1011, Reason.CLIENT_STALLED)
+        if code == 1009:
+            return _End(
+                Close.MESSAGE_TOO_BIG,
+                None,
+                "message too big",
+                1011,
+                Reason.LIMIT_EXCEEDED,
+                "a client message was over the limit",
+            )
+        if facts.get("ping_timeout"):
+            return _End(
+                Close.PING_TIMEOUT,
+                None,
+                "keepalive ping timeout",
+                1011,
+                Reason.CLIENT_STALLED,
+                "a keepalive ping went unanswered",
+            )
+        if facts.get("ping_flood"):
+            return _End(Close.RATE_LIMITED, None, "too many pings", 1011, Reason.LIMIT_EXCEEDED)
+        upstream_code = code if 1000 <= code <= 4999 and code not in (1005, 1006, 1015) else 1000
+        return _End(Close.CLIENT, None, "client closed", upstream_code, Reason.CLIENT_DISCONNECT)
+
+    async def _on_create(self, conn: _Connection, text: str, now: float) -> str | _End | None:
+        """A client message that may be a ``response.create``: the text to forward
+        (None: refused here), or how the connection ends."""
+        try:
+            obj = loads(text)
+        except (ValueError, RecursionError):
+            return text
+        if not isinstance(obj, dict) or obj.get("type") != "response.create":
+            return text
+        lane_raw = obj.get("stream_id")
+        lane = lane_raw if isinstance(lane_raw, str) else None
+        request_id = new_request_id()
+        if self.lifecycle.draining:
+            await self._refuse_response(
+                conn,
+                request_id,
+                503,
+                "gateway_shutdown",
+                "The gateway is shutting down; reconnect to another instance.",
+            )
+            return _End(Close.SHUTDOWN, 1001, "the gateway is shutting down")
+        if lane in conn.responses:
+            await self._refuse_response(
+                conn,
+                request_id,
+                409,
+                "response_in_progress",
+                "A response is already in progress on this connection.",
+            )
+            return None
+        if not conn.responses:
+            try:
+                self.admission.start_stream(conn.route)
+            except Refused as refused:
+                self.metrics.reject(refused.label)
+                await self._refuse_response(
+                    conn, request_id, refused.status, refused.label, refused.message
+                )
+                return None
+            conn.counted = True
+            self.metrics.stream_started(conn.route.name)
+            self.lifecycle.register(conn, lambda: self._stop(conn))
+        model = obj.get("model")
+        endpoint = conn.opened.endpoint
+        if isinstance(model, str) and model in endpoint.models:
+            text = json.dumps({**obj, "model": endpoint.models[model]}, separators=(",", ":"))
+        record = RequestRecord(
+            request_id=request_id,
+            route=conn.route.name,
+            method="GET",
+            path=conn.record.path,
+            started=now,
+            client=conn.record.client,
+            client_name=conn.record.client_name,
+            status=101,
+            model=model if isinstance(model, str) else None,
+            user_agent=conn.record.user_agent,
+            stream=True,
+            bytes_in=len(text),
+            upstream=endpoint.name,
+            protocol="responses",
+            transport="websocket",
+            websocket={"connection_id": conn.record.request_id, "response": conn.count},
+        )
+        contract = ResponsesContract()
+        guard = MessageGuard(contract, max_message_bytes=self.settings.max_ws_message_bytes)
+        conn.responses[lane] = _Response(record, guard, lane)
+        conn.count += 1
+        conn.wake.set()
+        return text
+
+    async def _refuse_response(
+        self, conn: _Connection, request_id: str, status: int, code: str, message: str
+    ) -> None:
+        payload = {
+            "type": "error",
+            "status": status,
+            "error": {
+                "type": "invalid_request_error" if status < 500 else "service_unavailable",
+                "code": code,
+                "message": f"{message} (request_id={request_id})",
+                "param": None,
+            },
+        }
+        await self._to_client_bounded(conn, json.dumps(payload, separators=(",", ":")))
+
+    def _stop(self, conn: _Connection) -> None:
+        """The drain's timeout: the responses in flight end with ``gateway_shutdown``."""
+        conn.stop_reason = Reason.GATEWAY_SHUTDOWN
+        conn.wake.set()
+
+    # -- upstream -> client ---------------------------------------------------------------
+
+    async def _from_upstream(self, conn: _Connection) -> _End:
+        upstream = conn.opened.ws
+        send = conn.send
+        responses = conn.responses
+        while True:
+            try:
+                text = await upstream.recv()
+            except ConnectionClosed as exc:
+                return self._upstream_closed(conn, exc)
+            now = time.monotonic()
+            if isinstance(text, bytes):
+                return _End(
+                    Close.INCOMPLETE,
+                    1011,
+                    "the upstream sent a binary message",
+                    1003,
+                    Reason.INVALID_SHAPE,
+                    "binary message",
+                )
+            lane = _lane_of(text) if '"stream_id"' in text else None
+            response = responses.get(lane)
+            if response is None and responses and lane is None:
+                # No lane to read (none named, or the message does not parse): the
+                # oldest response in flight is judged on it.
+                response = next(iter(responses.values()))
+            if response is None:
+                # Not part of a response the client created here: relayed, unjudged.
+                if not await self._relay(conn, send, text):
+                    return self._client_gone(conn, 1006)
+                continue
+            record, guard = response.record, response.guard
+            if record.time_to_first_byte is None:
+                record.time_to_first_byte = now - record.started
+                conn.wake.set()  # the first-byte deadline gives way to the idle one
+            before = guard.content_events
+            action = guard.feed(text)
+            response.last = now
+            if action is Action.REJECT:
+                return _End(
+                    Close.INCOMPLETE,
+                    1011,
+                    f"response incomplete: {guard.verdict.reason}"
+                    if guard.verdict
+                    else "response incomplete",
+                    1011,
+                )
+            if guard.content_events != before:
+                if response.last_content is None:
+                    record.time_to_first_token = now - record.started
+                else:
+                    record.chunk_gaps.append(now - response.last_content)
+                response.last_content = now
+            if not await self._relay(conn, send, text):
+                return self._client_gone(conn, 1006)
+            record.bytes_out += len(text)
+            if action is Action.FINISH:
+                del responses[lane]
+                self._finish(conn, response)
+                conn.last_activity = now
+                conn.wake.set()
+
+    async def _relay(self, conn: _Connection, send: Send, text: str) -> bool:
+        try:
+            await send({"type": "websocket.send", "text": text})
+        except OSError:
+            return False
+        return True
+
+    def _upstream_closed(self, conn: _Connection, exc: ConnectionClosed) -> _End:
+        received = exc.rcvd
+        if (received is not None and received.code == 1009) or (
+            exc.sent is not None and exc.sent.code == 1009
+        ):
+            return _End(
+                Close.INCOMPLETE,
+                1011,
+                "upstream message too big",
+                1009,
+                Reason.LIMIT_EXCEEDED,
+                "an upstream message was over the limit",
+            )
+        if not conn.responses:
+            code = received.code if received is not None else 1011
+            if code in (1005, 1006, 1015) or not 1000 <= code <= 4999:
+                code = 1011
+            return _End(Close.UPSTREAM, code, "upstream closed", 1000)
+        conn.failed = True
+        if isinstance(exc, ConnectionClosedOK):
+            for response in conn.responses.values():
+                response.guard.eof()
+            return _End(Close.INCOMPLETE, 1011, "upstream closed mid-response", 1000)
+        return _End(
+            Close.INCOMPLETE,
+            1011,
+            "upstream connection lost",
+            1011,
+            Reason.UPSTREAM_DISCONNECT,
+            "the upstream socket closed mid-response",
+        )
+
+    # -- deadlines and the drain --------------------------------------------------------------
+
+    async def _watchdog(self, conn: _Connection) -> _End:
+        settings = self.settings
+        timeouts = conn.opened.endpoint.timeouts
+        max_life = conn.started + settings.ws_max_connection_seconds
+        while True:
+            now = time.monotonic()
+            if conn.stop_reason is not None:
+                conn.failed = False
+                return _End(
+                    Close.SHUTDOWN, 1001, "the gateway is shutting down", 1001, conn.stop_reason
+                )
+            if self.lifecycle.draining and not conn.responses:
+                return _End(Close.SHUTDOWN, 1001, "the gateway is shutting down", 1001)
+            deadline = max_life
+            if now >= max_life:
+                if conn.responses:
+                    return _End(
+                        Close.MAX_DURATION,
+                        1011,
+                        "connection time limit",
+                        1000,
+                        Reason.TOTAL_TIMEOUT,
+                        "ws_max_connection_seconds",
+                    )
+                return _End(Close.MAX_DURATION, 1000, "connection time limit", 1000)
+            if not conn.responses:
+                idle_at = conn.last_activity + settings.ws_idle_seconds
+                if now >= idle_at:
+                    return _End(Close.IDLE, 1000, "idle", 1000)
+                deadline = min(deadline, idle_at)
+            for response in conn.responses.values():
+                started = response.record.started
+                total_at = started + timeouts.total
+                if response.last is None:
+                    wait_at, reason = started + timeouts.first_byte, Reason.FIRST_BYTE_TIMEOUT
+                else:
+                    wait_at, reason = response.last + timeouts.idle, Reason.IDLE_TIMEOUT
+                if now >= total_at:
+                    return _End(
+                        Close.INCOMPLETE,
+                        1011,
+                        "response incomplete: total_timeout",
+                        1000,
+                        Reason.TOTAL_TIMEOUT,
+                    )
+                if now >= wait_at:
+                    conn.failed = True
+                    return _End(
+                        Close.INCOMPLETE, 1011, f"response incomplete: {reason}", 1000, reason
+                    )
+                deadline = min(deadline, total_at, wait_at)
+            conn.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(conn.wake.wait(), max(deadline - now, 0.001))
+
+    # -- one response's end ------------------------------------------------------------------
+
+    def _finish(self, conn: _Connection, response: _Response) -> None:
+        conn.responses.pop(response.lane, None)
+        record, guard = response.record, response.guard
+        verdict = guard.verdict
+        if verdict is None:
+            verdict = guard.abort(Reason.CLIENT_DISCONNECT)
+        record.verdict = verdict
+        record.usage = verdict.usage
+        record.upstream_model = guard.contract.model
+        record.duration = time.monotonic() - record.started
+        record.model_label = self.model_labels.label(record.model, record.upstream_model)
+        conn.record.bytes_in += record.bytes_in
+        conn.record.bytes_out += record.bytes_out
+        if not conn.responses and conn.counted:
+            conn.counted = False
+            self.admission.end_stream(conn.route)
+            self.metrics.stream_ended(conn.route.name)
+            self.lifecycle.unregister(conn)
+        self.observers.observe(record)
+
+
+def _lane_of(text: str) -> str | None:
+    try:
+        obj = loads(text)
+    except (ValueError, RecursionError):
+        return None
+    lane = obj.get("stream_id") if isinstance(obj, dict) else None
+    return lane if isinstance(lane, str) else None
+
+
+async def _deny(
+    send: Send,
+    scope: Scope,
+    status: int,
+    message: str,
+    type_: str,
+    code: str,
+    request_id: str,
+    record: RequestRecord,
+) -> None:
+    """Refuse the handshake with the gateway's JSON error (an HTTP answer, not a socket)."""
+    body = error_body(message, type_, code, request_id)
+    await _deny_with(send, scope, status, body, error_headers(body, request_id), record)
+
+
+async def _deny_upstream(
+    send: Send, scope: Scope, refusal: Refusal, request_id: str, record: RequestRecord
+) -> None:
+    if refusal.body is not None and refusal.status != 502:
+        body = refusal.body
+        headers: RawHeaders = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", request_id.encode()),
+        ]
+        await _deny_with(send, scope, refusal.status, body, headers, record)
+        return
+    message = (
+        "The upstream did not answer in time."
+        if refusal.status == 504
+        else "The upstream could not be reached."
+    )
+    await _deny(
+        send,
+        scope,
+        refusal.status,
+        message,
+        "upstream_error",
+        "upstream_unavailable",
+        request_id,
+        record,
+    )
+
+
+async def _deny_with(
+    send: Send, scope: Scope, status: int, body: bytes, headers: RawHeaders, record: RequestRecord
+) -> None:
+    record.status = status
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+    record.bytes_out += len(body)
+
+
+def _peer(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return client[0] if client else None

@@ -1,0 +1,568 @@
+"""The Responses API over WebSocket, through a real gateway in front of the simulator.
+
+openai-python's ``client.responses.connect()`` (3.57) for what SDK users see, and
+the ``websockets`` library's own client for the limits, frames and misbehaving
+clients. Every response gets its verdict, one access-log line
+(``transport: "websocket"``) and the stream metrics; the connection one more line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as _ws_connect
+
+from tests.conftest import ServerThread
+from tests.integration.helpers import access_log_until, gateway_for, metric_value
+from tests.sdk import openai
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def connect(url: str, **options: Any) -> ClientConnection:
+    """The websockets client, with a handshake timeout for a loaded machine."""
+    return _ws_connect(url, open_timeout=30, **options)
+
+
+def _ws_url(server: ServerThread) -> str:
+    return f"ws://127.0.0.1:{server.port}/v1/responses"
+
+
+def _create(**fields: Any) -> str:
+    return json.dumps({"type": "response.create", "model": "gpt-sim", "input": "hi", **fields})
+
+
+def _until_terminal(ws: ClientConnection) -> list[dict[str, Any]]:
+    """The events of one response, up to its terminal event (or the error)."""
+    events: list[dict[str, Any]] = []
+    while True:
+        event = json.loads(ws.recv(timeout=20))
+        events.append(event)
+        if event["type"] in ("response.completed", "response.incomplete", "error"):
+            return events
+
+
+def _closed(ws: ClientConnection) -> ConnectionClosed:
+    """Read until the gateway closes the connection; the close it sent."""
+    try:
+        while True:
+            ws.recv(timeout=20)
+    except ConnectionClosed as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def _lines(capsys: pytest.CaptureFixture[str], connection_id: str) -> list[dict[str, Any]]:
+    lines = access_log_until(capsys, connection_id)
+    return [
+        line
+        for line in lines
+        if line["request_id"] == connection_id
+        or (line.get("websocket") or {}).get("connection_id") == connection_id
+    ]
+
+
+@pytest.fixture(scope="module")
+def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    with gateway_for(
+        simulator.url + "/v1",
+        access_log=True,
+        timeouts={"idle": 1.0},
+        max_ws_message_bytes=64 * 1024,
+        ws_max_client_messages_per_second=20,
+    ) as server:
+        yield server
+
+
+# ----------------------------------------------------------------- openai-python connect()
+
+
+def test_two_chained_responses_complete_on_one_connection(
+    gateway: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0)
+    texts: list[str] = []
+    with client.responses.connect(extra_headers={"x-request-id": "ws-chained"}) as connection:
+        previous = None
+        for prompt in ("first", "second"):
+            fields = {"previous_response_id": previous} if previous else {}
+            connection.response.create(model="gpt-sim", input=prompt, **fields)
+            parts = []
+            for event in connection:
+                if event.type == "response.output_text.delta":
+                    parts.append(event.delta)
+                if event.type in ("response.completed", "error"):
+                    break
+            assert event.type == "response.completed"
+            previous = event.response.id
+            texts.append("".join(parts))
+    assert all(texts)
+    lines = _lines(capsys, "ws-chained")
+    responses = [line for line in lines if line["stream"]]
+    assert [(r["outcome"], r["reason"]) for r in responses] == [("complete", "stop")] * 2
+    assert all(r["transport"] == "websocket" and r["usage"]["output"] > 0 for r in responses)
+    assert all(r["ttft_ms"] is not None for r in responses)
+    end = next(line for line in lines if line["request_id"] == "ws-chained")
+    assert end["websocket"]["responses"] == 2
+    assert end["websocket"]["close"] == "client_closed"
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert metric_value(metrics, "gateway_streams_total", outcome="complete") >= 2
+    assert metric_value(metrics, "gateway_websocket_connections_total", close="client_closed") >= 1
+
+
+def _sdk_until_closed(gateway: ServerThread, headers: dict[str, str]) -> tuple[list[Any], Any]:
+    """The events openai-python's connect() yields for one response, and what it raised."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0)
+    seen: list[Any] = []
+    try:
+        with client.responses.connect(extra_headers=headers) as connection:
+            connection.response.create(model="gpt-sim", input="hi")
+            seen.extend(connection)
+    except ConnectionClosedError as exc:
+        return seen, exc
+    raise AssertionError(f"connect() did not raise; it yielded {[e.type for e in seen]}")
+
+
+def test_a_cut_response_yields_the_reason_then_raises_on_1011(
+    gateway: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    headers = {"x-sim-fault": "drop_after_text", "x-request-id": "ws-cut"}
+    seen, raised = _sdk_until_closed(gateway, headers)
+    assert seen[-1].type == "error"
+    assert seen[-1].error.code == "upstream_disconnect"
+    assert raised.rcvd.code == 1011
+    response = next(line for line in _lines(capsys, "ws-cut") if line["stream"])
+    assert (response["outcome"], response["reason"]) == ("incomplete", "upstream_disconnect")
+
+
+def test_a_stall_hits_the_idle_deadline(gateway: ServerThread) -> None:
+    seen, raised = _sdk_until_closed(gateway, {"x-sim-fault": "stall_mid_stream"})
+    assert seen[-1].type == "error"
+    assert seen[-1].error.code == "idle_timeout"
+    assert any(event.type == "response.output_text.delta" for event in seen)
+    assert raised.rcvd.code == 1011
+
+
+# ---------------------------------------------------------------------------- raw clients
+
+
+def test_invalid_json_from_the_upstream_is_withheld_and_reported(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(sim={"fault": "invalid_json"}))
+        events = _until_terminal(ws)
+        assert events[-1]["type"] == "error"
+        assert events[-1]["error"]["code"] == "invalid_json"
+        assert events[-1]["sequence_number"] == events[-2]["sequence_number"] + 1
+        closed = _closed(ws)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1011
+
+
+def test_the_upstreams_own_failure_is_forwarded_and_the_connection_stays(
+    gateway: ServerThread,
+) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(sim={"fault": "error_event"}))
+        events = _until_terminal_or_failed(ws)
+        assert events[-1]["type"] == "response.failed"
+        ws.send(_create())
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+def _until_terminal_or_failed(ws: ClientConnection) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    while not events or events[-1]["type"] not in ("response.failed", "error"):
+        events.append(json.loads(ws.recv(timeout=20)))
+    return events
+
+
+def test_an_upstream_close_code_mid_response_is_a_cut(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(sim={"fault": "drop_after_text", "ws_close_code": 1000}))
+        events = _until_terminal(ws)
+        assert events[-1]["error"]["code"] == "missing_done"
+        assert _closed(ws).rcvd.code == 1011  # type: ignore[union-attr]
+
+
+def test_a_binary_message_is_refused_with_1003(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(b"\x00\x01")
+        closed = _closed(ws)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1003
+
+
+def test_an_oversized_message_closes_with_1009(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway), max_size=None) as ws:
+        ws.send(_create(input="x" * (128 * 1024)))
+        closed = _closed(ws)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1009
+
+
+def test_a_fragmented_message_is_joined_and_relayed(gateway: ServerThread) -> None:
+    text = _create()
+    with connect(_ws_url(gateway)) as ws:
+        ws.send([text[:10], text[10:30], text[30:]])
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+def test_too_many_messages_per_second_close_with_1008(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        for _ in range(40):
+            try:
+                ws.send(json.dumps({"type": "session.ping"}))
+            except ConnectionClosed:
+                break
+        closed = _closed(ws)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1008
+
+
+def test_a_ping_flood_closes_with_1008(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        try:
+            for i in range(200):
+                ws.ping(str(i))
+        except ConnectionClosed:
+            pass
+        closed = _closed(ws)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1008
+
+
+def test_a_second_create_while_one_is_in_flight_is_refused(gateway: ServerThread) -> None:
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(sim={"tps": 50, "tokens": 10}))
+        ws.send(_create())
+        events = _until_terminal(ws)
+        refusals = [e for e in events if e["type"] == "error"]
+        while not refusals or events[-1]["type"] != "response.completed":
+            events += _until_terminal(ws)
+            refusals = [e for e in events if e["type"] == "error"]
+        assert refusals[0]["error"]["code"] == "response_in_progress"
+
+
+def test_a_path_of_another_protocol_refuses_the_handshake(gateway: ServerThread) -> None:
+    with pytest.raises(InvalidStatus) as raised:
+        connect(f"ws://127.0.0.1:{gateway.port}/v1/chat/completions").close()
+    assert raised.value.response.status_code == 403
+
+
+# ----------------------------------------------------------------------- connection limits
+
+
+def test_idle_and_max_duration_close_with_1000(simulator: ServerThread) -> None:
+    with gateway_for(simulator.url + "/v1", ws_idle_seconds=0.3) as server:
+        with connect(_ws_url(server)) as ws:
+            ws.send(_create())
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+            closed = _closed(ws)
+        assert closed.rcvd is not None
+        assert (closed.rcvd.code, closed.rcvd.reason) == (1000, "idle")
+    with (
+        gateway_for(simulator.url + "/v1", ws_max_connection_seconds=0.5) as server,
+        connect(_ws_url(server)) as ws,
+    ):
+        ws.send(_create(sim={"fault": "stall_mid_stream"}))
+        events = _until_terminal(ws)
+        assert events[-1]["error"]["code"] == "total_timeout"
+        assert _closed(ws).rcvd.code == 1011  # type: ignore[union-attr]
+
+
+def test_a_client_key_is_checked_at_the_handshake(simulator: ServerThread) -> None:
+    import hashlib
+
+    digest = hashlib.sha256(b"sk-good").hexdigest()
+    with gateway_for(simulator.url + "/v1", client_key_sha256=[digest]) as server:
+        with pytest.raises(InvalidStatus) as raised:
+            connect(_ws_url(server)).close()
+        assert raised.value.response.status_code == 401
+        headers = {"Authorization": "Bearer sk-good"}
+        with connect(_ws_url(server), additional_headers=headers) as ws:
+            ws.send(_create())
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+def test_a_failed_connect_fails_over_before_the_handshake(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    route = {
+        "name": "pool",
+        "prefix": "/v1",
+        "upstreams": [
+            {"name": "dead", "url": dead},
+            {"name": "sim", "url": simulator.url + "/v1"},
+        ],
+    }
+    with gateway_for("", routes=[route], access_log=True) as server:
+        for n in range(2):  # whichever the pool picks first, each connection gets through
+            headers = {"x-request-id": f"ws-failover-{n}"}
+            with connect(_ws_url(server), additional_headers=headers) as ws:
+                ws.send(_create())
+                assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        end = next(
+            line
+            for line in _lines(capsys, "ws-failover-1")
+            if line["request_id"] == "ws-failover-1"
+        )
+    assert end["upstream"] == "sim"
+
+
+def test_a_busy_gateway_refuses_a_response_not_the_connection(simulator: ServerThread) -> None:
+    limits = {"max_concurrent_streams": 1}
+    with (
+        gateway_for(simulator.url + "/v1", limits=limits) as server,
+        connect(_ws_url(server)) as first,
+        connect(_ws_url(server)) as second,
+    ):
+        first.send(_create(sim={"fault": "stall_mid_stream"}))
+        json.loads(first.recv(timeout=20))  # in flight: it holds the one stream
+        second.send(_create())
+        refused = json.loads(second.recv(timeout=20))
+        assert refused["type"] == "error"
+        assert refused["error"]["code"] == "overloaded"
+
+
+@contextlib.contextmanager
+def _silent_upstream() -> Iterator[tuple[str, threading.Event]]:
+    """A WebSocket upstream that starts a response and then says nothing; the event is
+    set when the gateway closes its socket."""
+    from websockets.sync.server import ServerConnection, serve
+
+    closed = threading.Event()
+
+    def handler(ws: ServerConnection) -> None:
+        ws.recv()
+        ws.send(json.dumps({"type": "response.created", "sequence_number": 0, "response": {}}))
+        with contextlib.suppress(ConnectionClosed):
+            ws.recv()
+        closed.set()
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/v1", closed
+        server.shutdown()
+
+
+def test_the_client_leaving_closes_the_upstream_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _silent_upstream() as (url, upstream_closed), gateway_for(url, access_log=True) as gw:
+        with connect(_ws_url(gw), additional_headers={"x-request-id": "ws-left"}) as ws:
+            ws.send(_create())
+            assert json.loads(ws.recv(timeout=20))["type"] == "response.created"
+        # Idle and first-byte deadlines are minutes away: only the client's leaving
+        # can close the upstream socket now.
+        assert upstream_closed.wait(10)
+        lines = _lines(capsys, "ws-left")
+    end = next(line for line in lines if line["request_id"] == "ws-left")
+    response = next(line for line in lines if line["stream"])
+    assert response["reason"] == "client_disconnect"
+    assert end["websocket"]["close"] == "client_closed"
+
+
+def test_a_client_that_never_reads_is_cut_as_stalled(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.simulator import create_simulator_app
+    from tests.conftest import running
+
+    settings = {"access_log": True, "timeouts": {"client_send": 0.5}}
+    # Its own simulator: the long unpaced answer keeps it busy until the cut.
+    with (
+        running(create_simulator_app()) as simulator,
+        gateway_for(simulator.url + "/v1", **settings) as server,
+    ):
+        headers = {"x-request-id": "ws-stalled"}
+        # max_queue=1: the client's library stops reading its socket after one message.
+        with connect(_ws_url(server), additional_headers=headers, max_queue=1) as ws:
+            ws.send(_create(sim={"tokens": 2_000_000}))
+            lines = _lines_when(capsys, "ws-stalled")
+    response = next(line for line in lines if line["stream"])
+    assert response["reason"] == "client_stalled"
+    end = next(line for line in lines if line["request_id"] == "ws-stalled")
+    assert end["websocket"]["close"] == "client_stalled"
+
+
+def _lines_when(capsys: pytest.CaptureFixture[str], connection_id: str) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            return _lines(capsys, connection_id)
+        except AssertionError:
+            continue
+    raise AssertionError("no access-log line")
+
+
+def test_the_drain_cuts_a_response_with_gateway_shutdown_then_1001() -> None:
+    """SIGTERM: an idle connection closes with 1001 at once; a response in flight gets
+    the gateway_shutdown error at the drain timeout, then 1001; the process exits 0."""
+    import signal
+
+    from tests.conftest import gateway_process
+
+    env = {"GATEWAY_DRAIN_TIMEOUT": "1"}
+    with gateway_process(["--simulator"], env) as gw:
+        url = f"ws://127.0.0.1:{gw.port}/v1/responses"
+        with connect(url) as busy, connect(url) as idle:
+            busy.send(_create(sim={"fault": "stall_mid_stream"}))
+            json.loads(busy.recv(timeout=20))  # in flight
+            idle.send(_create())
+            assert _until_terminal(idle)[-1]["type"] == "response.completed"
+            gw.proc.send_signal(signal.SIGTERM)
+            closed = _closed(idle)
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == 1001
+            events = _until_terminal(busy)
+            assert events[-1]["type"] == "error"
+            assert events[-1]["error"]["code"] == "gateway_shutdown"
+            closed = _closed(busy)
+            assert closed.rcvd is not None
+            assert closed.rcvd.code == 1001
+        gw.proc.wait(timeout=30)
+        assert gw.proc.returncode == 0
+
+
+def test_a_quiet_client_is_pinged_and_closed_when_it_does_not_answer(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {"access_log": True, "ws_ping_interval_seconds": 1.0}
+    with gateway_for(simulator.url + "/v1", **settings) as server:
+        # A client that answers: it outlives several ping intervals.
+        with connect(_ws_url(server), additional_headers={"x-request-id": "ws-pinged"}) as ws:
+            ws.send(_create(sim={"tps": 5, "tokens": 15}))  # 3 s: three intervals
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        # One that stops reading (its library pauses at max_queue, pongs included).
+        headers = {"x-request-id": "ws-unanswered"}
+        with connect(_ws_url(server), additional_headers=headers, max_queue=1) as ws:
+            ws.send(_create(sim={"tokens": 50}))
+            lines = _lines_when(capsys, "ws-unanswered")
+    end = next(line for line in lines if line["request_id"] == "ws-unanswered")
+    assert end["websocket"]["close"] == "ping_timeout"
+
+
+def test_the_upstreams_pings_are_answered() -> None:
+    from websockets.sync.server import ServerConnection, serve
+
+    answered = threading.Event()
+
+    def handler(ws: ServerConnection) -> None:
+        ws.recv()
+        if ws.ping().wait(10):
+            answered.set()
+        completed = {"id": "r", "output": [], "usage": None}
+        ws.send(json.dumps({"type": "response.completed", "response": completed}))
+        with contextlib.suppress(ConnectionClosed):
+            ws.recv()
+
+    with serve(handler, "127.0.0.1", 0) as upstream:
+        threading.Thread(target=upstream.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{upstream.socket.getsockname()[1]}/v1"
+        with gateway_for(url) as server, connect(_ws_url(server)) as ws:
+            ws.send(_create())
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        upstream.shutdown()
+    assert answered.is_set()
+
+
+def test_lanes_are_judged_apart(gateway: ServerThread) -> None:
+    """Two responses in flight at once on two lanes (``stream_id``): each its own verdict;
+    a cut on one lane names that lane in its error."""
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(_create(stream_id="a", sim={"tokens": 5}))
+        ws.send(_create(stream_id="b", sim={"tokens": 5}))
+        done: dict[str, str] = {}
+        while len(done) < 2:
+            event = json.loads(ws.recv(timeout=20))
+            if event["type"] in ("response.completed", "error"):
+                done[event["stream_id"]] = event["type"]
+        assert done == {"a": "response.completed", "b": "response.completed"}
+        ws.send(_create(stream_id="c", sim={"fault": "invalid_json"}))
+        events = _until_terminal(ws)
+        assert events[-1]["type"] == "error"
+        assert events[-1]["stream_id"] == "c"
+        assert events[-1]["error"]["code"] == "invalid_json"
+
+
+@contextlib.contextmanager
+def _recording_upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A WebSocket upstream that records each handshake's headers and then waits."""
+    from websockets.sync.server import ServerConnection, serve
+
+    seen: list[dict[str, str]] = []
+
+    def handler(ws: ServerConnection) -> None:
+        assert ws.request is not None
+        seen.append({k.lower(): v for k, v in ws.request.headers.raw_items()})
+        with contextlib.suppress(ConnectionClosed):
+            ws.recv()
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/v1", seen
+        server.shutdown()
+
+
+def test_a_gateway_key_never_reaches_the_upstream_socket() -> None:
+    import hashlib
+
+    key = "sk-gateway-team-a"
+    clients = [{"name": "team-a", "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}]
+    with (
+        _recording_upstream() as (url, seen),
+        gateway_for(url, clients=clients) as server,
+        connect(_ws_url(server), additional_headers={"Authorization": f"Bearer {key}"}),
+    ):
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert len(seen) == 1
+    assert key not in " ".join(seen[0].values())
+    assert "authorization" not in seen[0]
+
+
+def test_a_client_with_limits_is_refused_the_upgrade_and_told_to_use_http(
+    simulator: ServerThread,
+) -> None:
+    import hashlib
+
+    key = "sk-limited"
+    clients = [
+        {
+            "name": "team-b",
+            "key_sha256": [hashlib.sha256(key.encode()).hexdigest()],
+            "limits": {"requests_per_minute": 10},
+        }
+    ]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        with pytest.raises(InvalidStatus) as raised:
+            connect(_ws_url(server), additional_headers={"Authorization": f"Bearer {key}"})
+        assert raised.value.response.status_code == 403
+        assert b"limited_client_websocket" in (raised.value.response.body or b"")
+        # the same client streams over HTTP, within its limits
+        response = httpx.post(
+            f"{server.url}/v1/responses",
+            json={"model": "gpt-sim", "input": "hi", "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200
+        assert b"outcome=complete" in response.content
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        assert (
+            metric_value(text, "gateway_rejected_requests_total", reason="limited_client_websocket")
+            == 1
+        )
