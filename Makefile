@@ -3,18 +3,19 @@
 #                on 127.0.0.1:8080 in front of the built-in simulator (ARGS="--upstream URL"
 #                for a real provider; other ARGS, such as --port, keep the simulator)
 #   make test  - create .venv, install the test extras with the guard compiled, run lint,
-#                types and the whole suite
+#                types, the docs build and the whole suite
 # and, when wanted:
 #   make compiled-guard - compile the guard with mypyc (about 90 s on two cores; about half
 #                the guard's CPU per event), for `make run` too; the container image
 #                always ships it compiled
 #   make examples       - the SDKs the README's client examples use, and nothing else
+#   make docs           - build the documentation site (docs/, mkdocs.yml) into site/, strictly
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test test-guard-python lint typecheck bench clean compiled-guard examples
+.PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples
 
 # setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
 # to its source reinstalls.
@@ -78,6 +79,11 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check gateway tests
 	$(BIN)/ruff format --check gateway tests
 
+# --strict fails on any warning: a broken link or anchor, a page left out of the nav
+# (never with --quiet, which hides the warnings --strict counts and so passes anyway).
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 TYPECHECK := $(BIN)/mypy --strict gateway
 
 typecheck: $(VENV)/.installed-test
@@ -98,7 +104,7 @@ PYTEST_WORKERS ?= 5
 # mypy (about 9 s cold, one core) runs beside the suite rather than before it; its report
 # is printed after the suite's, and either failing fails `make test`.
 test: export PYTHONDONTWRITEBYTECODE :=
-test: lint
+test: lint docs
 	@echo "$(TYPECHECK) (beside the tests; its report follows theirs)"
 	@$(TYPECHECK) > $(VENV)/typecheck.out 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(ARGS); tests=$$?; \
@@ -115,5 +121,5 @@ bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_gateway.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis \
-		$(COMPILED_GUARD) tests/perf/.venv-litellm
+	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache .hypothesis \
+		$(COMPILED_GUARD) tests/perf/.venv-litellm .venv-codex

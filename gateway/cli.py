@@ -157,7 +157,7 @@ def _simulate_epilog() -> str:
             'or as fields of the body\'s "sim" object:',
             wrap(", ".join(names)),
             "",
-            "GET /_sim/faults lists the faults; the README's simulator section describes each.",
+            "GET /_sim/faults lists the faults; docs/simulator.md describes each.",
         ]
     )
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import socket
 import struct
 import urllib.parse
@@ -216,8 +217,15 @@ class _Stop(Exception):
     """Raised in a parser callback after a refusal: the parser stops there."""
 
 
-# What the connection is receiving: nothing (between requests), a head, a body.
-_IDLE, _HEAD, _BODY = 0, 1, 2
+class Phase(enum.IntEnum):
+    """What the connection is receiving, and so what its one timer means."""
+
+    IDLE = 0  # between requests: the first byte that comes begins a head
+    HEAD = 1  # a request head: ``client_header`` from its first byte
+    BODY = 2  # a request body: ``client_body`` between reads, ``client_body_total`` in all
+
+
+_IDLE, _HEAD, _BODY = Phase.IDLE, Phase.HEAD, Phase.BODY
 
 
 class EdgeProtocol(HttpToolsProtocol):

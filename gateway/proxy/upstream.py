@@ -3,7 +3,7 @@
 ``aiohttp`` (the default) is an ``httpx.AsyncBaseTransport`` over aiohttp's
 C-accelerated HTTP parser and connection pool. Plain httpx collapses under
 a thousand concurrent streams (its pool scans every connection on each
-request); see tests/perf and the README's performance section. ``httpx``
+request); see tests/perf and docs/performance.md. ``httpx``
 keeps httpx's own transport as a fallback.
 
 The relay builds an ``UpstreamRequest`` (``Upstream.request``) and gets an

@@ -2,7 +2,7 @@
 
 It stands in for a remote provider, so it imports nothing from the rest of
 the ``gateway`` package. Per-request control comes from ``x-sim-*`` request
-headers (or a ``"sim"`` body object); see the README's "built-in simulator" section.
+headers (or a ``"sim"`` body object); see docs/simulator.md.
 
 Public surface::
 

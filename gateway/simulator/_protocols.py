@@ -871,7 +871,7 @@ def context_length_body(protocol: str) -> dict[str, Any]:
 def models_body(*, anthropic: bool) -> dict[str, Any]:
     """``GET /v1/models`` in the OpenAI or (with ``anthropic-version``) Anthropic shape.
 
-    One model, the name the README's examples use (any name is answered alike).
+    One model, the name the documentation's examples use (any name is answered alike).
     """
     names = (DEFAULT_MODEL,)
     if anthropic:

@@ -258,8 +258,9 @@ def test_provisioning_and_compose_serve_the_dashboard() -> None:
     assert home in mounts
     assert "prometheus" in grafana["depends_on"]
     (port,) = grafana["ports"]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert f"http://localhost:{port.split(':')[0]}/d/{dashboard()['uid']}" in readme
+    for page in ("deployment.md", "metrics.md"):
+        text = (REPO / "docs" / page).read_text(encoding="utf-8")
+        assert f"http://localhost:{port.split(':')[0]}/d/{dashboard()['uid']}" in text, page
 
 
 # --------------------------------------------------------------------- live

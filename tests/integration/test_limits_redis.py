@@ -119,7 +119,7 @@ def test_two_gateways_sharing_redis_never_admit_past_the_limit(
         first_minute = int(time.time()) // 60
         answers = asyncio.run(_fire([one.url, two.url], 200, content))
         minutes = int(time.time()) // 60 - first_minute + 1
-        metrics = [web.get(gw.url + "/metrics").text for gw in (one, two)]
+        metrics = [web.get(gw.url + "/metrics", timeout=30).text for gw in (one, two)]
     statuses = [status for status, _, _ in answers]
     errors = sum(metric_value(text, "gateway_limit_backend_errors_total") for text in metrics)
     assert statuses.count(200) > 0

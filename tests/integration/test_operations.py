@@ -176,28 +176,31 @@ def test_check_config_redacts_secrets(tmp_path: Path) -> None:
     assert shown["effective_routes"][0]["credential"] == "<redacted>"
 
 
-def test_readme_configuration_reference_lists_every_setting() -> None:
-    readme = (ROOT / "README.md").read_text()
+CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
+
+
+def test_the_configuration_reference_lists_every_setting() -> None:
+    readme = CONFIGURATION_PAGE.read_text()
     from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     for name in Settings.model_fields:
-        if name in ("credentials", "timeouts", "limits"):  # the sections are listed by key
+        if name in ("credentials", "timeouts", "limits", "tracing"):  # listed by key
             continue
-        assert f"`{name}`" in readme, f"README lacks {name}"
-    for section in ("timeouts", "limits"):
+        assert f"`{name}`" in readme, f"the configuration reference lacks {name}"
+    for section in ("timeouts", "limits", "tracing"):
         model = Settings.model_fields[section].default
         for key in model.model_dump():
-            assert f"`{section}.{key}`" in readme, f"README lacks {section}.{key}"
+            assert f"`{section}.{key}`" in readme, f"no row for {section}.{key}"
     for key in RouteConfig.model_fields:
-        assert f"`routes[].{key}`" in readme, f"README lacks routes[].{key}"
+        assert f"`routes[].{key}`" in readme, f"no row for routes[].{key}"
     for key in UpstreamConfig.model_fields:
-        assert f"`routes[].upstreams[].{key}`" in readme, f"README lacks routes[].upstreams[].{key}"
+        assert f"`routes[].upstreams[].{key}`" in readme, f"no row for routes[].upstreams[].{key}"
     for key in ClientConfig.model_fields:
-        assert f"`clients[].{key}`" in readme, f"README lacks clients[].{key}"
+        assert f"`clients[].{key}`" in readme, f"no row for clients[].{key}"
 
 
 def _readme_default(value: object) -> str:
-    """A default as the README's configuration tables write it."""
+    """A default as the configuration reference's tables write it."""
     if value is None:
         return "none"
     if isinstance(value, BaseModel):
@@ -209,13 +212,23 @@ def _readme_default(value: object) -> str:
     return f"`{json.dumps(value)}`" if isinstance(value, list | dict) else f"`{value}`"
 
 
-def test_readme_configuration_tables_give_each_settings_default() -> None:
-    """Each row of the README's configuration tables is a setting, with the code's default."""
+def _settings_rows(page: str) -> dict[str, str]:
+    """Key and default of each row of the page's settings tables (``| key | default | ...``)."""
+    rows: dict[str, str] = {}
+    for table in re.split(r"\n(?=\| key \| default \|)", page)[1:]:
+        for line in table.split("\n\n", 1)[0].splitlines()[2:]:
+            match = re.match(r"^\| `([a-z0-9_.\[\]]+)` \| ([^|]*) \|", line)
+            assert match is not None, line
+            assert match.group(1) not in rows, f"two rows for {match.group(1)}"
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+def test_the_configuration_tables_give_each_settings_default() -> None:
+    """Each row of the reference's settings tables is a setting, with the code's default."""
     from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
-    section = (ROOT / "README.md").read_text().split("\n## Configuration\n", 1)[1]
-    section = section.split("\n### Upstream pools and failover\n", 1)[0]
-    rows = dict(re.findall(r"^\| `([a-z0-9_.\[\]]+)` \| ([^|]*) \|", section, re.MULTILINE))
+    rows = _settings_rows(CONFIGURATION_PAGE.read_text())
     fields: dict[str, FieldInfo] = {}
     for name, field in Settings.model_fields.items():
         if name in ("timeouts", "limits", "tracing"):
@@ -468,7 +481,7 @@ def test_sigterm_drains_then_ends_the_rest_with_gateway_shutdown() -> None:
 def test_worker_processes_log_the_gateways_own_lines_at_log_level(
     simulator: ServerThread,
 ) -> None:
-    """With ``--workers 2`` each worker logs its drain as one process does (README: log_level).
+    """With ``--workers 2`` each worker logs its drain as one process does (docs: log_level).
 
     uvicorn starts workers as fresh interpreters, so the logging ``gateway serve`` set up
     in the parent is not theirs: without their own, ``log_level`` does not reach them and

@@ -1,7 +1,7 @@
 """Every capture in ``tests/captures/`` replays to the verdict it records.
 
 A capture from production becomes a regression test by copying its file
-into that folder (README, "When a provider cuts streams"). If the gateway
+into that folder (docs/captures-and-probe.md, "When a provider cuts streams"). If the gateway
 judged that stream wrongly, the copy's ``verdict`` is edited to what it
 should have been, and this test fails until the guard agrees.
 """

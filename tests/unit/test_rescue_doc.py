@@ -16,7 +16,9 @@ DOC = (ROOT / "docs" / "rescue.md").read_text(encoding="utf-8")
 
 
 def _example() -> dict[str, Any]:
-    match = re.search(r"```toml\n(.*?)```", DOC, flags=re.S)
+    """The configuration under "A primary and a fallback tier"."""
+    section = DOC[DOC.index("## A primary and a fallback tier") :]
+    match = re.search(r"```toml\n(.*?)```", section, flags=re.S)
     assert match is not None
     return tomllib.loads(match.group(1))
 
