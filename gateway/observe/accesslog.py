@@ -3,6 +3,11 @@
 Fields are the facts of the request (docs/wire-contract.md, "Where the
 verdict is recorded"); never prompt or
 completion text, never credentials or client keys.
+
+A line is the standard library's JSON (compact, ASCII); ``encode_line``
+makes it with orjson, several times faster, whenever orjson's bytes are the
+same, and with the standard library otherwise (a test holds the two to the
+same output over generated records).
 """
 
 from __future__ import annotations
@@ -14,13 +19,46 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import orjson
+
 from gateway.logsetup import utc_timestamp
 from gateway.observe.record import RequestRecord
 
 # json.dumps with options builds a new encoder per call; one encoder serves every line.
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+_dumps = orjson.dumps
 
-__all__ = ["AccessLog", "log_fields"]
+__all__ = ["AccessLog", "encode_line", "log_fields"]
+
+
+def _plain(value: float | None) -> bool:
+    """Whether orjson writes this float as the standard library does: both write the
+    shortest repr, but apart in exponent form (below 1e-4, from 1e16) and non-finite."""
+    return value is None or value == 0.0 or 1e-4 <= abs(value) < 1e16
+
+
+#: Where a line's floats are (``_ms``'s); an attempt's is its ``duration_ms``. A test
+#: fails when ``log_fields`` has a float anywhere else.
+FLOAT_FIELDS = ("ttfb_ms", "ttft_ms", "duration_ms")
+
+
+def encode_line(fields: dict[str, Any]) -> str:
+    """``fields`` (``log_fields``'s) as the standard library's compact ASCII JSON.
+
+    orjson writes the same bytes when they are ASCII without DEL (the standard
+    library escapes everything outside space..tilde; orjson writes UTF-8 and
+    leaves DEL as it is) and every float is plain (``_plain``); it refuses what
+    it cannot write the same (an integer beyond 64 bits, a lone surrogate)."""
+    if all(_plain(fields[key]) for key in FLOAT_FIELDS) and all(
+        _plain(a["duration_ms"]) for a in fields["attempts"]
+    ):
+        try:
+            raw = _dumps(fields)
+        except TypeError:
+            return _encode(fields)
+        if raw.isascii() and b"\x7f" not in raw:
+            return raw.decode("ascii")
+    return _encode(fields)
 
 
 #: Longest client- or upstream-supplied string written to the log, in characters.
@@ -124,7 +162,7 @@ class AccessLog:
     def write(self, record: RequestRecord) -> None:
         if not self.enabled:
             return
-        self._lines.append(_encode(log_fields(record)))
+        self._lines.append(encode_line(log_fields(record)))
         if len(self._lines) >= self._max:
             self.flush()
         elif not self._scheduled:

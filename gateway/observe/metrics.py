@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -98,6 +98,51 @@ def observe_all(histogram: Any, values: list[float]) -> None:
             buckets[index].inc(count)
 
 
+Add = Callable[[float], None]
+
+
+def fast_add(child: Any) -> Add:
+    """``child.inc`` of a Counter's or Gauge's child without its checks per call: the
+    child's value's own ``inc`` (private ``_value``, the same object prometheus-client's
+    ``inc`` and ``dec`` end in, a lock in one process, a file in several). The label
+    values are set and the amounts are the caller's to check (>= 0 for a Counter).
+    tests/unit/test_metrics_fast.py holds it to the public API."""
+    value = getattr(child, "_value", None)
+    inc = getattr(value, "inc", None)
+    if inc is None or getattr(child, "_is_most_recent", False):
+        return child.inc  # type: ignore[no-any-return]
+    return inc  # type: ignore[no-any-return]
+
+
+def fast_observe(child: Any) -> Add:
+    """``child.observe`` of a Histogram's child with a bisect for the bucket (prometheus-
+    client walks every bound in Python): its private ``_sum``, ``_buckets`` and
+    ``_upper_bounds``, as ``observe_all`` reads them; NaN (no bucket) takes ``observe``."""
+    try:
+        bounds, buckets, total = child._upper_bounds, child._buckets, child._sum
+    except AttributeError:
+        return child.observe  # type: ignore[no-any-return]
+    add_sum = total.inc
+    adds = [bucket.inc for bucket in buckets]
+    observe = child.observe
+
+    def fast(amount: float) -> None:
+        if amount != amount:  # NaN
+            observe(amount)
+            return
+        add_sum(amount)
+        adds[bisect_left(bounds, amount)](1)
+
+    return fast
+
+
+def _counted(count: float) -> float:
+    """A count for a Counter's fast path: what ``Counter.inc`` refuses is refused here."""
+    if count < 0:
+        raise ValueError(f"Counters can only be incremented by non-negative amounts: {count}")
+    return count
+
+
 def multiprocess_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -172,6 +217,7 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._adds: dict[tuple[Any, ...], Add] = {}
         reg = self.registry
         self.multiprocess = multiprocess_enabled()
         #: The multiprocess directory (None with one process); the status page shares it.
@@ -349,16 +395,16 @@ class Metrics:
         self.websocket = WsMetrics(reg)
 
     def stream_started(self, route: str) -> None:
-        self._child(self.active_streams, route).inc()
+        self._add(self.active_streams, route)(1)
 
     def stream_ended(self, route: str) -> None:
-        self._child(self.active_streams, route).dec()
+        self._add(self.active_streams, route)(-1)
 
     def upstream_started(self, route: str, upstream: str) -> None:
-        self._child(self.upstream_active, route, upstream).inc()
+        self._add(self.upstream_active, route, upstream)(1)
 
     def upstream_ended(self, route: str, upstream: str) -> None:
-        self._child(self.upstream_active, route, upstream).dec()
+        self._add(self.upstream_active, route, upstream)(-1)
 
     def upstream_out(self, route: str, upstream: str, out: bool) -> None:
         """An upstream was ejected (``out``), or returned by a successful probe."""
@@ -407,46 +453,59 @@ class Metrics:
             child = self._children[key] = metric.labels(*values)
         return child
 
+    def _add(self, metric: Any, *values: str) -> Add:
+        """``_child(metric, *values)``'s ``inc`` (``observe`` for a Histogram), the fast way
+        (``fast_add``, ``fast_observe``), memoized like the children."""
+        key = (metric, *values)
+        add = self._adds.get(key)
+        if add is None:
+            child = self._child(metric, *values)
+            add = fast_observe(child) if isinstance(metric, Histogram) else fast_add(child)
+            self._adds[key] = add
+        return add
+
     def observe(self, record: RequestRecord) -> None:
         """Record one finished proxied request."""
-        child = self._child
+        add = self._add
         route, model, client = record.route, record.model_label, record.client_name
-        child(self.requests, route, record.method, str(record.status), client).inc()
-        child(self.request_duration, route, "true" if record.stream else "false").observe(
-            record.duration
-        )
+        add(self.requests, route, record.method, str(record.status), client)(1)
+        add(self.request_duration, route, "true" if record.stream else "false")(record.duration)
         if record.time_to_first_byte is not None:
-            child(self.time_to_first_byte, route).observe(record.time_to_first_byte)
+            add(self.time_to_first_byte, route)(record.time_to_first_byte)
         if record.time_to_first_token is not None:
-            child(self.time_to_first_token, route, model).observe(record.time_to_first_token)
+            add(self.time_to_first_token, route, model)(record.time_to_first_token)
         if record.chunk_gaps:
-            observe_all(child(self.time_per_output_chunk, route, model), record.chunk_gaps)
+            observe_all(self._child(self.time_per_output_chunk, route, model), record.chunk_gaps)
         if record.bytes_out:
-            child(self.relayed_bytes, route, "upstream_to_client").inc(record.bytes_out)
+            add(self.relayed_bytes, route, "upstream_to_client")(record.bytes_out)
         if record.bytes_in:
-            child(self.relayed_bytes, route, "client_to_upstream").inc(record.bytes_in)
+            add(self.relayed_bytes, route, "client_to_upstream")(record.bytes_in)
         if record.error is not None:
-            child(self.request_errors, route, record.error).inc()
+            add(self.request_errors, route, record.error)(1)
         for attempt in record.attempts:
-            child(self.upstream_attempts, route, attempt.upstream, attempt.result).inc()
+            add(self.upstream_attempts, route, attempt.upstream, attempt.result)(1)
         verdict = record.verdict
         usage = record.usage
         if usage is not None:
             for kind, count in usage.as_dict().items():
                 if count:
-                    child(self.tokens, route, model, kind, client).inc(count)
+                    add(self.tokens, route, model, kind, client)(_counted(count))
         charge = record.charge
         if charge is not None:
             source = charge.source.value
             if charge.input:
-                child(self.client_tokens, client, route, model, "input", source).inc(charge.input)
+                add(self.client_tokens, client, route, model, "input", source)(
+                    _counted(charge.input)
+                )
             if charge.output:
-                child(self.client_tokens, client, route, model, "output", source).inc(charge.output)
+                add(self.client_tokens, client, route, model, "output", source)(
+                    _counted(charge.output)
+                )
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
-            child(self.streams, route, model, outcome, reason, client).inc()
+            add(self.streams, route, model, outcome, reason, client)(1)
             if usage is None:
-                child(self.usage_unknown, route, model).inc()
+                add(self.usage_unknown, route, model)(1)
 
     def exposition(self) -> bytes:
         """The text exposition of all metrics (summed over workers in multiprocess mode)."""

@@ -14,13 +14,20 @@ base path, and the queries are merged, the base's first. A client parameter
 with the name of a base parameter is dropped: the operator's
 ``api-version`` (or any other) cannot be overridden by a client, whatever
 order the upstream reads duplicates in.
+
+A gateway sees few distinct request targets, so what routing works out for
+one (its ``Target``, its protocol, each upstream's URL) is remembered, in a
+memo per route and per upstream, bounded (``MEMO_ENTRIES`` entries, targets
+up to ``MEMO_KEY_CHARS``; a full memo starts over): a client varying its
+paths or queries costs the work each time, never memory. Rejected paths are
+not remembered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote, unquote_plus, urlsplit
 
 from pydantic import SecretStr
@@ -41,6 +48,21 @@ __all__ = [
     "merge_query",
     "request_target",
 ]
+
+
+#: At most this many remembered targets per route (and URLs per upstream).
+MEMO_ENTRIES = 1024
+#: Targets longer than this (path and query, in characters) are not remembered.
+MEMO_KEY_CHARS = 512
+
+_V = TypeVar("_V")
+
+
+def _remember(memo: dict[Any, _V], key: Any, value: _V) -> _V:
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 class PathRejected(ValueError):
@@ -89,8 +111,10 @@ class Endpoint:
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
     base_names: frozenset[str] = field(init=False)  # its parameter names, decoded
+    urls: dict[Target, str] = field(init=False, repr=False, compare=False)  # url_for's memo
 
     def __post_init__(self) -> None:
+        self.urls = {}
         parts = urlsplit(encoded_url(self.url))
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.base_path = parts.path.rstrip("/")
@@ -106,6 +130,15 @@ class Endpoint:
 
     def url_for(self, target: Target) -> str:
         """This upstream's URL for a request target: base path + rest, merged queries."""
+        url = self.urls.get(target)
+        if url is not None:
+            return url
+        url = self._url_for(target)
+        if len(target.rest) + len(target.query) <= MEMO_KEY_CHARS:
+            _remember(self.urls, target, url)
+        return url
+
+    def _url_for(self, target: Target) -> str:
         url = self.origin + (self.base_path + target.rest or "/")
         merged = merge_query(self, target.query)
         if merged:
@@ -165,8 +198,13 @@ class Route:
     pool: Pool = field(init=False)
     retry_on: frozenset[str] = field(init=False)
     retry: RetryPolicy = field(init=False)
+    #: request_target's memo: (path, raw path, query) -> Target.
+    targets: dict[tuple[str, bytes, bytes], Target] = field(init=False, repr=False, compare=False)
+    specs: dict[str, ProtocolSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.targets = {}
+        self.specs = {}
         config = self.config
         self.prefix_bytes = config.prefix.encode()
         self.endpoints = tuple(
@@ -198,7 +236,12 @@ class Route:
         """The protocol of a request path below the prefix: the route's, or by the path."""
         if self.config.protocol != "auto":
             return spec_for(self.config.protocol)
-        return detect(rest)
+        spec = self.specs.get(rest)
+        if spec is None:
+            spec = detect(rest)
+            if len(rest) <= MEMO_KEY_CHARS:
+                _remember(self.specs, rest, spec)
+        return spec
 
 
 def match_route(routes: list[Route], path: str) -> Route | None:
@@ -247,6 +290,17 @@ def request_target(route: Route, path: str, raw_path: bytes, query: bytes) -> Ta
     the client sent (forwarded as they were, so encodings survive). Each
     upstream's URL is ``Endpoint.url_for(target)``.
     """
+    key = (path, raw_path, query)
+    target = route.targets.get(key)
+    if target is not None:
+        return target
+    target = _request_target(route, path, raw_path, query)
+    if len(raw_path) + len(query) <= MEMO_KEY_CHARS:
+        _remember(route.targets, key, target)
+    return target
+
+
+def _request_target(route: Route, path: str, raw_path: bytes, query: bytes) -> Target:
     segments = path.split("/")
     # "..;x" is ".." to servers that strip matrix parameters (Tomcat, Jetty, Spring).
     if any(seg.split(";", 1)[0] in _DOT_SEGMENTS for seg in segments):

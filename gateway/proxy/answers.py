@@ -41,6 +41,7 @@ from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, strip_hop_by_hop
+from gateway.proxy.timer import Deadline
 from gateway.proxy.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
 __all__ = [
@@ -93,8 +94,17 @@ async def _send_last(exchange: Exchange, body: bytes, draining: bool) -> None:
     seconds = exchange.route.timeouts.client_send
     if draining:
         seconds = min(seconds, _DRAIN_SEND_SECONDS)
-    async with asyncio.timeout(seconds):
+    task = exchange.task
+    loop = task.get_loop()
+    deadline = Deadline(loop, task, loop.time() + seconds)
+    try:
         await exchange.send({"type": "http.response.body", "body": body, "more_body": False})
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
+        raise TimeoutError from None
+    finally:
+        deadline.cancel()
 
 
 # -- holding the head ---------------------------------------------------------------
@@ -254,13 +264,18 @@ async def _relay_buffered(
     record = exchange.record
     chunks = response.aiter_raw() if held is None else _resume(held)
     status, failure = response.status_code, None
+    task = exchange.task
+    deadline = Deadline(task.get_loop(), task, exchange.total_deadline)
     try:
-        async with asyncio.timeout_at(exchange.total_deadline):
-            body = await read_whole(chunks, length)
-    except TimeoutError:
+        body = await read_whole(chunks, length)
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
         status, failure, record.error = 504, Reason.TOTAL_TIMEOUT, RequestError.UPSTREAM_TIMEOUT
     except BufferedFailure as exc:
         status, failure, record.error = 502, exc.reason, RequestError(exc.reason.value)
+    finally:
+        deadline.cancel()
     if failure is None:
         headers = response_headers(response, record)
     else:
@@ -316,36 +331,46 @@ async def relay_plain(
         else None
     )
     sniffed = 0
-    loop = asyncio.get_running_loop()
+    task = exchange.task
+    loop = task.get_loop()
     client_send = exchange.route.timeouts.client_send
+    total = exchange.total_deadline
     send_deadline = float("inf")
+    # One timer for the request's total deadline, brought forward to the client-send
+    # deadline while a send waits (no asyncio.timeout per chunk).
+    deadline = Deadline(loop, task, total)
+    failed: RequestError | None = None
     try:
-        async with asyncio.timeout_at(exchange.total_deadline):
-            async for chunk in response.aiter_raw() if held is None else _resume(held):
-                if not chunk:
-                    continue
-                if record.time_to_first_byte is None:
-                    record.time_to_first_byte = time.monotonic() - record.started
-                if sniff is not None:
-                    sniffed += len(chunk)
-                    if sniffed <= _JSON_SNIFF_LIMIT:
-                        sniff.append(chunk)
-                    else:
-                        sniff = None
-                send_deadline = loop.time() + client_send
-                async with asyncio.timeout_at(send_deadline):
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                record.bytes_out += len(chunk)
-    except (TimeoutError, httpx.TransportError, OSError) as exc:
-        if isinstance(exc, TimeoutError) and loop.time() >= send_deadline:
+        async for chunk in response.aiter_raw() if held is None else _resume(held):
+            if not chunk:
+                continue
+            if record.time_to_first_byte is None:
+                record.time_to_first_byte = time.monotonic() - record.started
+            if sniff is not None:
+                sniffed += len(chunk)
+                if sniffed <= _JSON_SNIFF_LIMIT:
+                    sniff.append(chunk)
+                else:
+                    sniff = None
+            send_deadline = loop.time() + client_send
+            deadline.move(min(send_deadline, total))
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            deadline.move(total)
+            record.bytes_out += len(chunk)
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
+        failed = RequestError.UPSTREAM_TIMEOUT
+    except (httpx.TransportError, OSError):
+        failed = RequestError.UPSTREAM_DISCONNECT
+    finally:
+        deadline.cancel()
+    if failed is not None:
+        if failed is RequestError.UPSTREAM_TIMEOUT and loop.time() >= send_deadline:
             drop_stalled_client(exchange)
         # Headers are out: the only honest signal left is to break the connection.
-        record.error = (
-            RequestError.UPSTREAM_TIMEOUT
-            if isinstance(exc, TimeoutError)
-            else RequestError.UPSTREAM_DISCONNECT
-        )
-        raise AbortConnection from None
+        record.error = failed
+        raise AbortConnection
     try:
         await _send_last(exchange, b"", draining)
     except TimeoutError:

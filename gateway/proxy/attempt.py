@@ -16,7 +16,8 @@ import httpx
 from gateway.guard import Reason
 from gateway.policy.errors import AttemptError, RequestError
 from gateway.policy.failover import AttemptFailure
-from gateway.proxy.upstream import Upstream, send_failure
+from gateway.proxy.timer import Deadline
+from gateway.proxy.upstream import Upstream, UpstreamRequest, send_failure
 
 __all__ = ["AttemptFailure", "attempt"]
 
@@ -37,15 +38,21 @@ _TOTAL = AttemptFailure(None, 504, Reason.TOTAL_TIMEOUT)
 
 
 async def attempt(
-    upstream: Upstream, request: httpx.Request, first_byte: float, total_deadline: float
+    upstream: Upstream, request: UpstreamRequest, first_byte: float, total_deadline: float
 ) -> httpx.Response | AttemptFailure:
     """Send ``request``; the response head within ``first_byte`` seconds (and before
     ``total_deadline``, loop time), or the failure. Cancellation passes through."""
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task(loop)
+    assert task is not None
+    deadline = Deadline(loop, task, min(loop.time() + first_byte, total_deadline))
     try:
-        async with asyncio.timeout_at(min(loop.time() + first_byte, total_deadline)):
-            return await upstream.send(request)
-    except TimeoutError:
+        return await upstream.send(request)
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
         return _TOTAL if loop.time() >= total_deadline else _FIRST_BYTE
     except (httpx.TransportError, OSError) as exc:
         return _SEND_FAILURES[send_failure(exc)]
+    finally:
+        deadline.cancel()

@@ -79,11 +79,14 @@ class Watchdog:
         self._arm(limit)
 
     def first_chunk(self) -> None:
-        """From now on the idle deadline applies: re-arm once, if it comes sooner."""
+        """From now on the idle deadline applies: re-arm once, if it comes sooner than
+        the check already armed (which otherwise re-arms itself for it when it fires;
+        with the default deadlines it does: client-send comes before first-byte)."""
         self.got_chunk = True
-        self.last = self._loop.time()
-        self._handle.cancel()
-        self._arm(self.last + self.idle)
+        self.last = now = self._loop.time()
+        if self._handle.when() > min(now + self.idle, self.total):
+            self._handle.cancel()
+            self._arm(now + self.idle)
 
     def cancel(self) -> None:
         self._handle.cancel()

@@ -6,8 +6,15 @@ a thousand concurrent streams (its pool scans every connection on each
 request); see tests/perf and docs/performance.md. ``httpx``
 keeps httpx's own transport as a fallback.
 
-The relay speaks httpx: it builds an ``httpx.Request`` and gets an
-``httpx.Response`` from ``Upstream.send``. The aiohttp transport also puts a
+The relay builds an ``UpstreamRequest`` (``Upstream.request``) and gets an
+``httpx.Response`` from ``Upstream.send``. Over the aiohttp transport no
+``httpx.Request`` is built: ``AiohttpTransport.send`` takes the request's
+parts as they are, with the head httpx would have made of them
+(``httpx_head``: ``Host`` first, the headers in order, ``Content-Length``
+last), so the upstream gets the same bytes. Any other transport gets the
+``httpx.Request`` (``UpstreamRequest.to_httpx``) through httpx's transport
+API, as does anyone calling ``AiohttpTransport.handle_async_request``.
+The aiohttp transport also puts a
 ``READ_CHUNK`` coroutine function in the response's ``extensions`` (httpx's
 documented way for transports to expose more): it returns the next body
 chunk (``b""`` at the end) without httpx's async-generator layers, which cost
@@ -34,14 +41,15 @@ import asyncio
 import contextlib
 import functools
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 import httpx
 import yarl
 from aiohttp.http_exceptions import HttpProcessingError
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from gateway.policy.errors import AttemptError
 
@@ -49,6 +57,7 @@ __all__ = [
     "READ_CHUNK",
     "AiohttpTransport",
     "Upstream",
+    "UpstreamRequest",
     "chunk_reader",
     "close_quietly",
     "create_upstream",
@@ -106,6 +115,10 @@ class _AiohttpBody(httpx.AsyncByteStream):
             return await self._content.readany()
         except Exception as exc:
             raise _translate(exc) from exc
+
+    def ended(self) -> bool:
+        """The whole body was read (aiohttp has its end and nothing left in its buffer)."""
+        return self._content.at_eof()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while chunk := await self.read_chunk():
@@ -168,10 +181,42 @@ def _fail_unfinished(content: aiohttp.StreamReader) -> None:
         content.set_exception(aiohttp.ClientPayloadError("the upstream connection closed"))
 
 
+#: What aiohttp would add to a request of its own accord: the upstream sees the client's
+#: (filtered) headers and nothing of aiohttp's.
+SKIPPED_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
+# Built as aiohttp's ClientRequest.update_auto_headers builds it (sorted), once.
+_SKIPPED: CIMultiDict[None] = CIMultiDict(
+    (name, None) for name in sorted(frozenset(istr(h) for h in SKIPPED_AUTO_HEADERS))
+)
+
+
+class _Request(aiohttp.ClientRequest):
+    """aiohttp's request, with the session's skipped auto-headers built once.
+
+    aiohttp's ``update_auto_headers`` sorts the skip set into a new
+    ``CIMultiDict`` and copies the request's headers on every request, to
+    add the defaults (``DEFAULT_HEADERS``, ``User-Agent``) that are not
+    skipped. Every one of them is skipped here, so it would add none: this
+    sets the prebuilt set (private ``_skip_auto_headers``, read again for
+    the body's headers) and adds nothing. tests/unit/test_aiohttp_request.py
+    pins the field and aiohttp's defaults; tests/integration/
+    test_upstream_same_bytes.py compares the bytes sent with aiohttp's own.
+    """
+
+    def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
+        self._skip_auto_headers = _SKIPPED
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """httpx transport over one pooled ``aiohttp.ClientSession``."""
 
-    def __init__(self, max_connections: int, keepalive_expiry: float = 30.0) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        keepalive_expiry: float = 30.0,
+        request_class: type[aiohttp.ClientRequest] = _Request,
+    ) -> None:
+        self._request_class = request_class
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._session: aiohttp.ClientSession | None = None
@@ -188,28 +233,44 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 connector=connector,
                 auto_decompress=False,
                 trust_env=False,
-                # The upstream sees the client's (filtered) headers and nothing of aiohttp's.
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+                skip_auto_headers=SKIPPED_AUTO_HEADERS,
+                request_class=self._request_class,
             )
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """httpx's transport API: the request's head as httpx built it."""
         timeout = request.extensions.get("timeout", {})
         connect = timeout.get("connect")
-        session = self._session_now()
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
-        content = request.content
         target: bytes = request.extensions.get("target") or request.url.raw_path
-        url = _aiohttp_url(_origin(request.url), target)
+        return await self.send(
+            request.method,
+            _aiohttp_url(_origin(request.url), target),
+            headers,
+            request.content,
+            _client_timeout(timeout.get("pool", connect), connect),
+        )
+
+    async def send(
+        self,
+        method: str,
+        url: yarl.URL,
+        headers: list[tuple[str, str]],
+        content: bytes,
+        limits: aiohttp.ClientTimeout,
+    ) -> httpx.Response:
+        """Send a request whose head is complete (``headers`` as sent, Host included)."""
+        session = self._session_now()
         try:
             response = await session.request(
-                request.method,
+                method,
                 url,
                 headers=headers,
                 data=content or None,
                 allow_redirects=False,
                 compress=None,
-                timeout=_client_timeout(timeout.get("pool", connect), connect),
+                timeout=limits,
             )
         except Exception as exc:
             raise _translate(exc) from exc
@@ -274,6 +335,12 @@ def _origin(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.netloc.decode('ascii')}"
 
 
+@functools.lru_cache(maxsize=256)
+def _normal_origin(origin: str) -> str:
+    """``origin`` as httpx's URL spells it (host lowercased, default port dropped)."""
+    return _origin(_parse_origin(origin))
+
+
 def _split_target(url: str) -> tuple[str, bytes]:
     """``scheme://host[:port]`` and the request target (``/path?query``) of a URL."""
     start = url.index("://") + 3
@@ -283,13 +350,58 @@ def _split_target(url: str) -> tuple[str, bytes]:
     return url[:slash], url[slash:].encode("latin-1")
 
 
+@functools.lru_cache(maxsize=256)
+def _host_header(origin: str) -> bytes:
+    """The ``Host`` value httpx would send to ``origin`` (its URL's netloc)."""
+    return _parse_origin(origin).netloc
+
+
+def httpx_head(
+    method: str, origin: str, headers: list[tuple[bytes, bytes]], content: bytes
+) -> list[tuple[str, str]]:
+    """The head ``httpx.Request(method, origin, headers=headers, content=content)`` would
+    send, for headers without ``Host``, ``Content-Length`` or ``Transfer-Encoding`` (the
+    relay drops them): ``Host`` first, ``Content-Length: 0`` for an empty POST/PUT/PATCH,
+    the headers in their order, ``Content-Length`` last for a body. A test holds it to
+    httpx's own over generated requests."""
+    out = [("Host", _host_header(origin).decode("latin-1"))]
+    if not content and method in ("POST", "PUT", "PATCH"):
+        out.append(("Content-Length", "0"))
+    out += [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    if content:
+        out.append(("Content-Length", str(len(content))))
+    return out
+
+
+@dataclass(slots=True)
+class UpstreamRequest:
+    """One request for an upstream: what the relay decided, not yet any client's object."""
+
+    method: str
+    origin: str  # scheme://host[:port]
+    target: bytes  # /path?query, as the client sent it
+    headers: list[tuple[bytes, bytes]]  # without Host, Content-Length, Transfer-Encoding
+    content: bytes
+    connect_timeout: float
+
+    def to_httpx(self) -> httpx.Request:
+        """The same request as httpx's (for a transport other than aiohttp)."""
+        request = httpx.Request(
+            self.method, _parse_origin(self.origin), headers=self.headers, content=self.content
+        )
+        timeout = {"connect": self.connect_timeout, "pool": self.connect_timeout}
+        request.extensions = {"timeout": timeout, "target": self.target}
+        return request
+
+
 class Upstream:
     """Sends requests to upstreams through one pooled transport."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport, connect_timeout: float) -> None:
         self.transport = transport
         # Only connect (and pool wait) is left to the transport; the relay keeps the other clocks.
-        self._timeout = {"connect": connect_timeout, "pool": connect_timeout}
+        self._connect_timeout = connect_timeout
+        self._aiohttp = transport if isinstance(transport, AiohttpTransport) else None
 
     def request(
         self,
@@ -298,19 +410,24 @@ class Upstream:
         headers: list[tuple[bytes, bytes]],
         content: bytes,
         connect_timeout: float | None = None,
-    ) -> httpx.Request:
+    ) -> UpstreamRequest:
         """A request for ``url`` (origin and target as the routing built it, target unparsed),
         with its own connect timeout when given (an upstream's or a route's)."""
         origin, target = _split_target(url)
-        request = httpx.Request(method, _parse_origin(origin), headers=headers, content=content)
-        timeout = self._timeout
-        if connect_timeout is not None and connect_timeout != timeout["connect"]:
-            timeout = {"connect": connect_timeout, "pool": connect_timeout}
-        request.extensions = {"timeout": timeout, "target": target}
-        return request
+        timeout = self._connect_timeout if connect_timeout is None else connect_timeout
+        return UpstreamRequest(method, origin, target, headers, content, timeout)
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        return await self.transport.handle_async_request(request)
+    async def send(self, request: UpstreamRequest) -> httpx.Response:
+        if self._aiohttp is None:
+            return await self.transport.handle_async_request(request.to_httpx())
+        connect = request.connect_timeout
+        return await self._aiohttp.send(
+            request.method,
+            _aiohttp_url(_normal_origin(request.origin), request.target),
+            httpx_head(request.method, request.origin, request.headers, request.content),
+            request.content,
+            _client_timeout(connect, connect),
+        )
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -350,8 +467,12 @@ async def drain_for_reuse(read: ReadChunk, budget: int = 65536) -> None:
     """After the terminator, read what little is left so the connection can be reused.
 
     The chunked-body terminator usually follows ``[DONE]`` at once; an upstream
-    that keeps sending gets its connection closed instead.
+    that keeps sending gets its connection closed instead. A body aiohttp has
+    already seen the end of has nothing left to read: no timer, no read.
     """
+    body = getattr(read, "__self__", None)
+    if isinstance(body, _AiohttpBody) and body.ended():
+        return
     try:
         async with asyncio.timeout(0.05):
             while chunk := await read():

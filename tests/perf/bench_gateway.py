@@ -61,7 +61,9 @@ keep-alive connections issuing 5-event unpaced streams back to back for 10 s
 (streams/s); (5) 5,000 idle open streams (headers and one event, then held:
 proxy RSS per stream, all must be held); (6) 300 sequential requests on one
 keep-alive connection (time to first byte = request written to first body
-byte received); (7) the capacity search, ``--capacity``: the largest N of
+byte received); (8) 32 keep-alive connections issuing plain (non-streamed) JSON
+requests of about 1 KiB each way back to back for 10 s (requests/s, CPU per
+request: the cost of one short call); (7) the capacity search, ``--capacity``: the largest N of
 scenario 1's streams a target carries with +p99 <= 50 ms over direct at the
 same N, no stream's first byte more than 1 s after its scheduled start, and no
 failure (exponential growth, then bisection to 5 %; a fresh process per trial;
@@ -88,6 +90,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import os
@@ -159,6 +162,39 @@ def _event(delta: bytes, finish: bytes = b"null") -> tuple[bytes, bytes]:
 _ROLE = _event(b'{"role":"assistant","content":""}')
 _TOKEN = _event(b'{"content":" token"}')
 _FINISH = _event(b"{}", b'"stop"')
+
+
+JSON_BYTES = 1024  # scenario 8: about this many body bytes each way
+
+
+@functools.lru_cache(maxsize=8)
+def _json_answer(size: int) -> bytes:
+    """A plain (non-streamed) chat completion of ``size`` body bytes, head and all."""
+    shell = (
+        b'{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-model",'
+        b'"choices":[{"index":0,"message":{"role":"assistant","content":""},'
+        b'"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":1,'
+        b'"total_tokens":10}}'
+    )
+    pad = b"x" * max(size - len(shell), 0)
+    body = shell.replace(b'"content":""', b'"content":"' + pad + b'"')
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"x-request-id: upstream-bench\r\ncontent-length: %d\r\n\r\n" % len(body)
+    ) + body
+
+
+def _json_body_of(query: str) -> bytes:
+    """The body the upstream answers a ``mode=json`` query with."""
+    answer = _json_answer(int(dict(parse_qsl(query)).get("size", JSON_BYTES)))
+    return answer[answer.index(b"\r\n\r\n") + 4 :]
+
+
+def json_request_body(size: int = JSON_BYTES) -> bytes:
+    """A plain (non-streamed) chat request of about ``size`` bytes."""
+    shell = b'{"model":"bench-model","messages":[{"role":"user","content":""}]}'
+    pad = b"y" * max(size - len(shell), 0)
+    return shell.replace(b'"content":""', b'"content":"' + pad + b'"')
 
 
 def _big_token(size: int) -> tuple[bytes, bytes]:
@@ -335,6 +371,11 @@ class UpstreamConn(asyncio.Protocol):
         elif mode == "hold":
             self.tr.write(_HEAD + _chunk(_ROLE, stamp) + _chunk(_TOKEN, stamp))
             self.up.held.add(self)
+        elif mode == "json":
+            self.tr.write(_json_answer(int(params.get("size", JSON_BYTES))))
+            self.busy = False
+            if self.buf:
+                self._next_request()
         elif mode == "bulk":
             self.n, self.k, self.period = n, 1, 0
             self.big = _big_token(int(params.get("size", 16384)))
@@ -396,8 +437,11 @@ _BODY = b'{"model":"bench-model","stream":true,"messages":[{"role":"user","conte
 
 def request_bytes(query: str, model_route: bool = False) -> bytes:
     """The request for the upstream stream ``query``: in the URL's query string, or (a
-    target that drops the query: litellm) in the model's name, ``bench?<query>``."""
+    target that drops the query: litellm) in the model's name, ``bench?<query>``.
+    ``mode=json``: a plain (non-streamed) request of about ``JSON_BYTES``."""
     body, path = _BODY, f"/v1/chat/completions?{query}"
+    if query.startswith("mode=json"):
+        body = json_request_body()
     if model_route:
         path = "/v1/chat/completions"
         model = json.dumps(litellm_peer.model_for(query)).encode()
@@ -632,6 +676,11 @@ class ClientConn(asyncio.Protocol):
     def _complete(self) -> None:
         if self.status != 200:
             self.finish(False, f"status_{self.status}")
+        elif self.expected < 0:  # a plain answer of -expected body bytes (scenario 8)
+            if self.nbytes == -self.expected:
+                self.finish(True)
+            else:
+                self.finish(False, "wrong_length")
         elif not self.chunked:
             self.finish(False, "not_chunked")
         elif not self.last_done:
@@ -1037,6 +1086,8 @@ class GatewayProxy(Proxy):
         self.args = args
         self.env = env
         self.name = label
+        #: The source tree it runs from (``ab_gateway.py`` runs another one beside it).
+        self.tree = ROOT
 
     def start(self) -> None:
         d = self.workdir / self.name
@@ -1047,7 +1098,7 @@ class GatewayProxy(Proxy):
         self.access_log = d / "access.log"
         self.proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=self.tree,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=open(self.access_log, "wb"),  # noqa: SIM115
@@ -1184,6 +1235,8 @@ class Scale:
     s5_streams: int = 5000
     s5_ramp: float = 5.0
     s6_requests: int = 300
+    s8_conns: int = 32
+    s8_seconds: float = 10.0
     cap_start: int = capacity.STREAMS_START  # scenario 7: the first N tried
     cap_max: int = capacity.STREAMS_CAP  # and the largest
 
@@ -1198,6 +1251,7 @@ QUICK = Scale(
     s5_streams=1000,
     s5_ramp=1.0,
     s6_requests=100,
+    s8_seconds=3.0,
     cap_start=50,
     cap_max=800,
 )
@@ -1210,6 +1264,8 @@ SCENARIO_TITLES = {
     "{s4_seconds:g} s",
     5: "{s5_streams} idle open streams (headers + 1 event, held)",
     6: "{s6_requests} sequential requests on one keep-alive connection (TTFB)",
+    8: "{s8_conns} keep-alive connections, plain JSON requests (~1 KiB each way) back to back, "
+    "{s8_seconds:g} s",
     7: "capacity: most concurrent streams x {events} events at {rate:g} events/s, started "
     "over {ramp:g} s, with +p99 <= 50 ms over direct, no start > 1 s late, no failures",
 }
@@ -1243,6 +1299,8 @@ def scenario_query(sid: int, scale: Scale) -> str:
         return f"mode=burst&n={scale.s4_events}"
     if sid == 5:
         return "mode=hold"
+    if sid == 8:
+        return f"mode=json&size={JSON_BYTES}"
     return "mode=burst&n=5"
 
 
@@ -1312,6 +1370,11 @@ async def run_scenario(
         )
     elif sid == 6:
         await drive_sequential(port, tally, scale.s6_requests, query, 5)
+    elif sid == 8:
+        elapsed = await drive_keepalive(
+            port, tally, scale.s8_conns, scale.s8_seconds, query, -len(_json_body_of(query))
+        )
+        extra["elapsed_s"] = elapsed
     wall = time.monotonic() - t0
     own = time.process_time() - own0
     extra["harness_cpu_pct"] = 100.0 * own / wall if wall else None
@@ -1369,7 +1432,7 @@ def wait_for_quiet(limit_s: float) -> None:
 
 def summarize(sid: int, scale: Scale, tally: Tally, extra: dict[str, Any]) -> dict[str, Any]:
     span = (tally.last_end - tally.first_send) / 1e9 if tally.last_end > tally.first_send else 0
-    if sid == 4 and extra.get("elapsed_s"):
+    if sid in (4, 8) and extra.get("elapsed_s"):
         span = extra["elapsed_s"]
     out: dict[str, Any] = {
         "streams": tally.started,
@@ -1394,6 +1457,9 @@ def summarize(sid: int, scale: Scale, tally: Tally, extra: dict[str, Any]) -> di
         "wall_s": extra.get("wall_s"),
         "cpu_us_per_event": (extra["cpu_s"] / tally.events * 1e6)
         if extra.get("cpu_s") is not None and tally.events
+        else None,
+        "cpu_us_per_request": (extra["cpu_s"] / tally.ok * 1e6)
+        if extra.get("cpu_s") is not None and tally.ok
         else None,
     }
     if sid in (1, 2, 7):
@@ -1448,6 +1514,7 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
         ("TTFB p50", 8, ">"),
         ("TTFB p99", 8, ">"),
         ("CPU us/ev", 9, ">"),
+        ("CPU us/req", 10, ">"),
         ("KiB/strm", 8, ">"),
         ("fail", 5, ">"),
     ]
@@ -1469,6 +1536,7 @@ def render_table(sid: int, title: str, results: dict[str, dict[str, Any]]) -> st
             _fmt(r["ttfb_p50_ms"], ".2f"),
             _fmt(r["ttfb_p99_ms"], ".2f"),
             _fmt(r["cpu_us_per_event"], ".1f"),
+            _fmt(r.get("cpu_us_per_request"), ".0f"),
             _fmt(r.get("rss_per_stream_kib"), ".1f"),
             str(r["failures"]),
         ]
@@ -1549,8 +1617,10 @@ def render_checks(gw: str, checks: list[dict[str, Any]], info: bool = False) -> 
 
 
 def _py_spy() -> str | None:
-    local = ROOT / ".venv" / "bin" / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
+    for local in (ROOT / ".venv" / "bin" / "py-spy", Path(sys.executable).parent / "py-spy"):
+        if local.exists():
+            return str(local)
+    return shutil.which("py-spy")
 
 
 def start_py_spy(
@@ -1604,6 +1674,8 @@ def _frame_key(frame: str) -> str:
     for marker in ("site-packages/", "lib/python3", "/work/main/"):
         if marker in path:
             path = path.split(marker, 1)[1]
+    if path.startswith("/") and "/gateway/" in path:  # any source tree's (ab_gateway.py)
+        path = "gateway/" + path.rsplit("/gateway/", 1)[1]
     return f"{m.group('func')} ({path})"
 
 
@@ -2139,6 +2211,7 @@ SUMMARY_COLUMNS: dict[int, list[tuple[str, str, str]]] = {
     4: [
         ("streams/s", "streams_per_s", ".0f"),
         ("CPU us/ev", "cpu_us_per_event", ".1f"),
+        ("CPU us/req", "cpu_us_per_request", ".0f"),
         ("fail", "failures", ".0f"),
     ],
     5: [("KiB/stream", "rss_per_stream_kib", ".1f"), ("fail", "failures", ".0f")],
@@ -2148,6 +2221,11 @@ SUMMARY_COLUMNS: dict[int, list[tuple[str, str, str]]] = {
         ("fail", "failures", ".0f"),
     ],
     7: [("streams", "capacity", ".0f")],
+    8: [
+        ("requests/s", "streams_per_s", ".0f"),
+        ("CPU us/req", "cpu_us_per_request", ".0f"),
+        ("fail", "failures", ".0f"),
+    ],
 }
 SUMMARY_COLUMNS[2] = SUMMARY_COLUMNS[1]
 

@@ -158,7 +158,7 @@ def _table_checks(
 def checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
     """Issue 17's PASS/FAIL checks of one guarded target in one scenario of one run."""
     out = _table_checks(ISSUE17, sid, results, gw)
-    if sid in (1, 2, 3, 4, 5, 6):
+    if sid in (1, 2, 3, 4, 5, 6, 8):
         out.append(check("failures", _failures(results.get(gw, {})), 0, "<="))
     return out
 
@@ -216,6 +216,7 @@ METRICS = (
     "ttfb_p50_ms",
     "ttfb_p99_ms",
     "cpu_us_per_event",
+    "cpu_us_per_request",
     "rss_per_stream_kib",
     "failures",
     "late_starts",

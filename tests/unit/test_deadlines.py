@@ -30,7 +30,7 @@ class FakeLoop:
         return self.now
 
     def call_at(self, when: float, callback: Callable[[], None]) -> _Handle:
-        handle = _Handle(callback)
+        handle = _Handle(callback, when)
         heapq.heappush(self._timers, (when, next(self._order), handle))
         return handle
 
@@ -50,9 +50,13 @@ class FakeLoop:
 
 
 class _Handle:
-    def __init__(self, callback: Callable[[], None]) -> None:
+    def __init__(self, callback: Callable[[], None], when: float) -> None:
         self.callback = callback
         self.cancelled = False
+        self._when = when
+
+    def when(self) -> float:
+        return self._when
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -138,3 +142,25 @@ def test_one_timer_at_a_time_and_cancel_stops_it() -> None:
     dog.cancel()
     loop.advance(1000.0)
     assert stops == []
+
+
+def test_the_first_chunk_re_arms_only_for_a_sooner_idle_deadline() -> None:
+    # Armed at client_send (3 s), before idle would fall due: no new timer, and the
+    # armed check still ends an idle stream on time.
+    loop, stops = FakeLoop(), []
+    dog = watchdog(loop, stops)
+    armed = len(loop._timers)
+    dog.first_chunk()
+    assert len(loop._timers) == armed
+    loop.advance(5.1)
+    assert stops == [Reason.IDLE_TIMEOUT]
+
+    # Armed at first byte (10 s) with idle 1 s: the first chunk must bring it forward.
+    loop, stops = FakeLoop(), []
+    quick_idle = Timeouts(first_byte=10.0, idle=1.0, total=100.0, client_send=30.0)
+    dog = Watchdog(cast(asyncio.AbstractEventLoop, loop), stops.append, quick_idle, 100.0)
+    dog.first_chunk()
+    loop.advance(0.9)
+    assert stops == []
+    loop.advance(0.2)
+    assert stops == [Reason.IDLE_TIMEOUT]

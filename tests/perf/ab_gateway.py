@@ -1,0 +1,205 @@
+"""Same-core A/B: two builds of the gateway at once on one CPU, CPU per request of each.
+
+On a machine that other work loads, absolute numbers drift by tens of
+percent from one minute to the next; two versions measured at the same
+time on the same core see the same disturbance, so their ratio holds
+(noise about +-2 %). Run it as a script::
+
+    git archive <base-commit> | tar -x -C /tmp/gw-base     # version A, any source tree
+    .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode stream
+    .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode json --rounds 5
+
+Version B is this tree. Each round starts both gateways fresh (``python -m
+gateway serve`` as shipped: guard, metrics, access log to a file), pinned to
+the same CPU (``--cpu``, default 1; the harness and the upstream have CPU 0),
+warms both up, then drives both at once, ``--conns`` keep-alive connections
+each, for ``--seconds``: 5-event short streams (``stream``, scenario 4's
+load) or plain JSON requests of about 1 KiB each way (``json``, scenario 8's).
+It prints each round's CPU per request of A and B and the ratio B/A, then
+the median ratio; ``--profile FILE`` samples both with py-spy in the last
+round and prints their top functions in microseconds of CPU a request. Every request
+is verified as in ``bench_gateway.py``; a failure fails the run (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import bench_gateway as bg
+
+
+def _query(mode: str) -> tuple[str, int]:
+    """The upstream query and what a client checks (events, or -body bytes)."""
+    if mode == "json":
+        query = f"mode=json&size={bg.JSON_BYTES}"
+        return query, -len(bg._json_body_of(query))
+    return "mode=burst&n=5", 5
+
+
+async def _round(
+    upstream: bg.Upstream,
+    trees: dict[str, Path],
+    opts: argparse.Namespace,
+    workdir: Path,
+    profile: Path | None = None,
+) -> dict[str, dict[str, float]]:
+    query, expected = _query(opts.mode)
+    proxies: dict[str, bg.GatewayProxy] = {}
+    try:
+        for label, tree in trees.items():
+            proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
+            proxy.tree = tree
+            proxy.cpus = {opts.cpu}
+            proxy.start()
+            proxies[label] = proxy
+        for proxy in proxies.values():
+            await proxy.wait_ready()
+            await bg.warm_up(proxy.port, True)
+            warm = bg.Tally(gateway=True, keep_latency=False)
+            await bg.drive_keepalive(proxy.port, warm, 8, 1.0, query, expected)
+            if warm.failed:
+                raise RuntimeError(f"{proxy.name}: warm-up failed: {dict(warm.failures)}")
+        tallies = {label: bg.Tally(gateway=True, keep_latency=False) for label in proxies}
+        gc.collect()
+        gc.disable()
+        cpu0 = {label: proxy.cpu_seconds() for label, proxy in proxies.items()}
+        spies = []
+        if profile is not None:
+            spies = [
+                bg.start_py_spy(
+                    proxy.main_pid(),
+                    _profile_path(profile, label),
+                    "raw",
+                    opts.rate,
+                    int(opts.seconds),
+                    [],
+                )
+                for label, proxy in proxies.items()
+            ]
+        try:
+            await asyncio.gather(
+                *(
+                    bg.drive_keepalive(
+                        proxy.port, tallies[label], opts.conns, opts.seconds, query, expected
+                    )
+                    for label, proxy in proxies.items()
+                )
+            )
+        finally:
+            gc.enable()
+            for spy in spies:
+                bg.stop_py_spy(spy)
+        await asyncio.sleep(0.3)  # the access log's flush, the metrics
+        out: dict[str, dict[str, float]] = {}
+        for label, proxy in proxies.items():
+            tally = tallies[label]
+            cpu = proxy.cpu_seconds() - cpu0[label]
+            out[label] = {
+                "ok": tally.ok,
+                "failed": tally.failed,
+                "cpu_us_per_request": cpu / tally.ok * 1e6 if tally.ok else float("nan"),
+            }
+            if tally.failed:
+                out[label]["failures"] = dict(tally.failures)  # type: ignore[assignment]
+        return out
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+
+
+async def main_async(opts: argparse.Namespace, base: Path) -> int:
+    trees = {"A": base, "B": bg.ROOT}
+    upstream = bg.Upstream(asyncio.get_running_loop())
+    await upstream.start()
+    ratios: list[float] = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="ab-gateway-") as tmp:
+        for n in range(opts.rounds):
+            # Alternate which one starts first: nothing of the order may favour one.
+            order = dict(reversed(trees.items())) if n % 2 else trees
+            last = n == opts.rounds - 1
+            profile = Path(opts.profile) if opts.profile and last else None
+            result = await _round(upstream, order, opts, Path(tmp), profile)
+            a, b = result["A"], result["B"]
+            ratio = b["cpu_us_per_request"] / a["cpu_us_per_request"]
+            ratios.append(ratio)
+            failed = failed or bool(a["failed"] or b["failed"])
+            print(
+                f"round {n + 1}: A {a['cpu_us_per_request']:.0f} us/req ({a['ok']:.0f} ok, "
+                f"{a['failed']:.0f} failed)  B {b['cpu_us_per_request']:.0f} us/req "
+                f"({b['ok']:.0f} ok, {b['failed']:.0f} failed)  B/A x{ratio:.3f}",
+                flush=True,
+            )
+            for label in ("A", "B"):
+                if result[label].get("failures"):
+                    print(f"  {label} failures: {result[label]['failures']}")
+            if profile is not None:
+                for label in ("A", "B"):
+                    cpu_us = result[label]["cpu_us_per_request"]
+                    print(render_profile(_profile_path(profile, label), label, cpu_us, opts.top))
+    print(
+        f"{opts.mode}: CPU per request B/A median x{statistics.median(ratios):.3f} "
+        f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds"
+    )
+    return 1 if failed else 0
+
+
+def _profile_path(profile: Path, label: str) -> Path:
+    return profile.with_name(f"{profile.stem}-{label}{profile.suffix}")
+
+
+def render_profile(raw: Path, label: str, cpu_us: float, top: int) -> str:
+    """A py-spy profile as microseconds of CPU a request: each function's share of the
+    samples (self, then inclusive) times that version's CPU per request in the round."""
+    summary = bg.summarize_profile(raw, top)
+    lines = [f"{label}'s profile: {summary['samples']} samples, {cpu_us:.0f} us of CPU a request"]
+    lines.append(f"  top {top} by self time (us a request, % of samples):")
+    lines += [f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["self"]]
+    lines.append(f"  top {top} by inclusive time:")
+    lines += [f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["inclusive"][:top]]
+    lines.append("  self time by component:")
+    lines += [
+        f"    {p * cpu_us / 100:7.1f}  {p:5.1f}%  {k}" for k, p in summary["self_by_component"]
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="source tree of version A")
+    parser.add_argument("--mode", choices=("stream", "json"), default="stream")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--conns", type=int, default=32, help="connections per version")
+    parser.add_argument(
+        "--profile",
+        default="",
+        metavar="FILE",
+        help="py-spy A and B in the last round (raw stacks in FILE-A, FILE-B)",
+    )
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
+    parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
+    opts = parser.parse_args(argv)
+    base = Path(opts.base).resolve()
+    if not (base / "gateway" / "__init__.py").exists():
+        print(f"{base} is not a source tree of the gateway", file=sys.stderr)
+        return 2
+    bg._pin(bg.HARNESS_CPU)()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(main_async(opts, base))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
