@@ -2257,7 +2257,7 @@ def render_summary(sid: int, summary: dict[str, Any]) -> str:
     for gw, checks in summary["checks"].items():
         if checks:
             lines.append(render_checks(gw, checks))
-    for gw, checks in summary["issue7_checks"].items():
+    for gw, checks in summary["relay_checks"].items():
         for c in checks:
             if c.get("median") is None:
                 continue
@@ -2309,7 +2309,7 @@ async def run_once(
             "title": title,
             "targets": results,
             "checks": {},
-            "issue7_checks": {},
+            "relay_checks": {},
             "info": {},
         }
         block = [render_capacity(title, results) if sid == 7 else render_table(sid, title, results)]
@@ -2326,8 +2326,8 @@ async def run_once(
             scenario["checks"][gw] = checks
             if checks:
                 block.append(render_checks(gw, checks))
-            old = verdicts.issue7_checks(sid, results, gw)
-            scenario["issue7_checks"][gw] = old
+            old = verdicts.relay_checks(sid, results, gw)
+            scenario["relay_checks"][gw] = old
             if old:
                 block.append(render_checks(gw, old, info=True))
         run["scenarios"][str(sid)] = scenario

@@ -163,7 +163,7 @@ def checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
     return out
 
 
-def issue7_checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
+def relay_checks(sid: int, results: Results, gw: str) -> list[dict[str, Any]]:
     """Issue 7's checks against nginx: printed as information, not part of the verdict."""
     return _table_checks(ISSUE7, sid, results, gw)
 
@@ -256,7 +256,7 @@ def summarize_runs(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
             "runs": len(per_run),
             "targets": targets,
             "checks": _aggregate_checks(per_run, "checks"),
-            "issue7_checks": _aggregate_checks(per_run, "issue7_checks"),
+            "relay_checks": _aggregate_checks(per_run, "relay_checks"),
             "info": _aggregate_checks(per_run, "info"),
         }
     return out
