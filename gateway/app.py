@@ -49,6 +49,7 @@ from gateway.observe.status_page import LiveStream, StatusView, render
 from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
+from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
@@ -365,7 +366,7 @@ class _Gateway:
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
         """None when the client may see the page: it is on loopback (behind trusted
         proxies: the client they name), or presents a global client key."""
-        client = self.forwarding.client(scope["headers"], _peer(scope))
+        client = self.forwarding.client(scope["headers"], peer_of(scope))
         if _is_loopback(client):
             return None
         if self.settings.client_key_sha256:
@@ -455,11 +456,6 @@ def _json_error(status: int, message: str, code: str, request_id: str) -> Respon
         status_code=status,
         headers={k.decode(): v.decode() for k, v in error_headers(body, request_id)},
     )
-
-
-def _peer(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return client[0] if client else None
 
 
 def _is_loopback(address: str | None) -> bool:

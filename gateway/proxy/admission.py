@@ -143,8 +143,17 @@ class Admission:
                 "service_unavailable",
                 [(b"retry-after", b"1"), (b"connection", b"close")],
             )
+        target = self.target_of(route, scope)
+        headers = scope["headers"]
+        caller = self.check_key(route, headers)
+        return target, await self._read_body(headers, receive, body_weight(route)), caller
+
+    @staticmethod
+    def target_of(route: Route, scope: Scope) -> Target:
+        """The request's target below the route's prefix, or Refused (400 bad_path) for a
+        path that leaves it."""
         try:
-            target = request_target(
+            return request_target(
                 route,
                 scope["path"],
                 scope.get("raw_path") or scope["path"].encode(),
@@ -154,9 +163,6 @@ class Admission:
             raise Refused(
                 400, "bad_path", "The request path is not allowed.", "invalid_request_error"
             ) from None
-        headers = scope["headers"]
-        caller = self.check_key(route, headers)
-        return target, await self._read_body(headers, receive, body_weight(route)), caller
 
     def check_key(self, route: Route, headers: list[tuple[bytes, bytes]]) -> Caller:
         """Who the request is (a named client, or anonymous); Refused (401/403) unless it

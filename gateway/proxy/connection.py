@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["ABORT_EXTENSION", "abort_connection", "edge_refusal", "watch_connection"]
+__all__ = ["ABORT_EXTENSION", "abort_connection", "edge_refusal", "peer_of", "watch_connection"]
 
 ABORT_EXTENSION: Final = "gateway.abort"
 
@@ -52,3 +52,9 @@ def edge_refusal(scope: MutableMapping[str, Any]) -> tuple[int, str] | None:
     extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
     refused = extension.get("refused") if extension is not None else None
     return refused if isinstance(refused, tuple) else None
+
+
+def peer_of(scope: MutableMapping[str, Any]) -> str | None:
+    """The TCP peer's address (None where the server gives none)."""
+    client = scope.get("client")
+    return client[0] if client else None

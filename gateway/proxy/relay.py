@@ -67,7 +67,7 @@ from gateway.proxy.admission import (
 )
 from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
 from gateway.proxy.attempt import attempt
-from gateway.proxy.connection import edge_refusal, watch_connection
+from gateway.proxy.connection import edge_refusal, peer_of, watch_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
@@ -161,7 +161,7 @@ class Relay:
             method=scope["method"],
             path=scope["path"],
             started=started,
-            client=self.forwarding.client(scope["headers"], _peer(scope)),
+            client=self.forwarding.client(scope["headers"], peer_of(scope)),
         )
         agent = get_header(scope["headers"], b"user-agent")
         if agent is not None:
@@ -608,7 +608,7 @@ class Relay:
             headers = [(k, v) for k, v in headers if k != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
         headers += self.forwarding.headers(
-            scope["headers"], _peer(scope), scope.get("scheme", "http")
+            scope["headers"], peer_of(scope), scope.get("scheme", "http")
         )
         headers.append((b"x-request-id", record.request_id.encode()))
         headers.extend(record.trace_headers)  # the trace hook's (none without one)
@@ -906,8 +906,3 @@ def _client_left(record: RequestRecord, scope: Scope) -> None:
         record.status = 499
     else:
         record.status, record.rejected = refused
-
-
-def _peer(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return client[0] if client else None

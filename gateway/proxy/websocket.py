@@ -60,8 +60,9 @@ from gateway.observe import AccessLog, Metrics, ModelLabels, Observers, RequestR
 from gateway.observe.record import Attempt
 from gateway.policy.failover import Result
 from gateway.policy.pool import Health
-from gateway.policy.routing import PathRejected, Route, Target, request_target
+from gateway.policy.routing import Route, Target
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
+from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
     FORWARDING_HEADERS,
@@ -224,7 +225,7 @@ class WebSocketRelay:
             method="GET",
             path=scope["path"],
             started=started,
-            client=self.forwarding.client(scope["headers"], _peer(scope)),
+            client=self.forwarding.client(scope["headers"], peer_of(scope)),
             transport="websocket",
             protocol="responses",
         )
@@ -333,24 +334,16 @@ class WebSocketRelay:
                 "permission_error",
             )
         try:
-            target = request_target(
-                route,
-                scope["path"],
-                scope.get("raw_path") or scope["path"].encode(),
-                scope.get("query_string", b""),
-            )
-        except PathRejected:
-            return Refused(
-                400, "bad_path", "The request path is not allowed.", "invalid_request_error"
-            )
-        return target, caller
+            return self.admission.target_of(route, scope), caller
+        except Refused as refused:
+            return refused
 
     def _upstream_headers(self, scope: Scope, request_id: str, caller: Caller) -> RawHeaders:
         headers = strip_hop_by_hop(scope["headers"], _HANDSHAKE_DROP)
         if caller.keyed:  # a gateway key is the gateway's: never the upstream's
             headers = without_key(headers, presented_key(scope["headers"]))
         headers += self.forwarding.headers(
-            scope["headers"], _peer(scope), "https" if scope.get("scheme") == "wss" else "http"
+            scope["headers"], peer_of(scope), "https" if scope.get("scheme") == "wss" else "http"
         )
         headers.append((b"x-request-id", request_id.encode()))
         return headers
@@ -836,8 +829,3 @@ async def _deny_with(
     await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})
     record.bytes_out += len(body)
-
-
-def _peer(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return client[0] if client else None
