@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.guard.framing import SSE
+
 __all__ = ["FORMAT", "SUFFIX", "Capture", "CaptureError", "dumps", "load", "loads"]
 
 FORMAT = "gateway-capture/1"
@@ -56,7 +58,7 @@ class Capture:
     upstream_request_id: str | None = None
     model: str | None = None
     status: int = 200
-    content_type: str = "text/event-stream"
+    content_type: str = SSE.media_type  # what captures made before NDJSON all were
     finish_reasons: dict[str, str] = field(default_factory=dict)
     events: int = 0
     options: dict[str, Any] = field(default_factory=dict)
