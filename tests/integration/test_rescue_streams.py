@@ -7,6 +7,7 @@ Real gateways in front of simulators, driven with httpx and the real SDKs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -271,6 +272,43 @@ def test_the_usage_of_a_continued_stream_is_the_sum_of_both_attempts() -> None:
         text = metrics(gw)
         assert metric_value(text, "gateway_upstream_attempts_total", result="incomplete") == 1
         assert metric_value(text, "gateway_upstream_attempts_total", result="ok") == 1
+
+
+def test_a_stream_continued_twice_counts_and_charges_every_attempt() -> None:
+    # Two cuts, then a whole continuation: the broken continuation's tokens reached the
+    # client and were billed, so the usage chunk and the named client's charge hold them.
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    key = "sk-twice"
+    client = {"name": "twice", "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=2) as upstream,
+        gateway_for(
+            "",
+            routes=continuing(sim_up("only", upstream), max_continuations=2),
+            clients=[client],
+        ) as gw,
+    ):
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert chat_text(response.content) == TEXT
+        assert annotation(response.content).get("continued") == "2"
+        usage = [
+            json.loads(line[6:])["usage"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {") and b'"usage":{' in line
+        ]
+        assert len(usage) == 1
+        # 3 deltas from each cut attempt (estimated), the last continuation's 14 billed
+        assert usage[0]["completion_tokens"] == 20
+        text = metrics(gw)
+        output = metric_value(text, "gateway_client_tokens_total", client="twice", type="output")
+        assert output == 20
+        charged = metric_value(text, "gateway_client_tokens_total", client="twice", type="input")
+        assert charged == usage[0]["prompt_tokens"]
 
 
 def test_the_access_log_records_both_attempts_of_a_continued_stream(
