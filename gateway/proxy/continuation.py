@@ -112,6 +112,7 @@ class Rescuer:
         #: The cut attempt's reason, once a continuation was relayed.
         self.original: Reason | None = None
         self._responses: list[httpx.Response] = []
+        self._cut_reason: Reason | None = None
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -170,15 +171,12 @@ class Rescuer:
     ) -> Rescued | None:
         exchange, route = self.exchange, self.exchange.route
         assert original.verdict is not None
-        reason = original.verdict.reason
+        self._cut_reason = original.verdict.reason
         while self.continued < route.config.max_continuations:
             got = await self._one(text, joint)
             if got is None:
                 break
             guard, read, name = got
-            self.continued += 1
-            exchange.record.continued = self.continued
-            self.original = reason
             verdict = guard.verdict
             assert verdict is not None
             if verdict.complete:
@@ -319,11 +317,19 @@ class Rescuer:
         if guard.contract.content_events == 0 and (verdict is None or not verdict.complete):
             late = verdict is not None and verdict.reason in _LATE
             return Result.TIMEOUT if late else Result.EARLY_EOF
+        self._relaying()
         await self._send(joint.rewrite(first))
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite(data))
         return guard, read
+
+    def _relaying(self) -> None:
+        """A continuation's first content goes out: the stream is continued from here,
+        also when the drain or the client stops it before its end."""
+        self.continued += 1
+        self.exchange.record.continued = self.continued
+        self.original = self._cut_reason
 
     async def _hold(
         self, guard: StreamGuard, read: ReadChunk, first_byte: float, idle: float

@@ -399,3 +399,45 @@ def test_a_continuation_carries_the_whole_conversation(size: str) -> None:
             assert TEXT.startswith(messages[2]["content"])
         else:  # too large for the simulator to keep: its size says the history went along
             assert seen["body_size"] > len(history[0]["content"])
+
+
+def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: Any) -> None:
+    # The drain's timeout lands while a continuation is being relayed: the client has
+    # its text, so the annotation and the access log say the stream was continued.
+    import signal
+    import threading
+    import time
+
+    from tests.conftest import gateway_process
+    from tests.integration.helpers import access_log_lines
+
+    with sim(default_fault="drop_after_text", fault_requests=1, default_tps=4) as upstream:
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            '[[routes]]\nname = "chat"\nprefix = "/v1"\ncontinue_after_cut = true\n'
+            f'[[routes.upstreams]]\nname = "only"\nurl = "{upstream.url}/v1"\n'
+            'continuation = "assistant_prefill"\n'
+        )
+        with gateway_process(["--config", str(config), "--drain-timeout", "1"]) as gw:
+            got: dict[str, Any] = {}
+            thread = threading.Thread(
+                target=lambda: got.update(response=continued_chat(gw, "drained-continuation"))
+            )
+            thread.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the continuation has been asked
+                if web.get(f"{upstream.url}/_sim/requests/drained-continuation").status_code == 200:
+                    seen = web.get(f"{upstream.url}/_sim/requests/drained-continuation").json()
+                    if seen["body"]["messages"][-1]["role"] == "assistant":
+                        break
+                time.sleep(0.05)
+            time.sleep(0.3)  # a delta of it has gone out (4 a second)
+            gw.proc.send_signal(signal.SIGTERM)
+            thread.join(60)
+            gw.proc.wait(timeout=30)
+            out, _ = gw.stop()
+    response = got["response"]
+    note = annotation(response.content)
+    assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
+    line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
+    assert line["continued"] is True
