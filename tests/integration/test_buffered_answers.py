@@ -19,7 +19,7 @@ from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for
 from tests.integration.raw_upstream import RawRequest, raw_upstream
-from tests.sdk import anthropic, openai
+from tests.sdk import anthropic, ollama, openai
 
 ANSWER = json.dumps(
     {
@@ -217,3 +217,18 @@ def test_a_broken_answer_is_retried_on_the_pool_before_anything_went_out(
     entry = access_log_line(capsys, "retried")
     assert [a["upstream"] for a in entry["attempts"]] == ["bad", "bad", "good"]
     assert [a["result"] for a in entry["attempts"]] == ["early_eof", "early_eof", "ok"]
+
+
+def test_a_cut_ollama_answer_is_a_502_the_ollama_client_reads() -> None:
+    # Ollama's error is a string: the ollama client keeps whatever ``error`` holds.
+    whole = json.dumps({"model": "m", "message": {"role": "assistant", "content": "hi"}})
+    cut = _answer(whole.encode()[:20], announced=len(whole))
+    with raw_upstream(cut) as upstream:  # type: ignore[arg-type]
+        route = {"name": "o", "prefix": "/api", "upstream": upstream.url + "/api"}
+        with gateway_for("", routes=[{**route, "protocol": "ollama"}]) as gw:
+            client = ollama.Client(host=gw.url)
+            with pytest.raises(ollama.ResponseError) as raised:
+                client.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert raised.value.status_code == 502
+    assert isinstance(raised.value.error, str)
+    assert "cut before its end" in raised.value.error
