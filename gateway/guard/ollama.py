@@ -22,7 +22,10 @@ Checks, each rejecting the line at which it fails: JSON object
 (``invalid_tool_arguments``). A line whose ``error`` is a non-empty string is
 Ollama's own error (the ``ollama`` client raises ``ResponseError`` on it):
 forwarded, verdict ``upstream_error``; any other ``error`` is rejected
-(``invalid_shape``) and replaced by ours.
+(``invalid_shape``) and replaced by ours. A line with a top-level ``gateway``
+member (the key of the gateway's own error line) is rejected too
+(``invalid_shape``): NDJSON has no comment line to filter, and a client must
+never read a verdict the upstream wrote.
 
 Usage: ``prompt_eval_count`` is input, ``eval_count`` output, both on the
 ``done`` line. The error line for an incomplete stream (``error_event``) is
@@ -147,6 +150,8 @@ class OllamaContract(Contract):
 
     def _on_event(self, event: Event) -> Action:
         obj = parse_json_object(event.data)
+        if "gateway" in obj:  # the key of our own error line: only the gateway writes it
+            raise self._reject(Reason.INVALID_SHAPE, "a line carries the gateway's verdict key")
         error = obj.get("error")
         if error is not None:
             if isinstance(error, str) and error:

@@ -122,6 +122,9 @@ class Held:
     read: ReadChunk | None = None
     #: A plain body's chunks, to go on with.
     chunks: AsyncIterator[bytes] | None = None
+    #: A bounded JSON answer read whole (``out`` is all of it; ``failure``: why it is
+    #: cut or broken, for the 502 when no retry is left).
+    whole: bool = False
 
 
 @dataclass(slots=True)
@@ -208,8 +211,10 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
     return Held(b"".join(out), failure, read=read)
 
 
-async def hold_plain(exchange: Exchange, response: httpx.Response) -> Held:
-    """Read a 2xx answer's first body byte(s) within ``first_byte`` of its head."""
+async def hold_plain(exchange: Exchange, response: httpx.Response, buffer_limit: int = 0) -> Held:
+    """Read a 2xx answer's first body byte(s) within ``first_byte`` of its head; one
+    that ``relay_plain`` reads whole first is read whole now, so that a cut or broken
+    one can still be retried."""
     chunks = response.aiter_raw().__aiter__()
     loop = asyncio.get_running_loop()
     total = exchange.total_deadline
@@ -221,7 +226,29 @@ async def hold_plain(exchange: Exchange, response: httpx.Response) -> Held:
         return Held(b"", late, chunks=chunks)
     except (httpx.TransportError, OSError):
         return Held(b"", Reason.UPSTREAM_DISCONNECT, chunks=chunks)
-    return Held(first, chunks=chunks)
+    length = _buffered_length(exchange, response, buffer_limit)
+    if length is None:
+        return Held(first, chunks=chunks)
+    seen: list[bytes] = []
+    try:
+        async with asyncio.timeout_at(total):
+            body = await read_whole(_recorded(first, chunks, seen), length)
+    except TimeoutError:
+        return Held(b"".join(seen), Reason.TOTAL_TIMEOUT, whole=True)
+    except BufferedFailure as exc:
+        return Held(b"".join(seen), exc.reason, whole=True)
+    return Held(body, whole=True)
+
+
+async def _recorded(
+    first: bytes, chunks: AsyncIterator[bytes], seen: list[bytes]
+) -> AsyncIterator[bytes]:
+    if first:
+        seen.append(first)
+        yield first
+    async for chunk in chunks:
+        seen.append(chunk)
+        yield chunk
 
 
 async def _resume(held: Held) -> AsyncIterator[bytes]:
@@ -267,13 +294,21 @@ async def _relay_buffered(
     task = exchange.task
     deadline = Deadline(task.get_loop(), task, exchange.total_deadline)
     try:
-        body = await read_whole(chunks, length)
+        if held is not None and held.whole:  # read and checked while a retry was possible
+            body = held.out
+            if held.failure is not None:
+                raise BufferedFailure(held.failure)
+        else:
+            body = await read_whole(chunks, length)
     except asyncio.CancelledError:
         if not deadline.expired():
             raise
         status, failure, record.error = 504, Reason.TOTAL_TIMEOUT, RequestError.UPSTREAM_TIMEOUT
     except BufferedFailure as exc:
-        status, failure, record.error = 502, exc.reason, RequestError(exc.reason.value)
+        if exc.reason is Reason.TOTAL_TIMEOUT:
+            status, failure, record.error = 504, exc.reason, RequestError.UPSTREAM_TIMEOUT
+        else:
+            status, failure, record.error = 502, exc.reason, RequestError(exc.reason.value)
     finally:
         deadline.cancel()
     if failure is None:
@@ -293,6 +328,13 @@ async def _relay_buffered(
         _read_answer(exchange, body)
 
 
+def _buffered_length(exchange: Exchange, response: httpx.Response, limit: int) -> int | None:
+    """The length of an answer to read whole first (``gateway.proxy.buffered``), or None."""
+    if not limit or exchange.scope["method"] == "HEAD":  # a HEAD answer has no body
+        return None
+    return buffered_length(response, limit)
+
+
 async def relay_plain(
     exchange: Exchange,
     response: httpx.Response,
@@ -306,11 +348,7 @@ async def relay_plain(
     A 2xx JSON answer of known length up to ``buffer_limit`` is read whole first
     (``gateway.proxy.buffered``): a cut or unparseable one becomes a 502.
     """
-    length = (
-        buffered_length(response, buffer_limit)
-        if buffer_limit and exchange.scope["method"] != "HEAD"  # a HEAD answer has no body
-        else None
-    )
+    length = _buffered_length(exchange, response, buffer_limit)
     if length is not None:
         await _relay_buffered(exchange, response, draining, held, length)
         return

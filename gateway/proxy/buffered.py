@@ -9,7 +9,7 @@ whole before its head goes out. A whole, parseable one then goes out
 unchanged in one piece; a cut one (fewer bytes than announced, or a transport
 error) or an unparseable one becomes a ``502`` in the protocol's own error
 shape with the reason (``upstream_disconnect``, ``invalid_json``), so the
-client's SDK raises its server error.
+client's SDK raises its server error (Ollama's: ``{"error": "<message>"}``).
 
 Larger answers, and those of unknown length (chunked), are relayed as they
 arrive, as before. For a buffered answer, time to first byte is the time to
@@ -113,6 +113,9 @@ def failure_body(
                 }
             }
         )
+    elif protocol is Protocol.OLLAMA:  # Ollama's error is a string, the reason in it
+        text = _MESSAGES.get(reason, "Upstream failure.")
+        body = _dumps({"error": f"{text} ({reason}) (request_id={request_id})"})
     else:
         body = error_body(
             _MESSAGES.get(reason, "Upstream failure."), "upstream_error", reason, request_id

@@ -112,6 +112,7 @@ class Rescuer:
         #: The cut attempt's reason, once a continuation was relayed.
         self.original: Reason | None = None
         self._responses: list[httpx.Response] = []
+        self._cut_reason: Reason | None = None
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -139,13 +140,7 @@ class Rescuer:
             self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
             return None
         exchange.stop_reason = None  # answered: the exchange can be stopped again
-        reported = verdict.usage or Usage()
-        cut = Usage(
-            input_tokens=reported.input_tokens
-            if reported.input_tokens is not None
-            else max(1, self.body_size // 4),
-            output_tokens=max(reported.output_tokens or 0, contract.content_events),
-        )
+        cut = _billed(guard, self.body_size, Usage(input_tokens=0, output_tokens=0))
         text = _text(guard)
         joint: Joint = (
             MessagesJoint(getattr(contract, "open_block", 0), cut)
@@ -176,15 +171,12 @@ class Rescuer:
     ) -> Rescued | None:
         exchange, route = self.exchange, self.exchange.route
         assert original.verdict is not None
-        reason = original.verdict.reason
+        self._cut_reason = original.verdict.reason
         while self.continued < route.config.max_continuations:
             got = await self._one(text, joint)
             if got is None:
                 break
             guard, read, name = got
-            self.continued += 1
-            exchange.record.continued = self.continued
-            self.original = reason
             verdict = guard.verdict
             assert verdict is not None
             if verdict.complete:
@@ -204,7 +196,9 @@ class Rescuer:
                 break
             exchange.stop_reason = None
             text += _text(guard)
-            joint = _next_joint(joint, guard)
+            # Its tokens reached the client and were billed: the next usage counts them.
+            cut = _billed(guard, self.body_size, cut)
+            joint = _next_joint(joint, guard, cut)
         if not self.continued:
             return None
         # The whole answer is the original's failure: its reason, said once at the end.
@@ -323,11 +317,19 @@ class Rescuer:
         if guard.contract.content_events == 0 and (verdict is None or not verdict.complete):
             late = verdict is not None and verdict.reason in _LATE
             return Result.TIMEOUT if late else Result.EARLY_EOF
+        self._relaying()
         await self._send(joint.rewrite(first))
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite(data))
         return guard, read
+
+    def _relaying(self) -> None:
+        """A continuation's first content goes out: the stream is continued from here,
+        also when the drain or the client stops it before its end."""
+        self.continued += 1
+        self.exchange.record.continued = self.continued
+        self.original = self._cut_reason
 
     async def _hold(
         self, guard: StreamGuard, read: ReadChunk, first_byte: float, idle: float
@@ -381,11 +383,27 @@ def _text(guard: StreamGuard) -> str:
     return text() if text is not None else ""
 
 
-def _next_joint(joint: Joint, guard: StreamGuard) -> Joint:
-    """The joint for a continuation of a continuation: the same ids, the blocks shifted on."""
+def _billed(guard: StreamGuard, body_size: int, before: Usage) -> Usage:
+    """``before`` plus what a cut attempt was billed: its reported usage, else its input
+    estimated from the body and one output token per content event relayed."""
+    assert guard.verdict is not None
+    reported = guard.verdict.usage or Usage()
+    cut_input = reported.input_tokens
+    return Usage(
+        input_tokens=(before.input_tokens or 0)
+        + (cut_input if cut_input is not None else max(1, body_size // 4)),
+        output_tokens=(before.output_tokens or 0)
+        + max(reported.output_tokens or 0, guard.contract.content_events),
+    )
+
+
+def _next_joint(joint: Joint, guard: StreamGuard, cut: Usage) -> Joint:
+    """The joint for a continuation of a continuation: the same ids, the blocks shifted on,
+    the usage of every cut attempt so far."""
     if isinstance(joint, MessagesJoint):
         shift = joint.shift + getattr(guard.contract, "open_block", 0)
-        return MessagesJoint(shift, joint.cut_usage)
+        return MessagesJoint(shift, cut)
+    joint.cut_usage = cut
     return joint
 
 

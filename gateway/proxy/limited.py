@@ -3,7 +3,8 @@ x-ratelimit-* headers on every answer, and the cost settled when it ends.
 
 The shapes are the providers' own, so that the official SDKs raise their own
 error types (openai's ``RateLimitError``, anthropic's ``RateLimitError``,
-google-genai's ``ClientError`` with ``RESOURCE_EXHAUSTED``) and their
+google-genai's ``ClientError`` with ``RESOURCE_EXHAUSTED``, ollama's
+``ResponseError`` with the message as its ``error``) and their
 built-in retries wait ``retry-after-ms`` / ``Retry-After``. A spent budget
 (a day's or a month's) is ``insufficient_quota`` with the window's reset
 time, and ``x-should-retry: false``: an SDK's retry cannot help before then.
@@ -52,6 +53,8 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
     elif protocol == "gemini":
         status = "UNAVAILABLE" if limit is None else "RESOURCE_EXHAUSTED"
         body = {"error": {"code": refused.status, "message": message, "status": status}}
+    elif protocol == "ollama":
+        body = {"error": message}  # Ollama's error is a string: the ollama client shows it
     else:
         if limit is None:
             type_, code = "service_unavailable", "limits_backend_unavailable"

@@ -457,13 +457,15 @@ class Relay:
             if guard is not None:
                 held = await hold_stream(exchange, response, guard)
             else:
-                held = await hold_plain(exchange, response)
+                held = await hold_plain(
+                    exchange, response, self.settings.limits.max_buffered_answer_bytes
+                )
             if held.failure is not None:
                 tally.result, tally.reason = result_of_held(held.failure), held.failure
                 retry = self._retry(exchange, tally.result, tried)
                 if retry is not None:
                     return retry
-                if guard is None:
+                if guard is None and not held.whole:  # a whole one: its 502 is relay_plain's
                     failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
                     await self._fail_before_response(exchange, failure)
                     return None

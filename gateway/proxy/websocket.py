@@ -59,6 +59,7 @@ from gateway.limits import Limiter
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observers, RequestRecord
 from gateway.observe.record import Attempt
 from gateway.policy.failover import Result
+from gateway.policy.limits import Cost, cost_of, output_estimate
 from gateway.policy.pool import Health
 from gateway.policy.routing import Route, Target
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
@@ -74,6 +75,7 @@ from gateway.proxy.headers import (
     strip_hop_by_hop,
     without_key,
 )
+from gateway.proxy.request_body import input_estimate
 from gateway.proxy.ws_upstream import (
     Opened,
     Refusal,
@@ -81,7 +83,7 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.settings import Settings
+from gateway.settings import ANONYMOUS, Settings
 from gateway.wsedge import WS_EXTENSION
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
@@ -759,12 +761,30 @@ class WebSocketRelay:
         record.model_label = self.model_labels.label(record.model, record.upstream_model)
         conn.record.bytes_in += record.bytes_in
         conn.record.bytes_out += record.bytes_out
+        if record.client_name != ANONYMOUS:
+            record.charge = _charge(record)  # a named client's tokens, as over HTTP
         if not conn.responses and conn.counted:
             conn.counted = False
             self.admission.end_stream(conn.route)
             self.metrics.stream_ended(conn.route.name)
             self.lifecycle.unregister(conn)
         self.observers.observe(record)
+
+
+def _charge(record: RequestRecord) -> Cost:
+    """What one response cost its named client: the reported usage, else an estimate
+    from the ``response.create`` message and the text that reached the client."""
+    estimated_input = input_estimate(None, record.bytes_in)
+    usage = record.usage
+    if usage is not None and (usage.input_tokens is not None or usage.output_tokens is not None):
+        return cost_of(usage.input_tokens, usage.output_tokens, estimated_input, 0)
+    verdict = record.verdict
+    output = (
+        output_estimate(True, verdict.events, verdict.content_chars, record.bytes_out)
+        if verdict is not None
+        else 0
+    )
+    return cost_of(None, None, estimated_input, output)
 
 
 def _lane_of(text: str) -> str | None:

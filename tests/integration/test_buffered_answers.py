@@ -19,7 +19,7 @@ from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for
 from tests.integration.raw_upstream import RawRequest, raw_upstream
-from tests.sdk import anthropic, openai
+from tests.sdk import anthropic, ollama, openai
 
 ANSWER = json.dumps(
     {
@@ -179,3 +179,56 @@ def test_a_head_answer_announces_a_length_and_has_no_body(transport: str) -> Non
         response = httpx.head(gw.url + "/v1/models", timeout=30)
     assert response.status_code == 200
     assert response.headers["content-length"] == str(len(ANSWER))
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        (_answer(ANSWER[:60], announced=len(ANSWER)), "upstream_disconnect"),
+        (_answer(b"{x" * 30), "invalid_json"),
+    ],
+    ids=["cut", "invalid-json"],
+)
+def test_a_broken_answer_is_retried_on_the_pool_before_anything_went_out(
+    broken: object, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Nothing of a buffered answer went out: another upstream of the pool may answer it.
+    with raw_upstream(broken) as bad, raw_upstream(_answer(ANSWER)) as good:  # type: ignore[arg-type]
+        route = {
+            "name": "pool",
+            "prefix": "/v1",
+            "max_attempts": 3,  # an early end is tried once more on the same upstream first
+            "upstreams": [
+                {"name": "bad", "url": bad.url + "/v1", "priority": 0},
+                {"name": "good", "url": good.url + "/v1", "priority": 1},
+            ],
+        }
+        with gateway_for("", routes=[route], access_log=True) as gw:
+            response = web.post(
+                gw.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "retried"}
+            )
+            assert response.status_code == 200
+            assert response.content == ANSWER
+            alone = {**route, "upstreams": route["upstreams"][:1]}  # type: ignore[index]
+        with gateway_for("", routes=[alone], access_log=True) as gw:
+            response = web.post(gw.url + "/v1/chat/completions", json=CHAT)
+            assert response.status_code == 502
+            assert response.json()["error"]["code"] == reason
+    entry = access_log_line(capsys, "retried")
+    assert [a["upstream"] for a in entry["attempts"]] == ["bad", "bad", "good"]
+    assert [a["result"] for a in entry["attempts"]] == ["early_eof", "early_eof", "ok"]
+
+
+def test_a_cut_ollama_answer_is_a_502_the_ollama_client_reads() -> None:
+    # Ollama's error is a string: the ollama client keeps whatever ``error`` holds.
+    whole = json.dumps({"model": "m", "message": {"role": "assistant", "content": "hi"}})
+    cut = _answer(whole.encode()[:20], announced=len(whole))
+    with raw_upstream(cut) as upstream:  # type: ignore[arg-type]
+        route = {"name": "o", "prefix": "/api", "upstream": upstream.url + "/api"}
+        with gateway_for("", routes=[{**route, "protocol": "ollama"}]) as gw:
+            client = ollama.Client(host=gw.url)
+            with pytest.raises(ollama.ResponseError) as raised:
+                client.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert raised.value.status_code == 502
+    assert isinstance(raised.value.error, str)
+    assert "cut before its end" in raised.value.error

@@ -16,7 +16,7 @@ from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for, metric_value
-from tests.sdk import anthropic, openai
+from tests.sdk import anthropic, ollama, openai
 
 KEY_A, KEY_B, KEY_C = "sk-team-a-0123", "sk-team-b-4567", "sk-team-c-89ab"
 
@@ -195,6 +195,27 @@ def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) ->
         patient = client.with_options(max_retries=6)
         message = patient.messages.create(**body)
         assert message.content
+
+
+def test_the_ollama_client_gets_the_refusal_as_its_error_message(
+    simulator: ServerThread,
+) -> None:
+    # Ollama's error is a string: the ollama client keeps whatever ``error`` holds.
+    clients = [
+        {"name": "team-o", "key_sha256": [_sha(KEY_A)], "limits": {"requests_per_minute": 1}}
+    ]
+    routes = [
+        {"name": "o", "prefix": "/api", "upstream": simulator.url + "/api", "protocol": "ollama"}
+    ]
+    with gateway_for("", routes=routes, clients=clients) as server:
+        client = ollama.Client(host=server.url, headers={"authorization": f"Bearer {KEY_A}"})
+        hello = [{"role": "user", "content": "hi"}]
+        assert list(client.chat(model="sim", messages=hello, stream=True))[-1].done
+        with pytest.raises(ollama.ResponseError) as raised:
+            list(client.chat(model="sim", messages=hello, stream=True))
+        assert raised.value.status_code == 429
+        assert isinstance(raised.value.error, str)
+        assert "requests_per_minute limit is reached" in raised.value.error
 
 
 def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(

@@ -7,6 +7,7 @@ Real gateways in front of simulators, driven with httpx and the real SDKs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -273,6 +274,43 @@ def test_the_usage_of_a_continued_stream_is_the_sum_of_both_attempts() -> None:
         assert metric_value(text, "gateway_upstream_attempts_total", result="ok") == 1
 
 
+def test_a_stream_continued_twice_counts_and_charges_every_attempt() -> None:
+    # Two cuts, then a whole continuation: the broken continuation's tokens reached the
+    # client and were billed, so the usage chunk and the named client's charge hold them.
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    key = "sk-twice"
+    client = {"name": "twice", "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
+    with (
+        sim(default_fault="drop_after_text", fault_requests=2) as upstream,
+        gateway_for(
+            "",
+            routes=continuing(sim_up("only", upstream), max_continuations=2),
+            clients=[client],
+        ) as gw,
+    ):
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert chat_text(response.content) == TEXT
+        assert annotation(response.content).get("continued") == "2"
+        usage = [
+            json.loads(line[6:])["usage"]
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {") and b'"usage":{' in line
+        ]
+        assert len(usage) == 1
+        # 3 deltas from each cut attempt (estimated), the last continuation's 14 billed
+        assert usage[0]["completion_tokens"] == 20
+        text = metrics(gw)
+        output = metric_value(text, "gateway_client_tokens_total", client="twice", type="output")
+        assert output == 20
+        charged = metric_value(text, "gateway_client_tokens_total", client="twice", type="input")
+        assert charged == usage[0]["prompt_tokens"]
+
+
 def test_the_access_log_records_both_attempts_of_a_continued_stream(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -361,3 +399,45 @@ def test_a_continuation_carries_the_whole_conversation(size: str) -> None:
             assert TEXT.startswith(messages[2]["content"])
         else:  # too large for the simulator to keep: its size says the history went along
             assert seen["body_size"] > len(history[0]["content"])
+
+
+def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: Any) -> None:
+    # The drain's timeout lands while a continuation is being relayed: the client has
+    # its text, so the annotation and the access log say the stream was continued.
+    import signal
+    import threading
+    import time
+
+    from tests.conftest import gateway_process
+    from tests.integration.helpers import access_log_lines
+
+    with sim(default_fault="drop_after_text", fault_requests=1, default_tps=4) as upstream:
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            '[[routes]]\nname = "chat"\nprefix = "/v1"\ncontinue_after_cut = true\n'
+            f'[[routes.upstreams]]\nname = "only"\nurl = "{upstream.url}/v1"\n'
+            'continuation = "assistant_prefill"\n'
+        )
+        with gateway_process(["--config", str(config), "--drain-timeout", "1"]) as gw:
+            got: dict[str, Any] = {}
+            thread = threading.Thread(
+                target=lambda: got.update(response=continued_chat(gw, "drained-continuation"))
+            )
+            thread.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the continuation has been asked
+                if web.get(f"{upstream.url}/_sim/requests/drained-continuation").status_code == 200:
+                    seen = web.get(f"{upstream.url}/_sim/requests/drained-continuation").json()
+                    if seen["body"]["messages"][-1]["role"] == "assistant":
+                        break
+                time.sleep(0.05)
+            time.sleep(0.3)  # a delta of it has gone out (4 a second)
+            gw.proc.send_signal(signal.SIGTERM)
+            thread.join(60)
+            gw.proc.wait(timeout=30)
+            out, _ = gw.stop()
+    response = got["response"]
+    note = annotation(response.content)
+    assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
+    line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
+    assert line["continued"] is True

@@ -566,3 +566,28 @@ def test_a_client_with_limits_is_refused_the_upgrade_and_told_to_use_http(
             metric_value(text, "gateway_rejected_requests_total", reason="limited_client_websocket")
             == 1
         )
+
+
+def test_a_named_clients_responses_over_a_websocket_are_charged_to_it(
+    simulator: ServerThread,
+) -> None:
+    # A named client without limits may use a WebSocket; what its responses cost
+    # counts in its tokens as over HTTP.
+    import hashlib
+
+    key = "sk-metered"
+    clients = [{"name": "team-w", "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        with connect(_ws_url(server), additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+            ws.send(_create())
+            events = _until_terminal(ws)
+        usage = events[-1]["response"]["usage"]
+        assert events[-1]["type"] == "response.completed"
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        tokens = {
+            kind: metric_value(
+                text, "gateway_client_tokens_total", client="team-w", type=kind, source="reported"
+            )
+            for kind in ("input", "output")
+        }
+        assert tokens == {"input": usage["input_tokens"], "output": usage["output_tokens"]}

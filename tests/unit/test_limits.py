@@ -235,6 +235,7 @@ def test_a_failing_backend_allows_or_denies_as_configured(backend: type[MemoryBa
         ("responses", b'"type":"requests"'),
         ("messages", b'"type":"rate_limit_error"'),
         ("gemini", b'"status":"RESOURCE_EXHAUSTED"'),
+        ("ollama", b'{"error":"This client'),
     ],
 )
 def test_a_refusal_speaks_the_protocols_error_shape(protocol: str, needle: bytes) -> None:
