@@ -195,7 +195,8 @@ def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
 
 def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
     """The output a request allows (``max_tokens``, ``max_completion_tokens``,
-    ``max_output_tokens``, Gemini's ``generationConfig.maxOutputTokens``), else ``default``."""
+    ``max_output_tokens``, Gemini's ``generationConfig.maxOutputTokens``, Ollama's
+    ``options.num_predict``), else ``default``."""
     if request is None:
         return default
     for name in _OUTPUT_FIELDS:
@@ -205,6 +206,11 @@ def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
     config = request.get("generationConfig") or request.get("generation_config")
     if isinstance(config, Mapping):
         value = config.get("maxOutputTokens", config.get("max_output_tokens"))
+        if isinstance(value, int) and _positive(value):
+            return value
+    options = request.get("options")
+    if isinstance(options, Mapping):  # Ollama's; -1 (no limit) or -2 (fill) take the default
+        value = options.get("num_predict")
         if isinstance(value, int) and _positive(value):
             return value
     return default

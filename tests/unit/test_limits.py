@@ -64,6 +64,8 @@ def test_the_output_reservation_reads_each_protocols_name() -> None:
     assert requested_output({"max_completion_tokens": 60, "max_tokens": 50}, 1024) == 60
     assert requested_output({"max_output_tokens": 70}, 1024) == 70
     assert requested_output({"generationConfig": {"maxOutputTokens": 80}}, 1024) == 80
+    assert requested_output({"options": {"num_predict": 90}}, 1024) == 90  # Ollama
+    assert requested_output({"options": {"num_predict": -1}}, 1024) == 1024  # no limit
     assert requested_output({"max_tokens": True}, 1024) == 1024
     assert requested_output({}, 1024) == 1024
     assert requested_output(None, 7) == 7
