@@ -385,6 +385,16 @@ class RouteConfig(_Strict):
         return value if value is None else _sha256_list(value)
 
     @model_validator(mode="after")
+    def _continued_protocol(self) -> RouteConfig:
+        # Chat, Completions and Messages streams can be continued; the others never are.
+        if self.continue_after_cut and self.protocol in ("responses", "gemini", "ollama", "sse"):
+            raise ValueError(
+                f"continue_after_cut: a {self.protocol} stream is never continued "
+                "(Chat Completions, Completions and Messages streams are)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _capture_dir(self) -> RouteConfig:
         if self.capture != "off":
             if self.capture_dir is None:

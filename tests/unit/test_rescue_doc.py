@@ -35,3 +35,15 @@ def test_the_documented_tiers_are_a_valid_configuration() -> None:
     assert route.pool.pick().index == 0  # type: ignore[union-attr]  # the primary tier serves
     assert config.continue_after_cut
     assert "first_byte_timeout" in config.retry_on
+
+
+def test_a_route_of_a_protocol_that_is_never_continued_refuses_continue_after_cut() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    route = {"name": "r", "prefix": "/v1", "upstream": "http://127.0.0.1:9/v1"}
+    for protocol in ("responses", "gemini", "ollama"):
+        with pytest.raises(ValidationError, match="never continued"):
+            Settings(routes=[{**route, "protocol": protocol, "continue_after_cut": True}])
+    for protocol in ("chat", "messages", "auto"):
+        Settings(routes=[{**route, "protocol": protocol, "continue_after_cut": True}])
