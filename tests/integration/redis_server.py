@@ -12,10 +12,12 @@ import contextlib
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,15 +36,48 @@ def _binary() -> str:
 
 
 class RedisServer:
-    def __init__(self, password: str | None = None) -> None:
+    """With ``tls`` (a directory), it speaks TLS only, with a self-signed certificate for
+    127.0.0.1 that it makes there (``ca``), and ``url`` is a ``rediss://`` URL."""
+
+    def __init__(self, password: str | None = None, tls: Path | None = None) -> None:
         self.port = free_port()
         self.password = password
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ca(self) -> Path:
+        assert self.tls is not None
+        return self.tls / "cert.pem"
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls is not None:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _certificate(self) -> dict[str, str]:
+        assert self.tls is not None
+        key = self.tls / "key.pem"
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                *("-keyout", str(key), "-out", str(self.ca), "-subj", "/CN=127.0.0.1"),
+                *("-addext", "subjectAltName=IP:127.0.0.1"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        return {
+            "port": "0",
+            "tls-port": str(self.port),
+            "tls-cert-file": str(self.ca),
+            "tls-key-file": str(key),
+            "tls-ca-cert-file": str(self.ca),
+            "tls-auth-clients": "no",
+        }
 
     def start(self) -> RedisServer:
         options = {
@@ -55,6 +90,8 @@ class RedisServer:
         }
         if self.password:
             options["requirepass"] = self.password
+        if self.tls is not None:
+            options |= self._certificate()
         args = [part for name, value in options.items() for part in (f"--{name}", value)]
         self.proc = subprocess.Popen(
             [_binary(), *args],
@@ -66,13 +103,20 @@ class RedisServer:
             assert self.proc.poll() is None, "redis-server exited at start"
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock,
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw,
+                self._wrapped(raw) as sock,
             ):
                 sock.sendall(b"PING\r\n")
                 if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                     return self
             time.sleep(0.02)
         raise RuntimeError("redis-server did not answer PING")
+
+    def _wrapped(self, raw: socket.socket) -> socket.socket:
+        if self.tls is None:
+            return raw
+        context = ssl.create_default_context(cafile=str(self.ca))
+        return context.wrap_socket(raw, server_hostname="127.0.0.1")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -86,8 +130,8 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(password: str | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(password).start()
+def redis_server(password: str | None = None, tls: Path | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(password, tls).start()
     try:
         yield server
     finally:

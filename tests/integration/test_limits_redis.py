@@ -253,3 +253,27 @@ def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_a_backend_error(
         assert response.status_code == 200  # on_backend_error = "allow"
         assert "x-ratelimit-limit-requests" not in response.headers
         assert metric_value(text, "gateway_limit_backend_errors_total", operation="reserve") == 1
+
+
+def test_a_rediss_url_speaks_tls_to_a_tls_only_redis(
+    simulator: ServerThread, tmp_path: Path
+) -> None:
+    """``rediss://`` with the server's CA (``ssl_ca_certs``): the limits hold over TLS; the
+    same server's port does not answer plain RESP."""
+    with redis_server(tls=tmp_path) as secured:
+        assert secured.url.startswith("rediss://")
+        settings = {
+            "limits_backend": "redis",
+            "redis_url": secured.url,
+            "limits_timeout": 2.0,
+            "on_backend_error": "deny",
+            "clients": _client({"requests_per_minute": 2}),
+        }
+        with gateway_for(simulator.url + "/v1", **settings) as gw:
+            statuses = [_request(gw, f"tls-{i}").status_code for i in range(3)]
+            text = web.get(gw.url + "/metrics", timeout=30).text
+        assert statuses == [200, 200, 429]
+        assert metric_value(text, "gateway_limit_backend_errors_total") == 0
+        plain = {**settings, "redis_url": f"redis://127.0.0.1:{secured.port}/0"}
+        with gateway_for(simulator.url + "/v1", **plain) as gw:
+            assert _request(gw, "tls-plain").status_code == 503  # deny: the backend failed
