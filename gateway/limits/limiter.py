@@ -301,32 +301,35 @@ class Limiter:
 class _Plan:
     minute: int
     checks: list[Check]
-    #: (index of the check, its three header names, its value as bytes, its value)
-    headers: list[tuple[int, tuple[bytes, ...], bytes, int]]
+    headers: list[_HeaderSlot]
 
 
-def _header_layout(checks: list[Check]) -> list[tuple[int, tuple[bytes, ...], bytes, int]]:
+#: A header of the layout: (index of the check, its limit header (a constant pair, shared
+#: by every request of the plan: tuples are immutable), its remaining and reset names,
+#: its value).
+_HeaderSlot = tuple[int, tuple[bytes, bytes], bytes, bytes, int]
+
+
+def _header_layout(checks: list[Check]) -> list[_HeaderSlot]:
     """Which checks give OpenAI's x-ratelimit-* headers: for each per-minute limit, the
     first scope's (the client's own when it has one)."""
-    layout = []
+    layout: list[_HeaderSlot] = []
     seen: set[Limit] = set()
     for index, check in enumerate(checks):
         names = _HEADER_NAMES.get(check.limit)
         if names is not None and check.limit not in seen:
             seen.add(check.limit)
-            layout.append((index, names, b"%d" % check.value, check.value))
+            layout.append((index, (names[0], b"%d" % check.value), names[1], names[2], check.value))
     return layout
 
 
-def _headers(
-    layout: list[tuple[int, tuple[bytes, ...], bytes, int]], used: list[int], now: float
-) -> list[tuple[bytes, bytes]]:
+def _headers(layout: list[_HeaderSlot], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
     reset = b"%.3fs" % (60.0 - now % 60.0)
-    headers = []
-    for index, names, value_bytes, value in layout:
-        headers.append((names[0], value_bytes))
-        headers.append((names[1], b"%d" % max(value - used[index], 0)))
-        headers.append((names[2], reset))
+    headers: list[tuple[bytes, bytes]] = []
+    extend = headers.extend
+    for index, limit, remaining, resets, value in layout:
+        left = value - used[index]
+        extend((limit, (remaining, b"%d" % left if left > 0 else b"0"), (resets, reset)))
     return headers
 
 
