@@ -207,9 +207,11 @@ def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
     ``options.num_predict``), else ``default``."""
     if request is None:
         return default
+    get = request.get
     for name in _OUTPUT_FIELDS:
-        value = request.get(name)
-        if isinstance(value, int) and _positive(value):
+        value = get(name)
+        # _positive inlined: an absent field (the usual case) is one comparison
+        if value is not None and isinstance(value, int) and value > 0 and value is not True:
             return value
     config = request.get("generationConfig") or request.get("generation_config")
     if isinstance(config, Mapping):
