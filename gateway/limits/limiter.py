@@ -123,6 +123,8 @@ class Limiter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.backend = backend
+        #: the memory backend itself (not a subclass): asked without a coroutine
+        self._memory = backend if type(backend) is MemoryBackend else None
         self.timeout = timeout
         self.deny_on_error = deny_on_error
         self._on_error = on_error
@@ -209,8 +211,11 @@ class Limiter:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
         try:
-            call = self.backend.reserve(checks, reserved, member, now, hold)
-            answer = await (self._ask(call) if self.backend.remote else call)
+            if self._memory is not None:
+                answer = self._memory.reserve_now(checks, reserved, now)
+            else:
+                call = self.backend.reserve(checks, reserved, member, now, hold)
+                answer = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("reserve", exc)
             if self.deny_on_error:
@@ -240,10 +245,13 @@ class Limiter:
         reservation.settled = True
         checks = reservation.checks
         try:
-            call = self.backend.settle(
-                checks, cost.total - reservation.reserved, reservation.member
-            )
-            after = await (self._ask(call) if self.backend.remote else call)
+            if self._memory is not None:
+                after = self._memory.settle_now(checks, cost.total - reservation.reserved)
+            else:
+                call = self.backend.settle(
+                    checks, cost.total - reservation.reserved, reservation.member
+                )
+                after = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("settle", exc)
             return

@@ -3,7 +3,8 @@
 Counters are a dict keyed by the check's key; a window's counter is dropped
 once its window has ended (swept at most once a minute), so the dict holds
 at most the configured scopes' current windows. Nothing awaits: a
-reservation is a few dictionary operations (well under 10 µs).
+reservation is a few dictionary operations (well under 10 µs), and the limiter
+calls ``reserve_now`` and ``settle_now`` without a coroutine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ class MemoryBackend:
     async def reserve(
         self, checks: list[Check], reserved: int, member: str, now: float, hold: float
     ) -> Reserved:
+        return self.reserve_now(checks, reserved, now)
+
+    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
+        return self.settle_now(checks, delta)
+
+    def reserve_now(self, checks: list[Check], reserved: int, now: float) -> Reserved:
+        """``reserve`` without a coroutine: nothing here awaits (the limiter calls it
+        directly; ``member`` and ``hold`` are the Redis backend's)."""
         if now >= self._next_sweep:
             self._sweep(now)
         counters = self._counters
@@ -71,7 +80,8 @@ class MemoryBackend:
             else:
                 counters[check.key] = count - check.amount(reserved)
 
-    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
+    def settle_now(self, checks: list[Check], delta: int) -> list[int | None]:
+        """``settle`` without a coroutine."""
         counters = self._counters
         get = counters.get
         after: list[int | None] = []
