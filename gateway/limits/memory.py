@@ -88,13 +88,14 @@ class MemoryBackend:
         for _, _, _, key, tokens, end in checks:
             count = get(key)
             if count is not None:
+                # a request count stays as it is: it is not written back
                 if end is None:
-                    count = count - 1 if count > 0 else 0
+                    count = counters[key] = count - 1 if count > 0 else 0
                 elif tokens:
-                    count = count + delta
+                    count += delta
                     if count < 0:
                         count = 0
-                counters[key] = count
+                    counters[key] = count
             after.append(count)
         return after
 
