@@ -87,6 +87,8 @@ class Reservation:
     estimated_input: int
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     settled: bool = False
+    #: the checks that feed the budget gauges: (index, window, value); see ``_Plan``
+    budgets: tuple[tuple[int, Window, int], ...] = ()
 
 
 def _rule(scope: str, limits: ClientLimits, divisor: int) -> Rule | None:
@@ -121,6 +123,8 @@ class Limiter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.backend = backend
+        #: the memory backend itself (not a subclass): asked without a coroutine
+        self._memory = backend if type(backend) is MemoryBackend else None
         self.timeout = timeout
         self.deny_on_error = deny_on_error
         self._on_error = on_error
@@ -170,7 +174,12 @@ class Limiter:
             if len(self._plans) > 4096:  # models are the client's claims: keep it bounded
                 self._plans.clear()
             checks = checks_for(self._rules_for(client, route, model), stream, now)
-            plan = self._plans[key] = _Plan(minute, checks, _header_layout(checks))
+            budgets = tuple(
+                (index, window, check.value)
+                for index, check in enumerate(checks)
+                if (window := BUDGETS.get(check.limit)) is not None and check.scope == client
+            )
+            plan = self._plans[key] = _Plan(minute, checks, _header_layout(checks), budgets)
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
@@ -197,11 +206,16 @@ class Limiter:
         """Reserve the request's estimate in every counter it touches, or LimitRefused."""
         now = self._clock()
         reserved = estimated_input + requested_output(request, default_output)
-        plan = self._plan(client, route, model, stream, now)
+        plan = self._plans.get((client, route, model, stream))
+        if plan is None or plan.minute != int(now) // 60:
+            plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
         try:
-            call = self.backend.reserve(checks, reserved, member, now, hold)
-            answer = await (self._ask(call) if self.backend.remote else call)
+            if self._memory is not None:
+                answer = self._memory.reserve_now(checks, reserved, now)
+            else:
+                call = self.backend.reserve(checks, reserved, member, now, hold)
+                answer = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("reserve", exc)
             if self.deny_on_error:
@@ -210,10 +224,18 @@ class Limiter:
         if answer.refused is not None:
             check = checks[answer.refused]
             raise LimitRefused(429, check.limit, self._retry_after(check, now), []) from None
-        reservation = Reservation(client, member, checks, reserved, estimated_input)
-        if plan.headers:
-            reservation.headers = _headers(plan.headers, answer.used, now)
-        self._budgets(client, checks, answer.used)
+        reservation = Reservation(
+            client,
+            member,
+            checks,
+            reserved,
+            estimated_input,
+            _headers(plan.headers, answer.used, now) if plan.headers else [],
+            False,
+            plan.budgets,
+        )
+        if plan.budgets and self._on_budget is not None:
+            self._budgets(client, plan.budgets, answer.used)
         return reservation
 
     async def settle(self, reservation: Reservation, cost: Cost) -> None:
@@ -223,14 +245,18 @@ class Limiter:
         reservation.settled = True
         checks = reservation.checks
         try:
-            call = self.backend.settle(
-                checks, cost.total - reservation.reserved, reservation.member
-            )
-            after = await (self._ask(call) if self.backend.remote else call)
+            if self._memory is not None:
+                after = self._memory.settle_now(checks, cost.total - reservation.reserved)
+            else:
+                call = self.backend.settle(
+                    checks, cost.total - reservation.reserved, reservation.member
+                )
+                after = await (self._ask(call) if self.backend.remote else call)
         except BackendError as exc:
             self._failed("settle", exc)
             return
-        self._budgets(reservation.client, checks, after)
+        if reservation.budgets and self._on_budget is not None:
+            self._budgets(reservation.client, reservation.budgets, after)
 
     async def usage(self, client: str) -> list[tuple[Rule, Limit, int]]:
         """Each limit of ``client`` with its counter now (the status page)."""
@@ -287,46 +313,56 @@ class Limiter:
         return max(check.expires - now, 0.001)
 
     def _budgets(
-        self, client: str, checks: list[Check], values: list[int | None] | list[int]
+        self,
+        client: str,
+        budgets: tuple[tuple[int, Window, int], ...],
+        values: list[int | None] | list[int],
     ) -> None:
-        if self._on_budget is None:
-            return
-        for check, value in zip(checks, values, strict=True):
-            window = BUDGETS.get(check.limit)
-            if window is not None and value is not None and check.scope == client:
-                self._on_budget(client, window, check.value, value)
+        """The budget gauges: the client's own day and month checks, at their new values
+        (their positions kept in the plan: the other checks are not looked at)."""
+        assert self._on_budget is not None
+        for index, window, limit in budgets:
+            value = values[index]
+            if value is not None:
+                self._on_budget(client, window, limit, value)
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
     minute: int
     checks: list[Check]
-    #: (index of the check, its three header names, its value as bytes, its value)
-    headers: list[tuple[int, tuple[bytes, ...], bytes, int]]
+    headers: list[_HeaderSlot]
+    #: the checks that feed the budget gauges: the client's own day and month limits,
+    #: (index of the check, its window, its value)
+    budgets: tuple[tuple[int, Window, int], ...]
 
 
-def _header_layout(checks: list[Check]) -> list[tuple[int, tuple[bytes, ...], bytes, int]]:
+#: A header of the layout: (index of the check, its limit header (a constant pair, shared
+#: by every request of the plan: tuples are immutable), its remaining and reset names,
+#: its value).
+_HeaderSlot = tuple[int, tuple[bytes, bytes], bytes, bytes, int]
+
+
+def _header_layout(checks: list[Check]) -> list[_HeaderSlot]:
     """Which checks give OpenAI's x-ratelimit-* headers: for each per-minute limit, the
     first scope's (the client's own when it has one)."""
-    layout = []
+    layout: list[_HeaderSlot] = []
     seen: set[Limit] = set()
     for index, check in enumerate(checks):
         names = _HEADER_NAMES.get(check.limit)
         if names is not None and check.limit not in seen:
             seen.add(check.limit)
-            layout.append((index, names, b"%d" % check.value, check.value))
+            layout.append((index, (names[0], b"%d" % check.value), names[1], names[2], check.value))
     return layout
 
 
-def _headers(
-    layout: list[tuple[int, tuple[bytes, ...], bytes, int]], used: list[int], now: float
-) -> list[tuple[bytes, bytes]]:
+def _headers(layout: list[_HeaderSlot], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
     reset = b"%.3fs" % (60.0 - now % 60.0)
-    headers = []
-    for index, names, value_bytes, value in layout:
-        headers.append((names[0], value_bytes))
-        headers.append((names[1], b"%d" % max(value - used[index], 0)))
-        headers.append((names[2], reset))
+    headers: list[tuple[bytes, bytes]] = []
+    extend = headers.extend
+    for index, limit, remaining, resets, value in layout:
+        left = value - used[index]
+        extend((limit, (remaining, b"%d" % left if left > 0 else b"0"), (resets, reset)))
     return headers
 
 

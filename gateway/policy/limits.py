@@ -185,12 +185,20 @@ def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
     """
     if request is None:
         return _tokens(body_size)
+    # the fields' own strings here, their lists and objects in one walk (a walk a field
+    # cost more than the text: this is on every limited request's path)
     size = 0
+    nested: list[object] = []
     for name in _INPUT_FIELDS:
         value = request.get(name)
-        if value is not None:
-            size += _text_bytes(value)
-    return _tokens(size)
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is str:
+            size += len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+        elif kind is dict or kind is list:
+            nested.append(value)
+    return _tokens(size + _nested_bytes(nested) if nested else size)
 
 
 def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
@@ -199,9 +207,11 @@ def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
     ``options.num_predict``), else ``default``."""
     if request is None:
         return default
+    get = request.get
     for name in _OUTPUT_FIELDS:
-        value = request.get(name)
-        if isinstance(value, int) and _positive(value):
+        value = get(name)
+        # _positive inlined: an absent field (the usual case) is one comparison
+        if value is not None and isinstance(value, int) and value > 0 and value is not True:
             return value
     config = request.get("generationConfig") or request.get("generation_config")
     if isinstance(config, Mapping):
@@ -227,18 +237,37 @@ def _tokens(size: int) -> int:
 def _text_bytes(value: object) -> int:
     """The UTF-8 bytes of every string in ``value`` (nested lists and objects, as JSON
     parses them: exact types, checked with ``type`` because it is on the request path)."""
+    if type(value) is str:
+        text: str = value
+        return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+    return _nested_bytes([value])
+
+
+def _nested_bytes(stack: list[object]) -> int:
+    """The UTF-8 bytes of every string in the lists and objects on ``stack`` (emptied).
+
+    Each container's items are dispatched in one loop (strings counted there, only
+    containers pushed): a chat message is one pop, not one a value.
+    """
     total = 0
-    stack = [value]
+    pop = stack.pop
+    push = stack.append
     while stack:
-        item = stack.pop()
+        item = pop()
         kind = type(item)
-        if kind is str:
-            text: str = item  # type: ignore[assignment]
-            total += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
-        elif kind is dict:
-            stack.extend(item.values())  # type: ignore[attr-defined]
+        if kind is dict:
+            items: Iterable[object] = item.values()  # type: ignore[attr-defined]
         elif kind is list:
-            stack.extend(item)  # type: ignore[arg-type]
+            items = item  # type: ignore[assignment]
+        else:
+            continue
+        for part in items:
+            kind = type(part)
+            if kind is str:
+                text: str = part  # type: ignore[assignment]
+                total += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+            elif kind is dict or kind is list:
+                push(part)
     return total
 
 
