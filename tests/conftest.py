@@ -116,12 +116,20 @@ def simulator() -> Iterator[ServerThread]:
 
 
 class GatewayProcess:
-    """The gateway as a real separate process (``python -m gateway serve``)."""
+    """The gateway as a real separate process (``python -m gateway serve``).
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    Its stdout (the access log) is read as it comes, by a thread (``drain``): a pipe
+    nobody reads holds 64 KiB, and a gateway whose access-log write blocks on a full
+    pipe stops answering. ``drain=False`` leaves ``proc.stdout`` to the test.
+    """
+
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, *, drain: bool = True
+    ) -> None:
         import os
         import subprocess
         import sys
+        import threading
 
         self.port = free_port()
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
@@ -133,6 +141,19 @@ class GatewayProcess:
             stderr=subprocess.PIPE,
         )
         self._stderr_seen = b""  # what wait_stderr read before stop()
+        self._stdout: list[bytes] = []
+        self._drain: threading.Thread | None = None
+        if drain:
+            pipe, self.proc.stdout = self.proc.stdout, None  # communicate() leaves it be
+            assert pipe is not None
+
+            def read() -> None:
+                while chunk := os.read(pipe.fileno(), 65536):
+                    self._stdout.append(chunk)
+                pipe.close()
+
+            self._drain = threading.Thread(target=read, daemon=True)
+            self._drain.start()
 
     @property
     def url(self) -> str:
@@ -186,12 +207,17 @@ class GatewayProcess:
         except Exception:
             self.proc.kill()
             out, err = self.proc.communicate()
-        return out, self._stderr_seen + err
+        if self._drain is not None:
+            self._drain.join(30)  # the process has exited: its stdout is at its end
+            out = b"".join(self._stdout)
+        return out or b"", self._stderr_seen + err
 
 
 @contextlib.contextmanager
-def gateway_process(args: list[str], env: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
-    gateway = GatewayProcess(args, env)
+def gateway_process(
+    args: list[str], env: dict[str, str] | None = None, *, drain: bool = True
+) -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(args, env, drain=drain)
     try:
         yield gateway.wait_ready()
     finally:
