@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.policy.limits import (
@@ -54,13 +54,11 @@ _JSON = st.recursive(
 _REQUEST = st.dictionaries(st.sampled_from(_INPUT_FIELDS) | _TEXT, _JSON, max_size=8)
 
 
-@settings(max_examples=400)
 @given(_JSON)
 def test_the_walk_counts_what_the_plain_walk_counts(value: object) -> None:
     assert _text_bytes(value) == _plain_text_bytes(value)
 
 
-@settings(max_examples=400)
 @given(_REQUEST, st.integers(min_value=0, max_value=10**6))
 def test_the_estimate_is_the_plain_estimate(request: dict[str, Any], size: int) -> None:
     assert estimate_input(request, size) == _plain_estimate(request, size)
@@ -90,7 +88,6 @@ _OUTPUT = st.dictionaries(
 )
 
 
-@settings(max_examples=300)
 @given(_OUTPUT, st.integers(min_value=1, max_value=4096))
 def test_the_requested_output_is_the_plain_one(request: dict[str, Any], default: int) -> None:
     assert requested_output(request, default) == _plain_requested_output(request, default)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.limits.backend import Reserved
@@ -57,7 +57,6 @@ _STEP = st.tuples(
 )
 
 
-@settings(max_examples=200)
 @given(
     st.lists(_STEP, max_size=30),
     st.lists(st.integers(min_value=1, max_value=60), min_size=5, max_size=5),
