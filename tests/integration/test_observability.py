@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 from gateway import guard_build
 from tests import web
 from tests.conftest import ServerThread, free_port, gateway_process
-from tests.integration.control import settled_metrics
+from tests.integration.control import settled_metrics, wait_until
 from tests.integration.helpers import access_log_lines, annotation, gateway_for, metric_value
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -185,6 +186,15 @@ def test_prometheus_scrapes_the_gateway(simulator: ServerThread, tmp_path: Path)
             proc.wait(timeout=20)
 
 
+def _worker_pids(metrics_dir: str, kind: str) -> set[str]:
+    """The pids with a ``kind`` file (``gauge_max``, ``counter``) in a multiprocess metrics dir."""
+    return {
+        p.stem.rsplit("_", 1)[-1]
+        for p in Path(metrics_dir).glob(f"{kind}_*.db")
+        if p.stem.rsplit("_", 1)[-1].isdigit()
+    }
+
+
 def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
     metrics_dir = tempfile.mkdtemp(prefix="gw-mp-test-")
     stale = Path(metrics_dir) / "counter_99999.db"
@@ -198,22 +208,33 @@ def test_workers_share_one_view_of_the_metrics(simulator: ServerThread) -> None:
         ) as gw:
             assert not stale.exists()
             assert unrelated.read_text() == "not a metrics file: must survive"
-            with web.client(base_url=gw.url, timeout=15) as client:
-                for i in range(100):
-                    fault = "none" if i % 2 else "drop_before_done"
-                    client.post("/v1/chat/completions", json=CHAT, headers={"x-sim-fault": fault})
-            settled_metrics(gw.url, requests=100)
-            pids = set()
+            # The first worker to answer /healthz makes the gateway "up"; on a loaded
+            # machine the second may still be importing, and the shared socket would hand
+            # it nothing. Each worker writes its gauge files as it starts.
+            wait_until(lambda: len(_worker_pids(metrics_dir, "gauge_max")) >= 2, "two workers")
+
+            def one(i: int) -> None:
+                fault = "none" if i % 2 else "drop_before_done"
+                # A fresh connection per request, several at once: the kernel hands
+                # connections to whichever worker is waiting in accept.
+                url = gw.url + "/v1/chat/completions"
+                web.post(url, json=CHAT, headers={"x-sim-fault": fault}, timeout=15)
+
+            sent = 0
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                while sent < 100 or len(_worker_pids(metrics_dir, "counter")) < 2:
+                    assert sent < 1000, "one worker took every connection"
+                    list(pool.map(one, range(sent, sent + 50)))
+                    sent += 50
+            settled_metrics(gw.url, requests=sent)
             for _ in range(6):
                 with web.client(timeout=5) as fresh:  # new connections may hit either worker
                     text = fresh.get(gw.url + "/metrics").text
-                assert metric_value(text, "gateway_streams_total") == 100
-                assert metric_value(text, "gateway_streams_total", reason="missing_done") == 50
-                assert metric_value(text, "gateway_requests_total") == 100
+                assert metric_value(text, "gateway_streams_total") == sent
+                cut = metric_value(text, "gateway_streams_total", reason="missing_done")
+                assert cut == sent / 2
+                assert metric_value(text, "gateway_requests_total") == sent
                 assert metric_value(text, "gateway_active_streams") == 0
-            files = {p.name for p in Path(metrics_dir).iterdir()}
-            pids = {name.rsplit("_", 1)[-1] for name in files if name.endswith(".db")}
-            assert len(pids) >= 2, files
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
