@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,25 @@ def test_the_buffered_502_is_the_same_shape() -> None:
         message = "The upstream's answer is not valid JSON."
         assert body == error_body(protocol, 502, message, "upstream_error", "invalid_json", "rid")
         assert (b"content-length", str(len(body)).encode()) in headers
+
+
+@pytest.mark.parametrize(
+    ("protocol", "status", "message", "type_", "code"),
+    [
+        (None, 502, "The upstream could not be reached.", "upstream_error", "upstream_unavailable"),
+        ("messages", 401, "Missing or invalid API key.", "authentication_error", "unauthorized"),
+        ("gemini", 503, "Too many concurrent streams; retry shortly.", "x", "overloaded"),
+        (
+            "ollama",
+            413,
+            "Request body exceeds the gateway limit of 33554432 bytes.",
+            "invalid_request_error",
+            "body_too_large",
+        ),
+    ],
+)
+def test_the_documented_examples_are_what_the_gateway_sends(
+    protocol: str | None, status: int, message: str, type_: str, code: str
+) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "wire-contract.md").read_text()
+    assert error_body(protocol, status, message, type_, code, "7f3a2c9e").decode() in doc
