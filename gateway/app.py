@@ -450,7 +450,7 @@ def _json_error(status: int, message: str, code: str, request_id: str) -> Respon
     type_ = {401: "authentication_error", 403: "permission_error"}.get(
         status, "service_unavailable"
     )
-    body = error_body(message, type_, code, request_id)
+    body = error_body(None, status, message, type_, code, request_id)
     return Response(
         body,
         status_code=status,
@@ -470,7 +470,7 @@ def _is_loopback(address: str | None) -> bool:
 async def _not_ready(scope: Scope, send: Send) -> None:
     request_id = request_id_of(scope)
     await send_error(
-        send, 503, "The gateway is starting.", "service_unavailable", "not_ready", request_id
+        send, None, 503, "The gateway is starting.", "service_unavailable", "not_ready", request_id
     )
 
 
@@ -500,7 +500,7 @@ def create_app(
         gateway.metrics.reject("no_route")
         request_id = request_id_of(request.scope)
         body = error_body(
-            "No route for this path.", "invalid_request_error", "no_route", request_id
+            None, 404, "No route for this path.", "invalid_request_error", "no_route", request_id
         )
         return Response(
             body,

@@ -582,7 +582,14 @@ class EdgeProtocol(HttpToolsProtocol):
         )
 
     def _render(self, refusal: _Refusal, request_id: str) -> bytes:
-        body = error_body(refusal.message, "invalid_request_error", refusal.reason, request_id)
+        body = error_body(
+            None,
+            refusal.status,
+            refusal.message,
+            "invalid_request_error",
+            refusal.reason,
+            request_id,
+        )
         headers = [
             *self.server_state.default_headers,
             *error_headers(body, request_id, list(refusal.headers)),

@@ -19,7 +19,6 @@ by the limit, per answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -88,40 +87,6 @@ def failure_body(
     protocol: Protocol, reason: Reason, request_id: str
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The 502's body and headers, in the shape the protocol's SDKs read an error from."""
-    message = f"{_MESSAGES.get(reason, 'Upstream failure.')} (request_id={request_id})"
-    if protocol is Protocol.MESSAGES:
-        body = _dumps(
-            {
-                "type": "error",
-                "error": {
-                    "type": "api_error",
-                    "message": message,
-                    "details": {"error_code": str(reason)},
-                },
-            }
-        )
-    elif protocol is Protocol.GEMINI:
-        body = _dumps(
-            {
-                "error": {
-                    "code": 502,
-                    "message": message,
-                    "status": "UNAVAILABLE",
-                    "details": [
-                        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": str(reason)}
-                    ],
-                }
-            }
-        )
-    elif protocol is Protocol.OLLAMA:  # Ollama's error is a string, the reason in it
-        text = _MESSAGES.get(reason, "Upstream failure.")
-        body = _dumps({"error": f"{text} ({reason}) (request_id={request_id})"})
-    else:
-        body = error_body(
-            _MESSAGES.get(reason, "Upstream failure."), "upstream_error", reason, request_id
-        )
+    message = _MESSAGES.get(reason, "Upstream failure.")
+    body = error_body(protocol, 502, message, "upstream_error", str(reason), request_id)
     return body, error_headers(body, request_id)
-
-
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()

@@ -12,17 +12,15 @@ time, and ``x-should-retry: false``: an SDK's retry cannot help before then.
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from typing import Any
 
 from starlette.types import Message, Send
 
 from gateway.limits import LimitRefused
 from gateway.observe import RequestRecord
 from gateway.policy.limits import Cost, Limit, cost_of, output_estimate
-from gateway.proxy.errors import error_headers
+from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import RawHeaders
 
 __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
@@ -43,27 +41,14 @@ def _message(refused: LimitRefused, now: float) -> str:
 
 def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: float) -> bytes:
     """The error body in ``protocol``'s shape."""
-    message = f"{_message(refused, now)} (request_id={request_id})"
     limit = refused.limit
-    budget = limit is not None and limit.is_budget
-    body: dict[str, Any]
-    if protocol == "messages":
-        kind = "api_error" if limit is None else "rate_limit_error"
-        body = {"type": "error", "error": {"type": kind, "message": message}}
-    elif protocol == "gemini":
-        status = "UNAVAILABLE" if limit is None else "RESOURCE_EXHAUSTED"
-        body = {"error": {"code": refused.status, "message": message, "status": status}}
-    elif protocol == "ollama":
-        body = {"error": message}  # Ollama's error is a string: the ollama client shows it
+    if limit is None:
+        type_, code = "service_unavailable", "limits_backend_unavailable"
+    elif limit.is_budget:
+        type_, code = "insufficient_quota", "insufficient_quota"
     else:
-        if limit is None:
-            type_, code = "service_unavailable", "limits_backend_unavailable"
-        elif budget:
-            type_, code = "insufficient_quota", "insufficient_quota"
-        else:
-            type_, code = _FAMILY.get(limit, "requests"), "rate_limit_exceeded"
-        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return json.dumps(body, separators=(",", ":")).encode()
+        type_, code = _FAMILY.get(limit, "requests"), "rate_limit_exceeded"
+    return error_body(protocol, refused.status, _message(refused, now), type_, code, request_id)
 
 
 def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:

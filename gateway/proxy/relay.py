@@ -171,6 +171,8 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
+        # Known from the path before admission: its refusals speak the protocol too.
+        exchange.spec = route.spec_for(scope["path"][len(route.config.prefix) :])
         watcher: asyncio.Task[None] | None = None
         unwatch: Callable[[], None] | None = None
         held = 0  # request body bytes counted in the admission's buffered budget
@@ -183,7 +185,7 @@ class Relay:
                 exchange.caller = caller
                 record.client_name = caller.name
             except Refused as refused:
-                await self._refuse(send, record, refused)
+                await self._refuse(exchange, refused)
                 return
             except ClientGone:
                 _client_left(record, scope)
@@ -237,7 +239,7 @@ class Relay:
     async def _proxy(self, exchange: Exchange, target: Target) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
         rest = scope["path"][len(route.config.prefix) :]
-        spec = exchange.spec = route.spec_for(rest)
+        spec = exchange.spec
         record.protocol = spec.name
         # The body's small top-level members only: the document itself is never kept.
         request_json = await self.bodies.summary(exchange.body)
@@ -285,7 +287,7 @@ class Relay:
             except Refused as refused:
                 if reservation is not None and limiter is not None:
                     await limiter.settle(reservation, NOTHING)
-                await self._refuse(exchange.send, record, refused)
+                await self._refuse(exchange, refused)
                 return
             exchange.counted = True
             self.metrics.stream_started(route.name)
@@ -722,7 +724,7 @@ class Relay:
         try:
             self.admission.start_stream(exchange.route)
         except Refused as refused:
-            await self._refuse(exchange.send, exchange.record, refused)
+            await self._refuse(exchange, refused)
             return False
         self.metrics.stream_started(exchange.route.name)
         exchange.counted = True
@@ -780,8 +782,7 @@ class Relay:
             else "The request was stopped before the upstream answered."
         )
         await self._send_error(
-            exchange.send,
-            record,
+            exchange,
             503,
             message,
             "service_unavailable",
@@ -789,13 +790,12 @@ class Relay:
             [(b"retry-after", b"1"), (b"connection", b"close")],
         )
 
-    async def _refuse(self, send: Send, record: RequestRecord, refused: Refused) -> None:
+    async def _refuse(self, exchange: Exchange, refused: Refused) -> None:
         """Answer a request refused before any upstream, and count it."""
-        record.rejected = refused.label
+        exchange.record.rejected = refused.label
         self.metrics.reject(refused.label)
         await self._send_error(
-            send,
-            record,
+            exchange,
             refused.status,
             refused.message,
             refused.type_,
@@ -810,8 +810,7 @@ class Relay:
         if record.stream:
             record.verdict = bare_verdict(failure.reason)
         await self._send_error(
-            exchange.send,
-            record,
+            exchange,
             failure.status,
             _FAILURE_MESSAGES.get(failure.reason, "Upstream failure."),
             "upstream_error",
@@ -820,17 +819,25 @@ class Relay:
 
     async def _send_error(
         self,
-        send: Send,
-        record: RequestRecord,
+        exchange: Exchange,
         status: int,
         message: str,
         type_: str,
         code: str,
         extra: RawHeaders | None = None,
     ) -> None:
+        """Send an error of the gateway's own, in the shape of the request's protocol."""
+        record = exchange.record
         record.status = status
         record.bytes_out += await send_error(
-            send, status, message, type_, code, record.request_id, extra
+            exchange.send,
+            exchange.spec.name,
+            status,
+            message,
+            type_,
+            code,
+            record.request_id,
+            extra,
         )
 
 

@@ -51,7 +51,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from gateway.guard import Action, Reason, ResponsesContract
+from gateway.guard import Action, Protocol, Reason, ResponsesContract
 from gateway.guard.jsonparse import loads
 from gateway.guard.wsmessage import MessageGuard
 from gateway.lifecycle import Lifecycle
@@ -807,7 +807,7 @@ async def _deny(
     record: RequestRecord,
 ) -> None:
     """Refuse the handshake with the gateway's JSON error (an HTTP answer, not a socket)."""
-    body = error_body(message, type_, code, request_id)
+    body = error_body(Protocol.RESPONSES, status, message, type_, code, request_id)
     await _deny_with(send, scope, status, body, error_headers(body, request_id), record)
 
 

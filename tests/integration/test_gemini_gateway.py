@@ -113,7 +113,9 @@ def test_gemini_streams_are_capped_at_admission(simulator: ServerThread) -> None
             next(body)  # the first stream is open (heartbeats) and counted
             second = web.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
             assert second.status_code == 503
-            assert second.json()["error"]["code"] == "overloaded"
+            error = second.json()["error"]  # Google's shape: the route speaks Gemini
+            assert (error["code"], error["status"]) == (503, "UNAVAILABLE")
+            assert error["details"][0]["metadata"]["reason"] == "overloaded"
 
 
 def test_the_route_credential_goes_as_x_goog_api_key(
