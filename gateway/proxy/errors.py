@@ -1,11 +1,13 @@
 """JSON error responses the gateway itself produces, in the route's protocol's shape.
 
 One shaper for every error of the gateway's own (a refused key, a body too
-large, an overloaded or draining gateway, an unreachable upstream, a limit,
-a broken buffered answer), so that each provider's SDK reads it as its own:
+large, an overloaded or draining gateway, a limit, a broken buffered answer),
+so that each provider's SDK reads it as its own:
 
-- OpenAI family (Chat, Completions, Responses, bare SSE) and errors with no
-  route: ``{"error": {"message", "type", "code", "param": null}}``.
+- OpenAI family (Chat, Completions, Responses, bare SSE), errors with no
+  route, and on every route the 502/504 of an upstream that sent no response
+  header (the wire contract's): ``{"error": {"message", "type", "code",
+  "param": null}}``.
 - Anthropic Messages: ``{"type": "error", "error": {"type", "message",
   "details": {"error_code"}}, "request_id"}``, the type named from the status
   as Anthropic names it (401 ``authentication_error``, 529 ``overloaded_error``).

@@ -809,12 +809,15 @@ class Relay:
             record.error = failure.error
         if record.stream:
             record.verdict = bare_verdict(failure.reason)
+        # OpenAI-shaped on every route (the wire contract's 502/504 before any response
+        # header); every SDK raises on the status.
         await self._send_error(
             exchange,
             failure.status,
             _FAILURE_MESSAGES.get(failure.reason, "Upstream failure."),
             "upstream_error",
             str(failure.reason),
+            openai_shaped=True,
         )
 
     async def _send_error(
@@ -825,13 +828,16 @@ class Relay:
         type_: str,
         code: str,
         extra: RawHeaders | None = None,
+        *,
+        openai_shaped: bool = False,
     ) -> None:
-        """Send an error of the gateway's own, in the shape of the request's protocol."""
+        """Send an error of the gateway's own, in the shape of the request's protocol
+        (OpenAI's whatever the protocol when ``openai_shaped``)."""
         record = exchange.record
         record.status = status
         record.bytes_out += await send_error(
             exchange.send,
-            exchange.spec.name,
+            None if openai_shaped else exchange.spec.name,
             status,
             message,
             type_,

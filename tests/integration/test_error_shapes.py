@@ -3,7 +3,8 @@
 A real gateway in front of the simulator with a client key, a small body limit
 and one stream at a time per route: a bad key (401), a body over the limit (413)
 and a second concurrent stream (503) on an Anthropic, an Ollama and a Gemini
-route, each raised by the real SDK as its own error with the gateway's message.
+route, each raised by the real SDK as its own error with the gateway's message;
+and the one exception, an unreachable upstream's 502, OpenAI-shaped everywhere.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import web
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, free_port
 from tests.integration.helpers import gateway_for
 from tests.sdk import anthropic, genai, genai_errors, genai_types, ollama
 
@@ -193,3 +194,21 @@ def test_genai_reads_an_overloaded_gateway(gateway: ServerThread) -> None:
         error = _genai_raises(gateway, "UNAVAILABLE", 503, call)
     assert isinstance(error, genai_errors.ServerError)
     assert error.message.startswith("Too many concurrent streams")
+
+
+# ------------------------------------------------- an upstream that never answered
+
+
+def test_an_unreachable_upstream_is_openai_shaped_on_every_route() -> None:
+    # The wire contract's 502 before any response header: one shape whatever the
+    # route's protocol; the anthropic SDK raises on the status.
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    routes = [{"name": "a", "prefix": "/anthropic", "upstream": dead, "protocol": "messages"}]
+    with gateway_for("", routes=routes) as gw:
+        client = anthropic.Anthropic(base_url=gw.url + "/anthropic", api_key="k", max_retries=0)
+        with pytest.raises(anthropic.InternalServerError) as raised:
+            client.messages.create(**_messages())
+    assert raised.value.status_code == 502
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert (error["type"], error["code"]) == ("upstream_error", "upstream_unavailable")
+    assert "could not be reached" in error["message"]
