@@ -24,6 +24,7 @@ import httpx
 import psutil
 import pytest
 
+from gateway.guard.jsonparse import loads
 from tests import web
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
@@ -421,11 +422,19 @@ def test_a_large_json_body_does_not_stall_a_concurrent_stream() -> None:
 
         post_big()  # the helper process is started once, before the measured run
         before, within = _event_gaps_around(gw.url, post_big)
+        # What parsing it on the loop would hold the loop for, at this moment's load: the
+        # gateway's own parser on the same body, timed here.
+        began = time.perf_counter()
+        loads(BIG_BODY)
+        parse = time.perf_counter() - began
     assert len(within) >= 5, within
     # Measured here, now, against this stream's own gaps before the big body came. Parsed
-    # on the loop, the body held it 0.6 s on an idle machine, 1.8 s under load; off it,
-    # the stream's largest gap grew by 0.1-0.25 s on this loaded 2-core machine.
-    assert max(within) < max(before) + 0.4, (max(before), max(within))
+    # on the loop, the body held it 0.6 s on an idle machine, 1.8 s under load (at least
+    # the parse itself); off it, the stream's largest gap grew by 0.1-0.25 s on a loaded
+    # 2-core machine, and 0.45 s once with two other suites running (reading 27 MB in
+    # is on the loop too): the bound grows with the load, never past the parse's 0.6x.
+    allowed = max(0.4, 0.6 * parse)
+    assert max(within) < max(before) + allowed, (max(before), max(within), parse)
 
 
 MiB = 1024 * 1024
