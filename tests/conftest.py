@@ -62,7 +62,9 @@ class ServerThread:
     """A real uvicorn server (uvloop + httptools) running an ASGI app in a thread."""
 
     def __init__(self, app: Any, **config: Any) -> None:
-        self.port = free_port()
+        self._app = app
+        self._chosen_port = "port" not in config  # free_port()'s: another may be tried
+        self.port = config.pop("port", None) or free_port()
         options: dict[str, Any] = {
             "host": "127.0.0.1",
             "port": self.port,
@@ -76,22 +78,38 @@ class ServerThread:
             "proxy_headers": False,
         }
         options.update(config)
+        self._options = options
         self.server = uvicorn.Server(uvicorn.Config(app, **options))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _serve(self) -> None:
+        # uvicorn exits the thread when its bind fails; start() tells that apart.
+        with contextlib.suppress(SystemExit):
+            self.server.run()
+
     def start(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 60  # generous: a loaded machine starts slowly
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
+        for attempt in range(3):
+            self.thread.start()
+            deadline = time.monotonic() + 60  # generous: a loaded machine starts slowly
+            while not self.server.started:
+                if not self.thread.is_alive() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            else:
+                return self
+            if self.thread.is_alive() or not self._chosen_port or attempt == 2:
                 raise RuntimeError("server did not start")
-            time.sleep(0.01)
-        return self
+            # uvicorn exits when its bind fails: another server took the port between
+            # free_port() and the bind. Once more, on another port.
+            self.port = self._options["port"] = free_port()
+            self.server = uvicorn.Server(uvicorn.Config(self._app, **self._options))
+            self.thread = threading.Thread(target=self._serve, daemon=True)
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -113,6 +131,10 @@ def simulator() -> Iterator[ServerThread]:
 
     with running(create_simulator_app()) as server:
         yield server
+
+
+class PortTaken(RuntimeError):
+    """The gateway process could not bind its port: another server took it first."""
 
 
 class GatewayProcess:
@@ -168,14 +190,34 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 _out, err = self.proc.communicate()
-                raise RuntimeError(f"gateway exited: {err.decode(errors='replace')[-2000:]}")
+                text = err.decode(errors="replace")[-2000:]
+                if "address already in use" in text.lower():
+                    raise PortTaken(text)
+                raise RuntimeError(f"gateway exited: {text}")
             try:
-                if web.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return self
+                ready = web.get(self.url + "/readyz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
+                ready = False
+            if ready and self._listening():
+                return self
             time.sleep(0.05)
         raise RuntimeError("gateway did not become ready")
+
+    def _listening(self) -> bool:
+        """Whether this process holds the port's listening socket. Between free_port()
+        and the gateway's bind, another test's server can take the port; its /readyz
+        answers too (a run once tested a gateway with client keys, and got 401s)."""
+        import psutil
+
+        try:
+            process = psutil.Process(self.proc.pid)
+            connections = process.net_connections(kind="tcp")
+        except psutil.Error:
+            return False
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+            for c in connections
+        )
 
     def wait_stderr(self, needle: bytes, count: int = 1, timeout: float = 60) -> None:
         """Wait until the process has written ``needle`` ``count`` times on stderr.
@@ -217,8 +259,18 @@ class GatewayProcess:
 def gateway_process(
     args: list[str], env: dict[str, str] | None = None, *, drain: bool = True
 ) -> Iterator[GatewayProcess]:
-    gateway = GatewayProcess(args, env, drain=drain)
+    for attempt in range(3):
+        gateway = GatewayProcess(args, env, drain=drain)
+        try:
+            gateway.wait_ready()
+            break
+        except PortTaken:  # it exited: another server bound the port first
+            if attempt == 2:
+                raise
+        except BaseException:
+            gateway.stop()
+            raise
     try:
-        yield gateway.wait_ready()
+        yield gateway
     finally:
         gateway.stop()
