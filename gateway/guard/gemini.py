@@ -74,6 +74,7 @@ __all__ = [
     "gemini_error_event",
     "gemini_usage",
     "gemini_wants_stream",
+    "google_error",
     "google_status",
     "is_gemini_path",
     "normalize_gemini_finish",
@@ -212,7 +213,16 @@ def gemini_error_event(reason: Reason, message: str, request_id: str) -> bytes:
     The SDK exposes the whole object as ``APIError.details``.
     """
     code, status = google_status(reason)
-    payload = {
+    payload = google_error(code, status, message, str(reason), request_id)
+    return data_line(payload)  # no event: line: the SDK reads only data: lines
+
+
+def google_error(
+    code: int, status: str, message: str, reason: str, request_id: str
+) -> dict[str, Any]:
+    """Google's error object for an error of the gateway's own: ``reason`` (a metric
+    label value) in a ``google.rpc.ErrorInfo``, the request id in a ``RequestInfo``."""
+    return {
         "error": {
             "code": code,
             "message": message,
@@ -220,9 +230,9 @@ def gemini_error_event(reason: Reason, message: str, request_id: str) -> bytes:
             "details": [
                 {
                     "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                    "reason": str(reason).upper(),
+                    "reason": reason.upper(),
                     "domain": GEMINI_ERROR_DOMAIN,
-                    "metadata": {"reason": str(reason)},
+                    "metadata": {"reason": reason},
                 },
                 {
                     "@type": "type.googleapis.com/google.rpc.RequestInfo",
@@ -231,7 +241,6 @@ def gemini_error_event(reason: Reason, message: str, request_id: str) -> bytes:
             ],
         }
     }
-    return data_line(payload)  # no event: line: the SDK reads only data: lines
 
 
 # -- the contract ------------------------------------------------------------------------

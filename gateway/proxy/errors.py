@@ -30,7 +30,7 @@ from typing import Any, Final
 from starlette.types import Send
 
 from gateway.guard import Protocol
-from gateway.guard.gemini import GEMINI_ERROR_DOMAIN
+from gateway.guard.gemini import google_error
 from gateway.proxy.headers import RawHeaders
 
 __all__ = ["error_body", "error_headers", "send_error"]
@@ -108,15 +108,7 @@ def _anthropic(status: int, message: str, type_: str, code: str, request_id: str
 
 def _gemini(status: int, message: str, type_: str, code: str, request_id: str) -> Json:
     name = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
-    info = {
-        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-        "reason": code.upper(),
-        "domain": GEMINI_ERROR_DOMAIN,
-        "metadata": {"reason": code},
-    }
-    about = {"@type": "type.googleapis.com/google.rpc.RequestInfo", "requestId": request_id}
-    text = f"{message} (request_id={request_id})"
-    return {"error": {"code": status, "message": text, "status": name, "details": [info, about]}}
+    return google_error(status, name, f"{message} (request_id={request_id})", code, request_id)
 
 
 def _ollama(status: int, message: str, type_: str, code: str, request_id: str) -> Json:
