@@ -93,23 +93,21 @@ class ServerThread:
             self.server.run()
 
     def start(self) -> ServerThread:
-        for attempt in range(3):
+        for _ in range(3 if self._chosen_port else 1):
             self.thread.start()
             deadline = time.monotonic() + 60  # generous: a loaded machine starts slowly
-            while not self.server.started:
-                if not self.thread.is_alive() or time.monotonic() > deadline:
-                    break
+            while self.thread.is_alive() and time.monotonic() < deadline:
+                if self.server.started:
+                    return self
                 time.sleep(0.01)
-            else:
-                return self
-            if self.thread.is_alive() or not self._chosen_port or attempt == 2:
-                raise RuntimeError("server did not start")
+            if self.thread.is_alive():
+                break  # too slow, not a failed bind
             # uvicorn exits when its bind fails: another server took the port between
             # free_port() and the bind. Once more, on another port.
             self.port = self._options["port"] = free_port()
             self.server = uvicorn.Server(uvicorn.Config(self._app, **self._options))
             self.thread = threading.Thread(target=self._serve, daemon=True)
-        raise AssertionError("unreachable")
+        raise RuntimeError("server did not start")
 
     def stop(self) -> None:
         self.server.should_exit = True
