@@ -131,7 +131,9 @@ class _Gateway:
         self.transport = transport
         self.metrics = Metrics(_longest_request(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
-        self.access_log = AccessLog(settings.access_log)
+        self.access_log = AccessLog(
+            settings.access_log, on_dropped=self.metrics.access_log_lines_dropped
+        )
         self.captures = CaptureWriter.for_settings(
             settings,
             on_written=self.metrics.capture_written,
@@ -222,6 +224,7 @@ class _Gateway:
                 lambda: [(route.name, route.active) for route in self.routes],
             )
             self.status_share.start()
+        self.access_log.start()  # its writes leave the loop
         # What exists now lives as long as the process: keep it out of every GC pass.
         gc.freeze()
         self.lifecycle.ready = True
@@ -255,6 +258,7 @@ class _Gateway:
             if self.relay.limiter is not None:
                 await self.relay.limiter.close()
             self.access_log.flush()
+            await asyncio.to_thread(self.access_log.close)
             if self.captures is not None:
                 await asyncio.to_thread(self.captures.close)
             if simulator is not None:

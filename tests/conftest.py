@@ -139,8 +139,8 @@ class GatewayProcess:
     """The gateway as a real separate process (``python -m gateway serve``).
 
     Its stdout (the access log) is read as it comes, by a thread (``drain``): a pipe
-    nobody reads holds 64 KiB, and a gateway whose access-log write blocks on a full
-    pipe stops answering. ``drain=False`` leaves ``proc.stdout`` to the test.
+    nobody reads holds 64 KiB, and beyond what the gateway's log queue then holds its
+    lines are dropped. ``drain=False`` leaves ``proc.stdout`` to the test.
     """
 
     def __init__(

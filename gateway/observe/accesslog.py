@@ -8,13 +8,23 @@ A line is the standard library's JSON (compact, ASCII); ``encode_line``
 makes it with orjson, several times faster, whenever orjson's bytes are the
 same, and with the standard library otherwise (a test holds the two to the
 same output over generated records).
+
+While the gateway serves, lines are written by a thread of their own: a
+stdout whose reader stalls (a full pipe, a stuck log shipper) blocks that
+thread, never the event loop. What it has not taken is kept up to
+``QUEUE_BATCHES`` batches; beyond that lines are dropped and counted
+(``gateway_access_log_dropped_lines_total``), and requests go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -28,7 +38,14 @@ from gateway.observe.record import RequestRecord
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 _dumps = orjson.dumps
 
-__all__ = ["AccessLog", "encode_line", "log_fields"]
+__all__ = ["QUEUE_BATCHES", "AccessLog", "encode_line", "log_fields"]
+
+log = logging.getLogger("gateway")
+
+#: Batches of lines (each up to ``max_buffered`` lines) waiting for the writer thread;
+#: more are dropped and counted.
+QUEUE_BATCHES = 64
+_LOG_INTERVAL = 60.0
 
 
 def _plain(value: float | None) -> bool:
@@ -132,10 +149,13 @@ class AccessLog:
 
     Lines are buffered and flushed within ``flush_interval`` seconds (and at
     shutdown), so a busy gateway does not pay a write system call per request.
-    Lines are ASCII (JSON escapes), so no string from outside, not even a lone
-    surrogate, can make a write fail; a write that fails anyway drops its lines
-    (the buffer never grows past ``max_buffered``) and is reported to
-    ``on_error``.
+    Between ``start()`` and ``close()`` a flush only hands its batch to the
+    writer thread; a batch the thread is too far behind to take is dropped and
+    its lines are reported to ``on_dropped`` (and logged at most once a
+    minute). Lines are ASCII (JSON escapes), so no string from outside, not
+    even a lone surrogate, can make a write fail; a write that fails anyway
+    drops its lines (the buffer never grows past ``max_buffered``) and is
+    reported to ``on_error``.
     """
 
     name = "access_log"
@@ -147,6 +167,8 @@ class AccessLog:
         flush_interval: float = 0.1,
         max_buffered: int = 256,
         on_error: Callable[[str], None] | None = None,
+        on_dropped: Callable[[int], None] = lambda lines: None,
+        queue_batches: int = QUEUE_BATCHES,
     ) -> None:
         self.enabled = enabled
         self._stream = stream
@@ -155,6 +177,11 @@ class AccessLog:
         self._lines: list[str] = []
         self._scheduled = False
         self.on_error = on_error
+        self.on_dropped = on_dropped
+        self._queue: queue.Queue[str | None] = queue.Queue(queue_batches)
+        self._thread: threading.Thread | None = None
+        self._fd: int | None = None  # the writer thread's: stdout's file descriptor
+        self._last_logged = float("-inf")
 
     def observe(self, record: RequestRecord) -> None:
         self.write(record)
@@ -178,13 +205,79 @@ class AccessLog:
         self._scheduled = False
         if not self._lines:
             return
-        out = self._stream if self._stream is not None else sys.stdout
         text = "\n".join(self._lines) + "\n"
+        lines = len(self._lines)
         self._lines.clear()
+        if self._thread is None:
+            self._write(text)
+            return
         try:
-            out.write(text)
-            out.flush()
+            self._queue.put_nowait(text)
+        except queue.Full:
+            self._dropped(lines)
+
+    # -- the writer thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """From now on flushes go to a writer thread (the gateway's lifespan starts it).
+
+        The thread writes to stdout's file descriptor itself, not through
+        ``sys.stdout``'s buffer: a thread blocked on a stalled stdout then holds
+        no lock that the interpreter's exit would wait for."""
+        if not self.enabled or self._thread is not None:
+            return
+        if self._stream is None:
+            try:
+                fd = sys.stdout.fileno()
+                sys.stdout.flush()  # what was written before goes first
+            except (AttributeError, OSError, ValueError):
+                fd = None  # no descriptor (a test's capture): through the stream
+            self._fd = fd
+        self._thread = threading.Thread(target=self._run, name="gateway-access-log", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let the thread write what it was handed (for at most ``timeout`` seconds: a
+        stalled stdout must not hold the shutdown), then stop it. Flush first, on the
+        loop; this may block, so the lifespan runs it in a thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        thread.join(max(deadline - time.monotonic(), 0.0))
+        if not thread.is_alive():
+            self._thread = None
+
+    def _run(self) -> None:
+        while (text := self._queue.get()) is not None:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        try:
+            if self._fd is not None:
+                data = memoryview(text.encode("ascii"))
+                while data:
+                    data = data[os.write(self._fd, data) :]
+            else:
+                out = self._stream if self._stream is not None else sys.stdout
+                out.write(text)
+                out.flush()
         except Exception:
             if self.on_error is None:
                 raise
             self.on_error(self.name)
+
+    def _dropped(self, lines: int) -> None:
+        self.on_dropped(lines)
+        now = time.monotonic()
+        if now - self._last_logged >= _LOG_INTERVAL:
+            self._last_logged = now
+            log.warning(
+                "the access log's output is not keeping up: %d line(s) dropped (counted in "
+                "gateway_access_log_dropped_lines_total; logged at most once a minute)",
+                lines,
+            )

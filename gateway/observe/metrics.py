@@ -383,6 +383,11 @@ class Metrics:
             ["route", "reason"],
             registry=reg,
         )
+        self.access_log_dropped = Counter(
+            "gateway_access_log_dropped_lines_total",
+            "Access-log lines dropped: stdout did not take them (a stalled reader).",
+            registry=reg,
+        )
         self.build_info = Gauge(
             "gateway_build_info",
             "Build information; the value is always 1. guard: compiled or python.",
@@ -444,6 +449,9 @@ class Metrics:
 
     def capture_dropped(self, route: str, reason: str) -> None:
         self._child(self.captures_dropped, route, reason).inc()
+
+    def access_log_lines_dropped(self, lines: int) -> None:
+        self.access_log_dropped.inc(lines)
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, memoized: label values are bounded, lookups are hot."""

@@ -214,6 +214,48 @@ def test_a_failing_access_log_is_counted_and_breaks_nothing_else(
     assert stderr.count(b"observer access_log failed") <= 1
 
 
+def test_a_stdout_nobody_reads_stops_no_request_and_loses_only_what_it_cannot_hold(
+    upstream: tuple[ServerThread, Upstream],
+) -> None:
+    """A stalled log reader (a full pipe) blocks the access log's writer thread, never
+    the loop: requests go on, lines beyond the queue are dropped and counted, and once
+    stdout is read again the log goes on. (Writing on the loop, the 69th request of
+    this test hung: the pipe holds 64 KiB.)"""
+    server, _ = upstream
+    with gateway_process(["--upstream", server.url + "/v1"], drain=False) as gw:
+        pipe = gw.proc.stdout
+        assert pipe is not None
+        sent, dropped = 0, 0.0
+        deadline = time.monotonic() + 60
+        while dropped == 0:
+            assert time.monotonic() < deadline, f"nothing dropped after {sent} requests"
+            for _ in range(100):
+                response = _post(gw.url, "echo", b'{"model":"m","stream":true}')
+                assert annotation(response.content)["outcome"] == "complete", sent
+                sent += 1
+            metrics = web.get(gw.url + "/metrics").text
+            dropped = metric_value(metrics, "gateway_access_log_dropped_lines_total")
+        assert metric_value(metrics, "gateway_streams_total", outcome="complete") == sent
+        assert 0 < dropped < sent
+        # Read again: what the pipe and the queue held comes out whole, then new lines.
+        last = _post(gw.url, "echo", b'{"model":"m","stream":true}', **{"x-request-id": "last"})
+        assert last.status_code == 200
+        out = b""
+        while b'"request_id":"last"' not in out:
+            assert time.monotonic() < deadline + 30, "the log did not resume"
+            chunk = pipe.read1(65536)
+            assert chunk, "stdout closed"
+            out += chunk
+        lines = _log_lines(out.decode("ascii"))
+        assert lines[-1]["request_id"] == "last"
+        # Every line before "last" was written or dropped by now: the count is final.
+        metrics = web.get(gw.url + "/metrics").text
+        dropped = metric_value(metrics, "gateway_access_log_dropped_lines_total")
+        assert len(lines) == sent + 1 - dropped
+        _out, stderr = gw.stop()
+    assert stderr.count(b"access log's output is not keeping up") == 1
+
+
 def test_an_edge_refusal_the_access_log_cannot_take_is_counted_and_goes_no_further() -> None:
     """The edge calls ``edge_refused`` from the connection's protocol: nothing may escape."""
     app = create_app(Settings(upstream_url="http://127.0.0.1:9/v1"))

@@ -1,0 +1,143 @@
+"""The access log's writer thread, over a real pipe: a stalled reader never blocks a flush.
+
+The gateway as a process with a stdout nobody reads is in
+tests/integration/test_hostile_input.py; these drive the parts of it one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.observe.accesslog import AccessLog
+from gateway.observe.record import RequestRecord
+
+# A pipe holds 64 KiB: a few hundred lines fill it.
+_PIPE_FILLING_LINES = 400
+
+
+def _record(n: int) -> RequestRecord:
+    return RequestRecord(
+        request_id=f"r{n}", route="r", method="POST", path="/v1/x", started=0.0, client="c"
+    )
+
+
+class Pipe:
+    """A real OS pipe whose ends are closed once (a descriptor number closed twice may
+    by then be someone else's)."""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+        self._open = {self.read, self.write}
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            os.close(fd)
+
+
+@pytest.fixture
+def pipe() -> Iterator[Pipe]:
+    ends = Pipe()
+    yield ends
+    ends.close(ends.read)
+    ends.close(ends.write)
+
+
+def _read_lines(fd: int, last_id: str) -> list[str]:
+    out = b""
+    while f'"request_id":"{last_id}"'.encode() not in out:
+        chunk = os.read(fd, 65536)
+        assert chunk, "the pipe closed"
+        out += chunk
+    return out.decode("ascii").splitlines()
+
+
+def test_flushes_into_a_full_pipe_return_and_count_what_the_queue_cannot_hold(
+    pipe: Pipe,
+) -> None:
+    read, write = pipe.read, pipe.write
+    stream = os.fdopen(write, "w", encoding="ascii", closefd=False)
+    dropped: list[int] = []
+    log = AccessLog(stream=stream, on_dropped=dropped.append, queue_batches=2)
+    log.start()
+    # No loop runs here: every write flushes its line. The thread blocks on the full
+    # pipe and two batches wait; every later one is dropped, and no write ever blocks.
+    for n in range(_PIPE_FILLING_LINES):
+        log.write(_record(n))
+    assert sum(dropped) > 0
+    # Read again: the thread writes what it was handed (close() waits for it), whole.
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.extend(iter(lambda: os.read(read, 65536), b"")))
+    reader.start()
+    log.close(timeout=30)
+    stream.close()
+    pipe.close(write)
+    reader.join(30)
+    lines = b"".join(out).decode("ascii").splitlines()
+    assert len(lines) + sum(dropped) == _PIPE_FILLING_LINES
+    ids = [int(json.loads(line)["request_id"][1:]) for line in lines]
+    assert ids[0] == 0
+    assert ids == sorted(ids)
+
+
+def test_close_gives_up_on_a_stalled_stdout(pipe: Pipe) -> None:
+    write = pipe.write
+    stream = os.fdopen(write, "w", encoding="ascii", closefd=False)
+    # The thread stays blocked until the pipe goes, then fails: nothing to report.
+    log = AccessLog(stream=stream, queue_batches=2, on_error=lambda name: None)
+    log.start()
+    for n in range(_PIPE_FILLING_LINES):
+        log.write(_record(n))
+    done = threading.Event()
+
+    def close() -> None:
+        log.close(timeout=0.2)
+        done.set()
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    assert done.wait(30), "close() waited on a stdout nobody reads"
+
+
+def test_a_write_that_fails_in_the_thread_is_reported(pipe: Pipe) -> None:
+    read, write = pipe.read, pipe.write
+    pipe.close(read)  # every write now fails (EPIPE)
+    stream = os.fdopen(write, "w", encoding="ascii", closefd=False)
+    failed = threading.Event()
+    names: list[str] = []
+
+    def on_error(name: str) -> None:
+        names.append(name)
+        failed.set()
+
+    log = AccessLog(stream=stream, on_error=on_error)
+    log.start()
+    log.write(_record(1))
+    assert failed.wait(30)
+    assert names == ["access_log"]
+    log.close(timeout=5)
+
+
+def test_the_thread_writes_to_stdouts_descriptor(
+    pipe: Pipe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a stream of its own it writes to stdout's file descriptor, not through
+    ``sys.stdout`` (a thread blocked there would hold the lock the exit waits for)."""
+    read, write = pipe.read, pipe.write
+    stdout = os.fdopen(write, "w", encoding="ascii", closefd=False)
+    monkeypatch.setattr("sys.stdout", stdout)
+    stdout.write("before\n")  # buffered in sys.stdout: start() flushes it first
+    log = AccessLog()
+    log.start()
+    log.write(_record(7))
+    log.flush()
+    lines = _read_lines(read, "r7")
+    log.close(timeout=5)
+    assert lines[0] == "before"
+    assert '"request_id":"r7"' in lines[1]
+    stdout.close()
