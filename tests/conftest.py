@@ -58,6 +58,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port where nothing listens, for as long as the block runs.
+
+    A port free_port() handed out can be bound by another test's server meanwhile, and
+    the dead upstream answers. This one stays bound, never listened on: a connect to it
+    is refused (ECONNREFUSED, as to a free port) and no other socket can bind it (no
+    SO_REUSEADDR here, so even uvicorn's bind gets EADDRINUSE).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port where nothing listens, for the whole test (``held_port``)."""
+    with held_port() as port:
+        yield port
+
+
 class ServerThread:
     """A real uvicorn server (uvloop + httptools) running an ASGI app in a thread."""
 

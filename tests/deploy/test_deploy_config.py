@@ -1194,7 +1194,7 @@ def _healthcheck_argv(test: list[str], port_map: dict[int, int]) -> list[str]:
 
 
 def test_healthchecks_and_probes_pass_against_the_real_processes(
-    live_gateway: tuple[int, int, list[Path]],
+    live_gateway: tuple[int, int, list[Path]], dead_port: int
 ) -> None:
     gw_port, sim_port, _ = live_gateway
     services = load_yaml(REPO / "compose.yaml")["services"]
@@ -1212,7 +1212,7 @@ def test_healthchecks_and_probes_pass_against_the_real_processes(
     env = {**clean_env(), "GATEWAY_PORT": str(gw_port)}
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, f"image HEALTHCHECK failed: {result.stderr}"
-    env["GATEWAY_PORT"] = str(free_port())  # nothing listens there: must fail
+    env["GATEWAY_PORT"] = str(dead_port)  # nothing listens there: must fail
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode != 0, "image HEALTHCHECK passes with no gateway"
 

@@ -304,12 +304,12 @@ def _has_data(result: list[dict[str, Any]]) -> bool:
 
 
 def test_every_panel_returns_data_from_a_real_prometheus(
-    simulator: ServerThread, tmp_path: Path
+    simulator: ServerThread, tmp_path: Path, dead_port: int
 ) -> None:
     prometheus = _tool("prometheus", "install it with `apt-get install prometheus`")
     routes = [
         {"name": "default", "prefix": "/v1", "upstream": simulator.url + "/v1"},
-        {"name": "dead", "prefix": "/dead/v1", "upstream": f"http://127.0.0.1:{free_port()}/v1"},
+        {"name": "dead", "prefix": "/dead/v1", "upstream": f"http://127.0.0.1:{dead_port}/v1"},
     ]
     with gateway_for("", routes=routes) as gw:
         exported = {

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import web
-from tests.conftest import ServerThread, free_port
+from tests.conftest import ServerThread
 from tests.integration.helpers import gateway_for
 from tests.sdk import anthropic, genai, genai_errors, genai_types, ollama
 
@@ -199,10 +199,10 @@ def test_genai_reads_an_overloaded_gateway(gateway: ServerThread) -> None:
 # ------------------------------------------------- an upstream that never answered
 
 
-def test_an_unreachable_upstream_is_openai_shaped_on_every_route() -> None:
+def test_an_unreachable_upstream_is_openai_shaped_on_every_route(dead_port: int) -> None:
     # The wire contract's 502 before any response header: one shape whatever the
     # route's protocol; the anthropic SDK raises on the status.
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{dead_port}"  # nothing listens there
     routes = [{"name": "a", "prefix": "/anthropic", "upstream": dead, "protocol": "messages"}]
     with gateway_for("", routes=routes) as gw:
         client = anthropic.Anthropic(base_url=gw.url + "/anthropic", api_key="k", max_retries=0)

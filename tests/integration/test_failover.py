@@ -28,7 +28,7 @@ from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
 from tests.cli import run_cli
-from tests.conftest import ServerThread, free_port, running
+from tests.conftest import ServerThread, running
 from tests.integration.control import WAIT_SECONDS
 from tests.integration.helpers import (
     access_log_lines,
@@ -283,8 +283,8 @@ def test_an_answer_that_breaks_before_its_first_event_is_retried(
             assert metric_value(text, "gateway_streams_total", outcome="incomplete") == 0
 
 
-def test_an_unreachable_upstream_is_retried(healthy: ServerThread) -> None:
-    closed = f"http://127.0.0.1:{free_port()}/v1"
+def test_an_unreachable_upstream_is_retried(healthy: ServerThread, dead_port: int) -> None:
+    closed = f"http://127.0.0.1:{dead_port}/v1"
     routes = pool(up("primary", closed, weight=100), up("fallback", healthy.url + "/v1"))
     with gateway_for("", routes=routes) as gw:
         response = first_on(gw, "primary", lambda rid: stream(gw, rid), "connect")

@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.settings import load_settings
 from gateway.simulator import expected_text
 from tests import web
-from tests.conftest import ServerThread, free_port, running
+from tests.conftest import ServerThread, running
 from tests.integration.helpers import access_log_lines, gateway_for, metric_value
 from tests.sdk import genai, genai_errors, genai_types
 
@@ -89,8 +89,8 @@ def test_every_cut_raises_with_the_reason(gateway: ServerThread, fault: str, rea
     assert metric_value(metrics, "gateway_streams_total", route="gemini", reason=reason) >= 1
 
 
-def test_the_stream_is_known_from_its_url_before_any_answer() -> None:
-    dead = f"http://127.0.0.1:{free_port()}/v1beta"  # nothing listens there
+def test_the_stream_is_known_from_its_url_before_any_answer(dead_port: int) -> None:
+    dead = f"http://127.0.0.1:{dead_port}/v1beta"  # nothing listens there
     with gateway_for("", routes=_routes(dead)) as gw:
         response = web.post(gw.url + STREAM_PATH, json={"contents": []}, timeout=30)
         assert response.status_code == 502

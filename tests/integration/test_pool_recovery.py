@@ -7,9 +7,11 @@ failing one's 503s went to clients unretried, for the whole ejection).
 
 from __future__ import annotations
 
+import contextlib
+
 from gateway.simulator import create_simulator_app
 from tests import web
-from tests.conftest import ServerThread, free_port, running
+from tests.conftest import ServerThread, held_port, running
 from tests.integration.control import wait_until
 from tests.integration.helpers import gateway_for, metric_value
 
@@ -17,7 +19,8 @@ CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_an_upstream_ejected_before_it_listened_is_back_once_it_answers() -> None:
-    healthy_port = free_port()  # nothing listens there yet
+    held = contextlib.ExitStack()
+    healthy_port = held.enter_context(held_port())  # nothing listens there yet
     routes = [
         {
             "name": "chat",
@@ -33,7 +36,7 @@ def test_an_upstream_ejected_before_it_listened_is_back_once_it_answers() -> Non
         }
     ]
     failing_app = create_simulator_app(default_fault="status", default_status=503)
-    with running(failing_app) as failing:
+    with held, running(failing_app) as failing:
         routes[0]["upstreams"][0]["url"] = failing.url + "/v1"  # type: ignore[index]
         with gateway_for("", routes=routes) as gw:
 
@@ -47,6 +50,7 @@ def test_an_upstream_ejected_before_it_listened_is_back_once_it_answers() -> Non
 
             wait_until(healthy_out, "the not-yet-listening upstream ejected")
             assert ejected("failing") == 0  # the cap (half the pool) keeps it in
+            held.close()  # the port is let go only now, for the healthy upstream to bind
             healthy = ServerThread(create_simulator_app(), port=healthy_port)
             healthy.port = healthy_port
             healthy.start()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests import web
-from tests.conftest import ServerThread, free_port
+from tests.conftest import ServerThread
 from tests.integration.control import WAIT_SECONDS, access_log, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
 from tests.sdk import openai
@@ -64,9 +64,8 @@ def test_first_byte_timeout_before_headers_is_a_504_json_error(simulator: Server
     _assert_clean_error(response, 504, "first_byte_timeout")
 
 
-def test_unreachable_upstream_is_a_502_naming_no_host() -> None:
-    port = free_port()  # nothing listens there
-    with gateway_for(f"http://127.0.0.1:{port}/v1") as gw:
+def test_unreachable_upstream_is_a_502_naming_no_host(dead_port: int) -> None:
+    with gateway_for(f"http://127.0.0.1:{dead_port}/v1") as gw:
         response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10)
         _assert_clean_error(response, 502, "upstream_unavailable")
         metrics = settled_metrics(gw.url, requests=1)

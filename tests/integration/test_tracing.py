@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests import web
-from tests.conftest import ServerThread, free_port, gateway_process
+from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation, gateway_for
 from tests.integration.otlp_receiver import (
     SPAN_KIND_SERVER,
@@ -93,9 +93,8 @@ def _stream(base: str, path: str, request_id: str, fault: str = "none", **header
 
 
 def test_complete_cut_and_failed_streams_become_spans_with_their_parentage(
-    simulator: ServerThread, receiver: Receiver
+    simulator: ServerThread, receiver: Receiver, dead_port: int
 ) -> None:
-    dead_port = free_port()  # nothing listens: the connection is refused
     with gateway_for("", routes=_routes(simulator, dead_port), tracing={"enabled": True}) as gw:
         complete = _stream(
             gw.url, "/v1/chat/completions", "tr-complete", traceparent=_traceparent()

@@ -294,11 +294,9 @@ def test_a_client_key_is_checked_at_the_handshake(simulator: ServerThread) -> No
 
 
 def test_a_failed_connect_fails_over_before_the_handshake(
-    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str], dead_port: int
 ) -> None:
-    from tests.conftest import free_port
-
-    dead = f"http://127.0.0.1:{free_port()}/v1"
+    dead = f"http://127.0.0.1:{dead_port}/v1"
     route = {
         "name": "pool",
         "prefix": "/v1",
