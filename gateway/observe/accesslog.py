@@ -180,7 +180,10 @@ class AccessLog:
         self.on_dropped = on_dropped
         self._queue: queue.Queue[str | None] = queue.Queue(queue_batches)
         self._thread: threading.Thread | None = None
-        self._fd: int | None = None  # the writer thread's: stdout's file descriptor
+        #: The writer thread's way around ``sys.stdout``'s buffer: its descriptor, while
+        #: ``sys.stdout`` is still the object it was taken from.
+        self._fd: int | None = None
+        self._fd_of: object = None
         self._last_logged = float("-inf")
 
     def observe(self, record: RequestRecord) -> None:
@@ -228,11 +231,11 @@ class AccessLog:
             return
         if self._stream is None:
             try:
-                fd = sys.stdout.fileno()
+                self._fd = sys.stdout.fileno()
+                self._fd_of = sys.stdout
                 sys.stdout.flush()  # what was written before goes first
             except (AttributeError, OSError, ValueError):
-                fd = None  # no descriptor (a test's capture): through the stream
-            self._fd = fd
+                self._fd = None  # no descriptor (a test's capture): through the stream
         self._thread = threading.Thread(target=self._run, name="gateway-access-log", daemon=True)
         self._thread.start()
 
@@ -257,13 +260,13 @@ class AccessLog:
             self._write(text)
 
     def _write(self, text: str) -> None:
+        out = self._stream if self._stream is not None else sys.stdout
         try:
-            if self._fd is not None:
+            if self._fd is not None and out is self._fd_of:
                 data = memoryview(text.encode("ascii"))
                 while data:
                     data = data[os.write(self._fd, data) :]
-            else:
-                out = self._stream if self._stream is not None else sys.stdout
+            else:  # a stream of its own, or sys.stdout replaced since (a test's capture)
                 out.write(text)
                 out.flush()
         except Exception:

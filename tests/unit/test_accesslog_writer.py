@@ -6,6 +6,7 @@ tests/integration/test_hostile_input.py; these drive the parts of it one at a ti
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -140,4 +141,21 @@ def test_the_thread_writes_to_stdouts_descriptor(
     log.close(timeout=5)
     assert lines[0] == "before"
     assert '"request_id":"r7"' in lines[1]
+    stdout.close()
+
+
+def test_a_stdout_replaced_after_start_gets_the_lines(
+    pipe: Pipe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sys.stdout swapped while the gateway runs (pytest's capsys does): lines go where it
+    points now, not to the descriptor taken at start."""
+    stdout = os.fdopen(pipe.write, "w", encoding="ascii", closefd=False)
+    monkeypatch.setattr("sys.stdout", stdout)
+    log = AccessLog()
+    log.start()
+    replaced = io.StringIO()
+    monkeypatch.setattr("sys.stdout", replaced)
+    log.write(_record(8))
+    log.close(timeout=5)
+    assert '"request_id":"r8"' in replaced.getvalue()
     stdout.close()
