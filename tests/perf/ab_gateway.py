@@ -9,8 +9,11 @@ time on the same core see the same disturbance, so their ratio holds
     .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode stream
     .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode json --rounds 5
 
-Version B is this tree. Each round starts both gateways fresh (``python -m
-gateway serve`` as shipped: guard, metrics, access log to a file), pinned to
+Version B is this tree; version A may also be one of the yardstick relays
+(``--base minimal-raw`` or ``--base minimal``), to see which of the same
+library calls cost the gateway more than a naive relay. Each round starts both
+fresh (a gateway as shipped, ``python -m gateway serve``: guard, metrics,
+access log to a file), pinned to
 the same CPU (``--cpu``, default 1; the harness and the upstream have CPU 0),
 warms both up, then drives both at once, ``--conns`` keep-alive connections
 each, for ``--seconds``: 5-event short streams (``stream``, scenario 4's
@@ -44,7 +47,7 @@ def _query(mode: str) -> tuple[str, int]:
 
 async def _round(
     upstream: bg.Upstream,
-    trees: dict[str, Path],
+    trees: dict[str, Path | str],
     opts: argparse.Namespace,
     workdir: Path,
     profile: Path | None = None,
@@ -53,19 +56,27 @@ async def _round(
     proxies: dict[str, bg.GatewayProxy] = {}
     try:
         for label, tree in trees.items():
-            proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
-            proxy.tree = tree
+            proxy: bg.GatewayProxy
+            if isinstance(tree, str):  # a yardstick relay (FloorProxy's), not a tree
+                proxy = bg.FloorProxy(upstream.port, workdir, [], {}, tree)
+            else:
+                proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
+                proxy.tree = tree
             proxy.cpus = {opts.cpu}
             proxy.start()
             proxies[label] = proxy
-        for proxy in proxies.values():
+        for label, proxy in proxies.items():
             await proxy.wait_ready()
-            await bg.warm_up(proxy.port, True)
-            warm = bg.Tally(gateway=True, keep_latency=False)
+            gateway = not isinstance(trees[label], str)  # a floor has no annotation
+            await bg.warm_up(proxy.port, gateway)
+            warm = bg.Tally(gateway=gateway, keep_latency=False)
             await bg.drive_keepalive(proxy.port, warm, 8, 1.0, query, expected)
             if warm.failed:
                 raise RuntimeError(f"{proxy.name}: warm-up failed: {dict(warm.failures)}")
-        tallies = {label: bg.Tally(gateway=True, keep_latency=False) for label in proxies}
+        tallies = {
+            label: bg.Tally(gateway=not isinstance(trees[label], str), keep_latency=False)
+            for label in proxies
+        }
         gc.collect()
         gc.disable()
         cpu0 = {label: proxy.cpu_seconds() for label, proxy in proxies.items()}
@@ -113,8 +124,8 @@ async def _round(
             proxy.stop()
 
 
-async def main_async(opts: argparse.Namespace, base: Path) -> int:
-    trees = {"A": base, "B": bg.ROOT}
+async def main_async(opts: argparse.Namespace, base: Path | str) -> int:
+    trees: dict[str, Path | str] = {"A": base, "B": bg.ROOT}
     upstream = bg.Upstream(asyncio.get_running_loop())
     await upstream.start()
     ratios: list[float] = []
@@ -172,7 +183,11 @@ def render_profile(raw: Path, label: str, cpu_us: float, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="source tree of version A")
+    parser.add_argument(
+        "--base",
+        required=True,
+        help="source tree of version A, or a yardstick relay: minimal, minimal-raw",
+    )
     parser.add_argument("--mode", choices=("stream", "json"), default="stream")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -187,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
     parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
     opts = parser.parse_args(argv)
-    base = Path(opts.base).resolve()
-    if not (base / "gateway" / "__init__.py").exists():
-        print(f"{base} is not a source tree of the gateway", file=sys.stderr)
-        return 2
+    base: Path | str = opts.base
+    if opts.base not in bg.FloorProxy.SCRIPTS:
+        base = Path(opts.base).resolve()
+        if not (base / "gateway" / "__init__.py").exists():
+            print(f"{base} is not a source tree of the gateway", file=sys.stderr)
+            return 2
     bg._pin(bg.HARNESS_CPU)()
     try:
         import uvloop
