@@ -20,9 +20,27 @@ import logging.config
 import time
 from typing import Any
 
-__all__ = ["configure_logging", "utc_timestamp", "uvicorn_log_config"]
+__all__ = ["LogGate", "configure_logging", "utc_timestamp", "uvicorn_log_config"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LogGate:
+    """Open at most once every ``interval`` seconds: for a warning that input from
+    outside (or a failing backend) could otherwise repeat on every request."""
+
+    __slots__ = ("_interval", "_last")
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self._interval = interval
+        self._last = float("-inf")
+
+    def open(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            return False
+        self._last = now
+        return True
 
 
 def utc_timestamp(seconds: float) -> str:

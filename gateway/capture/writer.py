@@ -20,9 +20,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import queue
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +28,10 @@ from gateway import __version__
 from gateway.capture.fileformat import SUFFIX, Capture, dumps
 from gateway.capture.redact import Redactor
 from gateway.capture.replay import RELAY_SIDE_REASONS
+from gateway.logsetup import LogGate
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
+from gateway.observe.writer_thread import WriterThread
 from gateway.protocols import spec_for
 from gateway.settings import Limits, RouteConfig, Settings
 
@@ -42,7 +41,6 @@ log = logging.getLogger("gateway")
 
 #: Captures waiting for the writer thread; more are dropped (and counted).
 QUEUE_SIZE = 64
-_LOG_INTERVAL = 60.0
 
 
 @dataclass(slots=True)
@@ -76,9 +74,8 @@ class CaptureWriter:
         }
         self._on_written = on_written
         self._on_dropped = on_dropped
-        self._queue: queue.Queue[_Job | None] = queue.Queue(queue_size)
-        self._thread: threading.Thread | None = None
-        self._last_logged = float("-inf")
+        self._writer = WriterThread("gateway-captures", self._handle, queue_size)
+        self._failure_log = LogGate()
         if autostart:
             self.start()
 
@@ -137,47 +134,28 @@ class CaptureWriter:
             chunks=tap.chunks,  # raw until the writer thread redacts them
         )
         job = _Job(capture, route.capture_dir, route.capture_max_bytes, route.capture_max_files)
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        if not self._writer.offer(job):
             self._on_dropped(record.route, "queue_full")
 
     # -- the writer thread ------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gateway-captures", daemon=True)
-            self._thread.start()
+        self._writer.start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued (for at most ``timeout`` seconds), then stop the thread."""
-        thread = self._thread
-        if thread is None:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        thread.join(max(deadline - time.monotonic(), 0.0))
-        self._thread = None
+        self._writer.close(timeout)
 
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            route = job.capture.route
-            try:
-                self._write(job)
-            except Exception:
-                self._on_dropped(route, "write_error")
-                now = time.monotonic()
-                if now - self._last_logged >= _LOG_INTERVAL:
-                    self._last_logged = now
-                    log.exception("could not write a capture for route %s", route)
-                continue
-            self._on_written(route)
+    def _handle(self, job: _Job) -> None:
+        route = job.capture.route
+        try:
+            self._write(job)
+        except Exception:
+            self._on_dropped(route, "write_error")
+            if self._failure_log.open():
+                log.exception("could not write a capture for route %s", route)
+            return
+        self._on_written(route)
 
     @staticmethod
     def _write(job: _Job) -> None:

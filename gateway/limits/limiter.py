@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.limits.backend import Backend, BackendError
 from gateway.limits.memory import MemoryBackend
+from gateway.logsetup import LogGate
 from gateway.policy.limits import (
     Check,
     Cost,
@@ -130,7 +131,7 @@ class Limiter:
         self._on_error = on_error
         self._on_budget = on_budget
         self._clock = clock
-        self._last_logged = -1e9
+        self._failure_log = LogGate()
         self._rules: dict[str, _ClientRules] = {}
         #: (client, route, model, stream) -> its plan for the current minute
         self._plans: dict[tuple[str, str, str | None, bool], _Plan] = {}
@@ -296,9 +297,7 @@ class Limiter:
     def _failed(self, operation: str, exc: BackendError) -> None:
         if self._on_error is not None:
             self._on_error(operation)
-        now = time.monotonic()
-        if now - self._last_logged >= 60.0:
-            self._last_logged = now
+        if self._failure_log.open():
             log.warning(
                 "limits backend: %s failed (%s); %s until it answers again "
                 "(logged at most once a minute)",

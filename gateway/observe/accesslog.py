@@ -22,17 +22,16 @@ import asyncio
 import json
 import logging
 import os
-import queue
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
 
-from gateway.logsetup import utc_timestamp
+from gateway.logsetup import LogGate, utc_timestamp
 from gateway.observe.record import RequestRecord
+from gateway.observe.writer_thread import WriterThread
 
 # json.dumps with options builds a new encoder per call; one encoder serves every line.
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -45,7 +44,6 @@ log = logging.getLogger("gateway")
 #: Batches of lines (each up to ``max_buffered`` lines) waiting for the writer thread;
 #: more are dropped and counted.
 QUEUE_BATCHES = 64
-_LOG_INTERVAL = 60.0
 
 
 def _plain(value: float | None) -> bool:
@@ -178,13 +176,12 @@ class AccessLog:
         self._scheduled = False
         self.on_error = on_error
         self.on_dropped = on_dropped
-        self._queue: queue.Queue[str | None] = queue.Queue(queue_batches)
-        self._thread: threading.Thread | None = None
+        self._writer = WriterThread("gateway-access-log", self._write, queue_batches)
         #: The writer thread's way around ``sys.stdout``'s buffer: its descriptor, while
         #: ``sys.stdout`` is still the object it was taken from.
         self._fd: int | None = None
         self._fd_of: object = None
-        self._last_logged = float("-inf")
+        self._dropped_log = LogGate()
 
     def observe(self, record: RequestRecord) -> None:
         self.write(record)
@@ -211,12 +208,9 @@ class AccessLog:
         text = "\n".join(self._lines) + "\n"
         lines = len(self._lines)
         self._lines.clear()
-        if self._thread is None:
+        if not self._writer.running:
             self._write(text)
-            return
-        try:
-            self._queue.put_nowait(text)
-        except queue.Full:
+        elif not self._writer.offer(text):
             self._dropped(lines)
 
     # -- the writer thread ------------------------------------------------------------
@@ -227,7 +221,7 @@ class AccessLog:
         The thread writes to stdout's file descriptor itself, not through
         ``sys.stdout``'s buffer: a thread blocked on a stalled stdout then holds
         no lock that the interpreter's exit would wait for."""
-        if not self.enabled or self._thread is not None:
+        if not self.enabled or self._writer.running:
             return
         if self._stream is None:
             try:
@@ -236,28 +230,13 @@ class AccessLog:
                 sys.stdout.flush()  # what was written before goes first
             except (AttributeError, OSError, ValueError):
                 self._fd = None  # no descriptor (a test's capture): through the stream
-        self._thread = threading.Thread(target=self._run, name="gateway-access-log", daemon=True)
-        self._thread.start()
+        self._writer.start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Let the thread write what it was handed (for at most ``timeout`` seconds: a
         stalled stdout must not hold the shutdown), then stop it. Flush first, on the
         loop; this may block, so the lifespan runs it in a thread."""
-        thread = self._thread
-        if thread is None:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        thread.join(max(deadline - time.monotonic(), 0.0))
-        if not thread.is_alive():
-            self._thread = None
-
-    def _run(self) -> None:
-        while (text := self._queue.get()) is not None:
-            self._write(text)
+        self._writer.close(timeout)
 
     def _write(self, text: str) -> None:
         out = self._stream if self._stream is not None else sys.stdout
@@ -276,9 +255,7 @@ class AccessLog:
 
     def _dropped(self, lines: int) -> None:
         self.on_dropped(lines)
-        now = time.monotonic()
-        if now - self._last_logged >= _LOG_INTERVAL:
-            self._last_logged = now
+        if self._dropped_log.open():
             log.warning(
                 "the access log's output is not keeping up: %d line(s) dropped (counted in "
                 "gateway_access_log_dropped_lines_total; logged at most once a minute)",

@@ -38,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.limits import LimitRefused, build_limiter
+from gateway.logsetup import LogGate
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
@@ -111,7 +112,6 @@ _HELD_PLAIN_BROKEN = AttemptFailure(
 )
 #: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
 _COOL_DOWN_STATUSES = frozenset({429, 503, 529})
-_FORGED_LOG_SECONDS = 60.0
 
 
 class Relay:
@@ -148,7 +148,7 @@ class Relay:
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
-        self._forged_logged = float("-inf")
+        self._forged_log = LogGate()
 
     # -- the request's life -------------------------------------------------------------
 
@@ -703,9 +703,7 @@ class Relay:
         and logged at most once a minute."""
         route = exchange.route.name
         self.metrics.forged_annotations_dropped(route, count)
-        now = time.monotonic()
-        if now - self._forged_logged >= _FORGED_LOG_SECONDS:
-            self._forged_logged = now
+        if self._forged_log.open():
             log.warning(
                 "route %s: the upstream sent %d comment line(s) that began with the "
                 "annotation's prefix; dropped, never relayed (request %s)",
