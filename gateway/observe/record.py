@@ -48,6 +48,9 @@ class RequestRecord:
     stream: bool = False
     verdict: Verdict | None = None
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
+    #: A continued stream that ended without a whole continuation: what all its attempts
+    #: were billed, estimated (no reported usage covers them).
+    billed: Usage | None = None
     upstream_request_id: str | None = None
     upstream: str | None = None  # the name of the upstream whose answer the client got
     attempts: list[Attempt] = field(default_factory=list)

@@ -131,12 +131,14 @@ class Held:
 class Rescued:
     """A cut stream that was continued (``gateway.proxy.continuation``): the guard whose
     verdict and annotation end it, the reader to drain, how many continuations, and
-    the usage billed across the attempts."""
+    the usage billed across the attempts: ``usage`` when a whole continuation reported
+    its own, else ``billed``, every attempt's estimated."""
 
     guard: StreamGuard
     read: ReadChunk
     continued: int
     usage: Usage | None = None
+    billed: Usage | None = None
 
 
 #: Called with a relayed stream's guard once its verdict is incomplete; None: not rescued.
@@ -575,6 +577,7 @@ async def relay_stream(
     )
     if rescued.usage is not None:
         exchange.record.usage = rescued.usage
+    exchange.record.billed = rescued.billed
 
 
 async def end_stream(

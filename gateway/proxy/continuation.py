@@ -113,6 +113,11 @@ class Rescuer:
         self.original: Reason | None = None
         self._responses: list[httpx.Response] = []
         self._cut_reason: Reason | None = None
+        #: What the cut attempts so far were billed, and the continuation being relayed
+        #: (not yet in it): a stream that ends without a whole continuation is charged
+        #: with both.
+        self._cut = Usage(input_tokens=0, output_tokens=0)
+        self._live: StreamGuard | None = None
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -140,7 +145,7 @@ class Rescuer:
             self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
             return None
         exchange.stop_reason = None  # answered: the exchange can be stopped again
-        cut = _billed(guard, self.body_size, Usage(input_tokens=0, output_tokens=0))
+        cut = self._cut = _billed(guard, self.body_size, self._cut)
         text = _text(guard)
         joint: Joint = (
             MessagesJoint(getattr(contract, "open_block", 0), cut)
@@ -154,7 +159,9 @@ class Rescuer:
                 raise
             assert exchange.stop_reason is not None
             guard.abort(exchange.stop_reason, force=True)
-            return Rescued(guard, _nothing, self.continued) if self.continued else None
+            if not self.continued:
+                return None
+            return Rescued(guard, _nothing, self.continued, billed=self._billed_so_far())
 
     def _continuable(self, guard: StreamGuard) -> bool:
         exchange = self.exchange
@@ -197,12 +204,19 @@ class Rescuer:
             exchange.stop_reason = None
             text += _text(guard)
             # Its tokens reached the client and were billed: the next usage counts them.
-            cut = _billed(guard, self.body_size, cut)
+            cut = self._cut = _billed(guard, self.body_size, cut)
+            self._live = None
             joint = _next_joint(joint, guard, cut)
         if not self.continued:
             return None
         # The whole answer is the original's failure: its reason, said once at the end.
-        return Rescued(original, _nothing, self.continued)
+        return Rescued(original, _nothing, self.continued, billed=self._billed_so_far())
+
+    def _billed_so_far(self) -> Usage:
+        """What every attempt that reached the client was billed: the cut ones, and the
+        continuation that was being relayed when the stream ended without a whole one."""
+        live = self._live
+        return self._cut if live is None else _billed(live, self.body_size, self._cut)
 
     # -- one continuation ---------------------------------------------------------------
 
@@ -317,16 +331,17 @@ class Rescuer:
         if guard.contract.content_events == 0 and (verdict is None or not verdict.complete):
             late = verdict is not None and verdict.reason in _LATE
             return Result.TIMEOUT if late else Result.EARLY_EOF
-        self._relaying()
+        self._relaying(guard)
         await self._send(joint.rewrite(first))
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite(data))
         return guard, read
 
-    def _relaying(self) -> None:
+    def _relaying(self, guard: StreamGuard) -> None:
         """A continuation's first content goes out: the stream is continued from here,
         also when the drain or the client stops it before its end."""
+        self._live = guard
         self.continued += 1
         self.exchange.record.continued = self.continued
         self.original = self._cut_reason
@@ -386,8 +401,9 @@ def _text(guard: StreamGuard) -> str:
 def _billed(guard: StreamGuard, body_size: int, before: Usage) -> Usage:
     """``before`` plus what a cut attempt was billed: its reported usage, else its input
     estimated from the body and one output token per content event relayed."""
-    assert guard.verdict is not None
-    reported = guard.verdict.usage or Usage()
+    verdict = guard.verdict  # None: a continuation the drain or the client stopped
+    usage = verdict.usage if verdict is not None else None
+    reported = usage if usage is not None else Usage()
     cut_input = reported.input_tokens
     return Usage(
         input_tokens=(before.input_tokens or 0)

@@ -98,6 +98,10 @@ def cost_of_record(record: RequestRecord, estimated_input: int) -> Cost:
         return cost_of(usage.input_tokens, usage.output_tokens, estimated_input, 0)
     if not record.attempts or (record.status >= 400 and record.status != 499):
         return cost_of(None, None, 0, 0)
+    if record.billed is not None:  # every attempt of a continued stream, estimated
+        return cost_of(
+            None, None, record.billed.input_tokens or 0, record.billed.output_tokens or 0
+        )
     if verdict is not None:
         output = output_estimate(True, verdict.events, verdict.content_chars, record.bytes_out)
     else:

@@ -441,3 +441,83 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
     assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
     line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
     assert line["continued"] is True
+
+
+def _named(name: str) -> tuple[str, dict[str, Any]]:
+    key = f"sk-{name}"
+    return key, {"name": name, "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
+
+
+def test_a_stream_whose_every_continuation_fails_charges_every_attempt() -> None:
+    # The original and its continuation are both cut after three deltas: the client got
+    # both parts, and both attempts were billed upstream (each with the whole prompt).
+    key, client = _named("failing")
+    body = json.dumps(CHAT).encode()
+    with (
+        sim(default_fault="abort_mid_body") as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), clients=[client]) as gw,
+    ):
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=30,
+        )
+        note = annotation(response.content)
+        assert (note["outcome"], note["continued"]) == ("incomplete", "1")
+        deltas = chat_text(response.content)
+        assert deltas == expected_text(3) + expected_text(6)[len(expected_text(3)) :]
+        text = metrics(gw)
+    output = metric_value(
+        text, "gateway_client_tokens_total", client="failing", type="output", source="estimated"
+    )
+    assert output == 6  # one a content event relayed, three from each attempt
+    charged = metric_value(
+        text, "gateway_client_tokens_total", client="failing", type="input", source="estimated"
+    )
+    assert charged == 2 * max(1, len(body) // 4)  # the body's estimate, once an attempt
+
+
+def test_a_continuation_the_client_leaves_charges_both_attempts() -> None:
+    # The client leaves while the (slow) continuation is being relayed: it had the cut
+    # attempt's three deltas and some of the continuation's, and both attempts were
+    # billed upstream.
+    import time
+
+    import httpx
+
+    key, client = _named("leaving")
+    body = json.dumps(CHAT).encode()
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1, default_tps=4) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), clients=[client]) as gw,
+    ):
+        deltas = 0
+        with (
+            httpx.Client(timeout=30) as http,
+            http.stream(
+                "POST",
+                gw.url + "/v1/chat/completions",
+                content=body,
+                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            ) as response,
+        ):
+            for line in response.iter_lines():
+                if line.startswith("data: {") and chat_text(line.encode()):
+                    deltas += 1
+                if deltas == 5:  # two of the continuation's
+                    break
+        assert deltas == 5
+        output = 0.0
+        deadline = time.monotonic() + 30
+        while output == 0 and time.monotonic() < deadline:
+            text = metrics(gw)
+            output = metric_value(
+                text, "gateway_client_tokens_total", client="leaving", type="output"
+            )
+            time.sleep(0.05)
+    assert output >= 5  # one a content event relayed: at least what the client read
+    charged = metric_value(
+        text, "gateway_client_tokens_total", client="leaving", type="input", source="estimated"
+    )
+    assert charged == 2 * max(1, len(body) // 4)  # the body's estimate, once an attempt
