@@ -92,16 +92,17 @@ def cost_of_record(record: RequestRecord, estimated_input: int) -> Cost:
     """What a finished request cost: the provider's reported usage, else an estimate
     from its input and the output that reached the client. A request that never
     reached an upstream, or got an error status from it, cost nothing."""
+    billed = record.billed
+    if billed is not None:
+        # Every attempt of a continued stream, each by its reported usage where it had
+        # some (a cut Messages stream's message_start) and estimated where not.
+        return cost_of(None, None, billed.input_tokens or 0, billed.output_tokens or 0)
     verdict = record.verdict
     usage = record.usage if record.usage is not None else verdict.usage if verdict else None
     if usage is not None and (usage.input_tokens is not None or usage.output_tokens is not None):
         return cost_of(usage.input_tokens, usage.output_tokens, estimated_input, 0)
     if not record.attempts or (record.status >= 400 and record.status != 499):
         return cost_of(None, None, 0, 0)
-    if record.billed is not None:  # every attempt of a continued stream, estimated
-        return cost_of(
-            None, None, record.billed.input_tokens or 0, record.billed.output_tokens or 0
-        )
     if verdict is not None:
         output = output_estimate(True, verdict.events, verdict.content_chars, record.bytes_out)
     else:

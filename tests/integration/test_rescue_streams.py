@@ -521,3 +521,43 @@ def test_a_continuation_the_client_leaves_charges_both_attempts() -> None:
         text, "gateway_client_tokens_total", client="leaving", type="input", source="estimated"
     )
     assert charged == 2 * max(1, len(body) // 4)  # the body's estimate, once an attempt
+
+
+def test_a_messages_stream_whose_every_continuation_fails_charges_every_attempt() -> None:
+    # A cut Messages stream has reported usage (message_start's) for its first attempt
+    # only: the charge is every attempt's, each by what it reported, estimated overall.
+    key, client = _named("failing-messages")
+    with (
+        sim(default_fault="abort_mid_body") as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), clients=[client]) as gw,
+    ):
+        response = web.post(
+            gw.url + "/v1/messages",
+            json=MESSAGES,
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        note = annotation(response.content)
+        assert (note["outcome"], note["continued"]) == ("incomplete", "1")
+        events = [
+            json.loads(line[6:])
+            for line in response.content.split(b"\n")
+            if line.startswith(b"data: {")
+        ]
+        first_input = next(e for e in events if e["type"] == "message_start")["message"]["usage"][
+            "input_tokens"
+        ]
+        text = metrics(gw)
+    charged = {
+        kind: metric_value(
+            text,
+            "gateway_client_tokens_total",
+            client="failing-messages",
+            type=kind,
+            source="estimated",
+        )
+        for kind in ("input", "output")
+    }
+    assert charged["output"] == 6  # three content events from each attempt
+    # The continuation's prompt holds the original's and the text so far.
+    assert charged["input"] > 2 * first_input
