@@ -11,8 +11,8 @@ same output over generated records).
 
 While the gateway serves, lines are written by a thread of their own: a
 stdout whose reader stalls (a full pipe, a stuck log shipper) blocks that
-thread, never the event loop. What it has not taken is kept up to
-``QUEUE_BATCHES`` batches; beyond that lines are dropped and counted
+thread, never the event loop. Up to ``QUEUE_LINES`` lines wait for it;
+beyond that lines are dropped and counted
 (``gateway_access_log_dropped_lines_total``), and requests go on.
 """
 
@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import os
+import select
 import sys
 import time
 from collections.abc import Callable
@@ -37,13 +38,12 @@ from gateway.observe.writer_thread import WriterThread
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 _dumps = orjson.dumps
 
-__all__ = ["QUEUE_BATCHES", "AccessLog", "encode_line", "log_fields"]
+__all__ = ["QUEUE_LINES", "AccessLog", "encode_line", "log_fields"]
 
 log = logging.getLogger("gateway")
 
-#: Batches of lines (each up to ``max_buffered`` lines) waiting for the writer thread;
-#: more are dropped and counted.
-QUEUE_BATCHES = 64
+#: Lines waiting for the writer thread (about 10 MB at most); more are dropped and counted.
+QUEUE_LINES = 16_384
 
 
 def _plain(value: float | None) -> bool:
@@ -166,7 +166,7 @@ class AccessLog:
         max_buffered: int = 256,
         on_error: Callable[[str], None] | None = None,
         on_dropped: Callable[[int], None] = lambda lines: None,
-        queue_batches: int = QUEUE_BATCHES,
+        queue_lines: int = QUEUE_LINES,
     ) -> None:
         self.enabled = enabled
         self._stream = stream
@@ -176,7 +176,7 @@ class AccessLog:
         self._scheduled = False
         self.on_error = on_error
         self.on_dropped = on_dropped
-        self._writer = WriterThread("gateway-access-log", self._write, queue_batches)
+        self._writer = WriterThread("gateway-access-log", self._write, queue_lines)
         #: The writer thread's way around ``sys.stdout``'s buffer: its descriptor, while
         #: ``sys.stdout`` is still the object it was taken from.
         self._fd: int | None = None
@@ -208,10 +208,13 @@ class AccessLog:
         text = "\n".join(self._lines) + "\n"
         lines = len(self._lines)
         self._lines.clear()
-        if not self._writer.running:
-            self._write(text)
-        elif not self._writer.offer(text):
+        writer = self._writer
+        if writer.running and writer.offer(text, lines):
+            return
+        if writer.running:  # the thread is too far behind
             self._dropped(lines)
+        else:  # not started, or closing: written here
+            self._write(text)
 
     # -- the writer thread ------------------------------------------------------------
 
@@ -242,9 +245,7 @@ class AccessLog:
         out = self._stream if self._stream is not None else sys.stdout
         try:
             if self._fd is not None and out is self._fd_of:
-                data = memoryview(text.encode("ascii"))
-                while data:
-                    data = data[os.write(self._fd, data) :]
+                _write_all(self._fd, text.encode("ascii"))
             else:  # a stream of its own, or sys.stdout replaced since (a test's capture)
                 out.write(text)
                 out.flush()
@@ -261,3 +262,14 @@ class AccessLog:
                 "gateway_access_log_dropped_lines_total; logged at most once a minute)",
                 lines,
             )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``, waiting while it is full: a descriptor someone made
+    non-blocking takes part of it and then refuses (EAGAIN) instead of waiting."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])

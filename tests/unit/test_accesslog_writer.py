@@ -64,7 +64,7 @@ def test_flushes_into_a_full_pipe_return_and_count_what_the_queue_cannot_hold(
     read, write = pipe.read, pipe.write
     stream = os.fdopen(write, "w", encoding="ascii", closefd=False)
     dropped: list[int] = []
-    log = AccessLog(stream=stream, on_dropped=dropped.append, queue_batches=2)
+    log = AccessLog(stream=stream, on_dropped=dropped.append, queue_lines=2)
     log.start()
     # No loop runs here: every write flushes its line. The thread blocks on the full
     # pipe and two batches wait; every later one is dropped, and no write ever blocks.
@@ -90,7 +90,7 @@ def test_close_gives_up_on_a_stalled_stdout(pipe: Pipe) -> None:
     write = pipe.write
     stream = os.fdopen(write, "w", encoding="ascii", closefd=False)
     # The thread stays blocked until the pipe goes, then fails: nothing to report.
-    log = AccessLog(stream=stream, queue_batches=2, on_error=lambda name: None)
+    log = AccessLog(stream=stream, queue_lines=2, on_error=lambda name: None)
     log.start()
     for n in range(_PIPE_FILLING_LINES):
         log.write(_record(n))
@@ -159,3 +159,103 @@ def test_a_stdout_replaced_after_start_gets_the_lines(
     log.close(timeout=5)
     assert '"request_id":"r8"' in replaced.getvalue()
     stdout.close()
+
+
+def _stalled(pipe: Pipe, **options: object) -> tuple[AccessLog, list[int], io.TextIOWrapper]:
+    """A started log whose stream is a pipe nobody reads yet."""
+    stream = os.fdopen(pipe.write, "w", encoding="ascii", closefd=False)
+    dropped: list[int] = []
+    log = AccessLog(stream=stream, on_dropped=dropped.append, **options)  # type: ignore[arg-type]
+    log.start()
+    return log, dropped, stream
+
+
+def _drain(pipe: Pipe, log: AccessLog, stream: io.TextIOWrapper) -> list[str]:
+    """Read the pipe while the log closes; every line it wrote."""
+    out: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: out.extend(iter(lambda: os.read(pipe.read, 65536), b""))
+    )
+    reader.start()
+    log.close(timeout=30)
+    stream.close()
+    pipe.close(pipe.write)
+    reader.join(30)
+    return b"".join(out).decode("ascii").splitlines()
+
+
+def test_what_waits_is_bounded_in_lines_not_batches(pipe: Pipe) -> None:
+    # Each write here is a batch of one line (no loop runs): a bound in batches would
+    # keep 50 of them whatever their size; in lines, 50 lines wait whatever the batching.
+    log, dropped, stream = _stalled(pipe, queue_lines=50)
+    for n in range(_PIPE_FILLING_LINES):
+        log.write(_record(n))
+    lines = _drain(pipe, log, stream)
+    assert len(lines) + sum(dropped) == _PIPE_FILLING_LINES
+    # What the pipe holds (64 KiB), the line the thread is writing, and 50 waiting.
+    assert sum(dropped) > 0
+    assert len(lines) <= 65536 // min(len(line) for line in lines) + 1 + 50
+
+
+def test_a_flush_while_closing_is_written_not_lost(pipe: Pipe) -> None:
+    log, dropped, stream = _stalled(pipe)
+    log.write(_record(1))
+    closing = threading.Thread(target=log.close, kwargs={"timeout": 30})
+    # The thread holds a line it cannot write yet (nobody reads); close() waits for it.
+    for n in range(2, _PIPE_FILLING_LINES):
+        log.write(_record(n))
+    closing.start()
+    closing.join(0.2)  # close() has begun: the writer takes nothing more
+    reader_out: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: reader_out.extend(iter(lambda: os.read(pipe.read, 65536), b""))
+    )
+    reader.start()
+    log.write(_record(-1))  # after close began: written here, after what the thread held
+    closing.join(30)
+    stream.close()
+    pipe.close(pipe.write)
+    reader.join(30)
+    lines = b"".join(reader_out).decode("ascii").splitlines()
+    assert len(lines) + sum(dropped) == _PIPE_FILLING_LINES
+    assert '"request_id":"r-1"' in lines[-1]
+
+
+def test_a_non_blocking_stdout_gets_every_line_whole(
+    pipe: Pipe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone made stdout non-blocking: a write that would block is waited on, never
+    cut short (a torn batch would glue the next line onto a half one)."""
+    os.set_blocking(pipe.write, False)
+    stdout = os.fdopen(pipe.write, "w", encoding="ascii", closefd=False)
+    monkeypatch.setattr("sys.stdout", stdout)
+    log = AccessLog(max_buffered=100)
+    log.start()
+    for n in range(_PIPE_FILLING_LINES):  # one batch of 100 lines at a time
+        log.write(_record(n))
+    lines = _drain(pipe, log, stdout)
+    assert [json.loads(line)["request_id"] for line in lines] == [
+        f"r{n}" for n in range(_PIPE_FILLING_LINES)
+    ]
+
+
+def test_a_failing_write_without_on_error_leaves_the_thread_writing(
+    pipe: Pipe, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(io.StringIO):
+        fail = True
+
+        def write(self, text: str) -> int:
+            if Flaky.fail:
+                Flaky.fail = False
+                raise OSError("disk full")
+            return super().write(text)
+
+    stream = Flaky()
+    log = AccessLog(stream=stream)  # no on_error: the thread logs what it raised
+    log.start()
+    log.write(_record(1))
+    log.write(_record(2))
+    log.close(timeout=30)
+    assert '"request_id":"r2"' in stream.getvalue()
+    assert "gateway-access-log failed" in caplog.text
