@@ -6,6 +6,7 @@ tests/integration/test_hostile_input.py; these drive the parts of it one at a ti
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -185,16 +186,23 @@ def _drain(pipe: Pipe, log: AccessLog, stream: io.TextIOWrapper) -> list[str]:
 
 
 def test_what_waits_is_bounded_in_lines_not_batches(pipe: Pipe) -> None:
-    # Each write here is a batch of one line (no loop runs): a bound in batches would
-    # keep 50 of them whatever their size; in lines, 50 lines wait whatever the batching.
+    # Batches of ten lines (flushed by hand inside a loop, as the 0.1 s timer would):
+    # a bound of 50 lines keeps five of them waiting, where one of 50 batches would
+    # keep 500 lines.
     log, dropped, stream = _stalled(pipe, queue_lines=50)
-    for n in range(_PIPE_FILLING_LINES):
-        log.write(_record(n))
+
+    async def batches() -> None:
+        for n in range(_PIPE_FILLING_LINES * 2):
+            log.write(_record(n))
+            if n % 10 == 9:
+                log.flush()
+
+    asyncio.run(batches())
     lines = _drain(pipe, log, stream)
-    assert len(lines) + sum(dropped) == _PIPE_FILLING_LINES
-    # What the pipe holds (64 KiB), the line the thread is writing, and 50 waiting.
-    assert sum(dropped) > 0
-    assert len(lines) <= 65536 // min(len(line) for line in lines) + 1 + 50
+    assert len(lines) + sum(dropped) == _PIPE_FILLING_LINES * 2
+    assert set(dropped) == {10}
+    # What the pipe held (64 KiB), the batch the thread was writing, and 50 lines.
+    assert len(lines) <= 65536 // min(len(line) for line in lines) + 10 + 50
 
 
 def test_a_flush_while_closing_is_written_not_lost(pipe: Pipe) -> None:
