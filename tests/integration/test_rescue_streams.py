@@ -448,26 +448,33 @@ def _named(name: str) -> tuple[str, dict[str, Any]]:
     return key, {"name": name, "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
 
 
-def test_a_stream_whose_every_continuation_fails_charges_every_attempt() -> None:
-    # The original and its continuation are both cut after three deltas: the client got
-    # both parts, and both attempts were billed upstream (each with the whole prompt).
-    key, client = _named("failing")
-    body = json.dumps(CHAT).encode()
+def _every_continuation_cut(name: str, path: str, body: bytes) -> tuple[Any, str]:
+    """A stream whose original and continuation are both cut, sent by the named client
+    ``name``: the response (checked to say it was continued) and the gateway's metrics."""
+    key, client = _named(name)
     with (
         sim(default_fault="abort_mid_body") as upstream,
         gateway_for("", routes=continuing(sim_up("only", upstream)), clients=[client]) as gw,
     ):
         response = web.post(
-            gw.url + "/v1/chat/completions",
+            gw.url + path,
             content=body,
             headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
             timeout=30,
         )
         note = annotation(response.content)
         assert (note["outcome"], note["continued"]) == ("incomplete", "1")
-        deltas = chat_text(response.content)
-        assert deltas == expected_text(3) + expected_text(6)[len(expected_text(3)) :]
-        text = metrics(gw)
+        return response, metrics(gw)
+
+
+def test_a_stream_whose_every_continuation_fails_charges_every_attempt() -> None:
+    # The original and its continuation are both cut after three deltas: the client got
+    # both parts, and both attempts were billed upstream (each with the whole prompt).
+    body = json.dumps(CHAT).encode()
+    response, text = _every_continuation_cut("failing", "/v1/chat/completions", body)
+    assert (
+        chat_text(response.content) == expected_text(3) + expected_text(6)[len(expected_text(3)) :]
+    )
     output = metric_value(
         text, "gateway_client_tokens_total", client="failing", type="output", source="estimated"
     )
@@ -526,28 +533,16 @@ def test_a_continuation_the_client_leaves_charges_both_attempts() -> None:
 def test_a_messages_stream_whose_every_continuation_fails_charges_every_attempt() -> None:
     # A cut Messages stream has reported usage (message_start's) for its first attempt
     # only: the charge is every attempt's, each by what it reported, estimated overall.
-    key, client = _named("failing-messages")
-    with (
-        sim(default_fault="abort_mid_body") as upstream,
-        gateway_for("", routes=continuing(sim_up("only", upstream)), clients=[client]) as gw,
-    ):
-        response = web.post(
-            gw.url + "/v1/messages",
-            json=MESSAGES,
-            headers={"authorization": f"Bearer {key}"},
-            timeout=30,
-        )
-        note = annotation(response.content)
-        assert (note["outcome"], note["continued"]) == ("incomplete", "1")
-        events = [
-            json.loads(line[6:])
-            for line in response.content.split(b"\n")
-            if line.startswith(b"data: {")
-        ]
-        first_input = next(e for e in events if e["type"] == "message_start")["message"]["usage"][
-            "input_tokens"
-        ]
-        text = metrics(gw)
+    body = json.dumps(MESSAGES).encode()
+    response, text = _every_continuation_cut("failing-messages", "/v1/messages", body)
+    events = [
+        json.loads(line[6:])
+        for line in response.content.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    first_input = next(e for e in events if e["type"] == "message_start")["message"]["usage"][
+        "input_tokens"
+    ]
     charged = {
         kind: metric_value(
             text,
