@@ -134,7 +134,7 @@ class CaptureWriter:
             chunks=tap.chunks,  # raw until the writer thread redacts them
         )
         job = _Job(capture, route.capture_dir, route.capture_max_bytes, route.capture_max_files)
-        if not self._writer.offer(job):  # full, or (at shutdown) closing
+        if not self._writer.offer(job):  # full, or the thread has ended (after close)
             self._on_dropped(record.route, "queue_full")
 
     # -- the writer thread ------------------------------------------------------------

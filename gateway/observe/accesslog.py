@@ -213,7 +213,7 @@ class AccessLog:
             return
         if writer.running:  # the thread is too far behind
             self._dropped(lines)
-        else:  # not started, or closing: written here
+        else:  # not started, or the thread has ended (after close): written here
             self._write(text)
 
     # -- the writer thread ------------------------------------------------------------
