@@ -202,8 +202,17 @@ class _Gateway:
             lifecycle=self.lifecycle,
             tracer=self.tracing,
         )
+        limits_backend = "none"
         if self.relay.limiter is not None:
+            limits_backend = self.settings.limits_backend
             await self.relay.limiter.start()
+        log.info(
+            "limits: backend %s, stream store %s, %d named clients (%d limited)",
+            limits_backend,
+            "none",
+            len(self.settings.clients),
+            len(self.relay.limiter.clients()) if self.relay.limiter is not None else 0,
+        )
         self.ws_relay = WebSocketRelay(
             settings=self.settings,
             admission=self.relay.admission,
@@ -330,6 +339,10 @@ class _Gateway:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(self, request: Request) -> Response:
+        limiter = self.relay.limiter if self.relay is not None else None
+        if self.lifecycle.ready and limiter is not None and not limiter.ready:
+            # Ready means limited: not before the limits backend has answered once.
+            return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
             return JSONResponse({"status": "ready"})
         state = "draining" if self.lifecycle.draining else "starting"

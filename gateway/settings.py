@@ -189,6 +189,9 @@ class Limits(_Strict):
     max_concurrent_streams: int | None = Field(
         None, gt=0, description="Global cap on concurrent streams (503 beyond)."
     )
+    max_websocket_connections: int | None = Field(
+        None, gt=0, description="Global cap on open WebSocket connections (refused beyond)."
+    )
     max_header_bytes: int = Field(
         32 * 1024, gt=0, description="Client edge: bytes of a request head (431 beyond)."
     )
@@ -491,6 +494,14 @@ class ClientConfig(_Strict):
     )
     model_limits: dict[str, ClientLimits] = Field(
         default_factory=dict, description="Limits on its use of one model, by model name."
+    )
+    budget_enforcement: Literal["estimate", "strict"] = Field(
+        "estimate",
+        description='Token limits: "estimate" reserves an estimate (may overshoot); '
+        '"strict" reserves an upper bound and caps the request\'s output at what is left.',
+    )
+    max_websocket_connections: int | None = Field(
+        None, gt=0, description="Its WebSocket connections open at once (beyond: refused)."
     )
 
     @field_validator("name")

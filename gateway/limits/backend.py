@@ -2,9 +2,16 @@
 
 A backend is told the checks (``gateway.policy.limits.Check``) and applies
 them atomically: either every counter had room and all were increased, or
-none was and the first one without room is named. ``settle`` adds what the
-request really cost minus what it reserved to the token counters whose
-window has not ended, and counts the stream out.
+none was and the first one without room is named. Every reservation has its
+own identity (``Ask.member``) and expiry (``Ask.hold``): settling it is
+idempotent, a settle whose reservation never counted charges the whole cost
+and subtracts nothing, and a reservation that arrives after its settle (a
+backend that ran a command the gateway had given up on) counts nothing.
+
+``settle`` adds what the request really cost minus what it reserved to the
+token counters of the windows it reserved in; a window that ended meanwhile
+(a stream that crossed a minute, a UTC day, a month) gets the rest charged
+to the current one (``current``), so a long stream is charged in full.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Protocol
 
 from gateway.policy.limits import Check
 
-__all__ = ["Backend", "BackendError", "Reserved"]
+__all__ = ["Ask", "Backend", "BackendError", "Reserved"]
 
 
 class BackendError(Exception):
@@ -22,29 +29,59 @@ class BackendError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Ask:
+    """One reservation: its identity, the input it reserves, the output it wants (with
+    ``strict``, at most what the token counters have left), and how long it may live."""
+
+    member: str
+    input: int
+    output: int
+    strict: bool
+    hold: float
+
+
+@dataclass(frozen=True, slots=True)
 class Reserved:
-    """A reservation's answer: ``refused`` is the index of the check without room (its
-    counter stood at ``used[refused]``), or None; ``used`` the counters after it."""
+    """A reservation's answer: ``refused`` is the index of the check without room, or
+    None; ``used`` every counter (before the request when refused, after it when
+    admitted); ``output`` the output tokens reserved (``strict``: capped at what was left)."""
 
     refused: int | None
     used: list[int]
+    output: int
+
+    def reserved(self, ask: Ask) -> int:
+        return ask.input + self.output
 
 
 class Backend(Protocol):
-    #: Whether the backend is across a network (its calls are bounded by limits_timeout).
+    #: Whether the backend is across a network (it may fail, and may be slow).
     remote: bool
 
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
-    ) -> Reserved:
-        """Apply ``checks`` all or none (``reserved`` tokens to the token counters, 1 to the
-        others); a stream (concurrency) is held by ``member`` for at most ``hold`` seconds,
-        should it never be settled (a process that died)."""
+    @property
+    def ready(self) -> bool:
+        """Whether the backend has answered once (before that, nothing is admitted)."""
         ...
 
-    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
-        """Add ``delta`` to the token counters still alive and count ``member``'s stream
-        out; returns each counter's value after (None: its window ended)."""
+    async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
+        """Apply ``checks`` all or none (the reserved tokens to the token counters, 1 to
+        the others); a stream (concurrency) is held by ``ask.member`` for at most
+        ``ask.hold`` seconds, should it never be settled (a process that died)."""
+        ...
+
+    async def settle(
+        self,
+        checks: list[Check],
+        current: list[Check],
+        ask: Ask,
+        reserved: int,
+        cost: int,
+        served: bool = True,
+    ) -> list[int | None]:
+        """Replace ``reserved`` by ``cost`` in the token counters (``current``: the same
+        checks in the windows of now) and count the stream out; once. A request not
+        ``served`` is counted out of its requests too. Returns each current counter's
+        value after (None: unknown)."""
         ...
 
     async def read(self, checks: list[Check], now: float) -> list[int]:

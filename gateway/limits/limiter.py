@@ -7,26 +7,36 @@ and asks the backend to apply them all or none: a refusal is a
 ``Reservation``. ``settle`` replaces the reservation by the cost
 (``gateway.policy.limits.cost_of``) and counts the stream out.
 
-The backend is bounded by ``limits_timeout``: unreachable, slow or failing,
-the request is admitted unreserved (``on_backend_error = "allow"``, counted
-in ``gateway_limit_backend_errors_total`` and logged at most once a minute)
-or refused with 503 (``"deny"``). A reservation that failed is never
-settled, and nothing is replayed when the backend is back: no counter is
-ever charged twice.
+``budget_enforcement = "strict"`` (per client) reserves an upper bound of the
+input and at most the output the token counters have left, and the
+reservation says that cap (``output_cap``): the relay writes it into the
+request's own output limit, so the provider stops there.
+
+Before the backend has answered once, no limited request is admitted (503).
+Unreachable, slow or failing later (``limits_timeout``, measured on the
+backend's socket, not on this loop), the request is admitted unreserved
+(``on_backend_error = "allow"``, counted in
+``gateway_limit_backend_errors_total``) and settled at its whole cost when the
+backend answers again, or refused with 503 (``"deny"``) and its reservation
+cancelled. Every reservation has its own id: nothing the backend runs late is
+ever charged twice or charged for nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
+import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.limits.backend import Backend, BackendError
+from gateway.limits.backend import Ask, Backend, BackendError
 from gateway.limits.memory import MemoryBackend
-from gateway.logsetup import LogGate
 from gateway.policy.limits import (
     Check,
     Cost,
@@ -44,19 +54,10 @@ log = logging.getLogger("gateway")
 
 #: How long the start waits for the backend to connect and load its scripts.
 _START_SECONDS = 5.0
-#: The budget gauges' windows, by limit.
-BUDGETS = {Limit.TOKENS_PER_DAY: Window.DAY, Limit.TOKENS_PER_MONTH: Window.MONTH}
-#: The x-ratelimit-* headers (limit, remaining, reset), by limit: OpenAI's names.
-_HEADER_PARTS = (b"limit", b"remaining", b"reset")
-_HEADER_NAMES = {
-    limit: tuple(
-        b"x-ratelimit-%s-%s" % (part, family) for part in (b"limit", b"remaining", b"reset")
-    )
-    for limit, family in (
-        (Limit.REQUESTS_PER_MINUTE, b"requests"),
-        (Limit.TOKENS_PER_MINUTE, b"tokens"),
-    )
-}
+#: How often a backend that has not answered yet is asked again.
+_READY_INTERVAL = 0.5
+#: The x-ratelimit-* header families, in the order they are sent.
+_FAMILIES = (b"requests", b"tokens")
 
 
 class LimitRefused(Exception):
@@ -82,7 +83,7 @@ class Reservation:
     """One admitted request's hold on its client's counters."""
 
     client: str
-    member: str
+    ask: Ask
     checks: list[Check]
     reserved: int
     estimated_input: int
@@ -90,11 +91,21 @@ class Reservation:
     settled: bool = False
     #: the checks that feed the budget gauges: (index, window, value); see ``_Plan``
     budgets: tuple[tuple[int, Window, int], ...] = ()
+    #: (client, route, model, stream): its plan, for the checks of the settlement's windows
+    plan: tuple[str, str, str | None, bool] = ("", "", None, False)
+    #: ``strict``: the output tokens the request may produce (the relay caps it there)
+    output_cap: int | None = None
+    #: False when the backend did not answer the reservation (it may still run late)
+    counted: bool = True
+
+    @property
+    def member(self) -> str:
+        return self.ask.member
 
 
 def _rule(scope: str, limits: ClientLimits, divisor: int) -> Rule | None:
     values = {
-        Limit(name): max(value // divisor, 1)
+        Limit[name.upper()]: max(value // divisor, 1)
         for name, value in limits.model_dump().items()
         if value is not None
     }
@@ -106,6 +117,7 @@ class _ClientRules:
     own: Rule | None
     routes: Mapping[str, Rule]
     models: Mapping[str, Rule]
+    strict: bool
 
 
 class Limiter:
@@ -116,7 +128,6 @@ class Limiter:
         clients: list[ClientConfig],
         backend: Backend,
         *,
-        timeout: float = 0.05,
         deny_on_error: bool = False,
         divisor: int = 1,
         on_error: Callable[[str], None] | None = None,
@@ -126,15 +137,17 @@ class Limiter:
         self.backend = backend
         #: the memory backend itself (not a subclass): asked without a coroutine
         self._memory = backend if type(backend) is MemoryBackend else None
-        self.timeout = timeout
         self.deny_on_error = deny_on_error
         self._on_error = on_error
         self._on_budget = on_budget
         self._clock = clock
-        self._failure_log = LogGate()
         self._rules: dict[str, _ClientRules] = {}
         #: (client, route, model, stream) -> its plan for the current minute
         self._plans: dict[tuple[str, str, str | None, bool], _Plan] = {}
+        #: reservation ids: unique to this process and its start, then a count
+        self._ids = itertools.count()
+        self._id_prefix = f"{os.getpid():x}{secrets.token_hex(4)}."
+        self._waiting: asyncio.Task[None] | None = None
         for client in clients:
             if not client.limited():
                 continue
@@ -149,7 +162,13 @@ class Limiter:
                 if (rule := _rule(f"{client.name}/model={name}", limits, divisor)) is not None
             }
             own = _rule(client.name, client.limits, divisor)
-            self._rules[client.name] = _ClientRules(own, routes, models)
+            strict = client.budget_enforcement == "strict"
+            self._rules[client.name] = _ClientRules(own, routes, models, strict)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the backend has answered once (before that, nothing is admitted)."""
+        return self.backend.ready
 
     def clients(self) -> list[str]:
         """The limited clients, in configuration order."""
@@ -157,6 +176,11 @@ class Limiter:
 
     def limited(self, client: str) -> bool:
         return client in self._rules
+
+    def strict(self, client: str) -> bool:
+        """Whether ``client``'s budgets are enforced strictly (an upper bound reserved)."""
+        rules = self._rules.get(client)
+        return rules is not None and rules.strict
 
     def rules_of(self, client: str) -> list[Rule]:
         rules = self._rules.get(client)
@@ -166,8 +190,8 @@ class Limiter:
         return found + list(rules.routes.values()) + list(rules.models.values())
 
     def _plan(self, client: str, route: str, model: str | None, stream: bool, now: float) -> _Plan:
-        """The request's checks and header layout, kept for the current minute (the
-        counters' names change at most once a minute)."""
+        """The request's checks, kept for the current minute (the counters' names change
+        at most once a minute)."""
         minute = int(now) // 60
         key = (client, route, model, stream)
         plan = self._plans.get(key)
@@ -176,11 +200,11 @@ class Limiter:
                 self._plans.clear()
             checks = checks_for(self._rules_for(client, route, model), stream, now)
             budgets = tuple(
-                (index, window, check.value)
+                (index, check.limit.window, check.value)
                 for index, check in enumerate(checks)
-                if (window := BUDGETS.get(check.limit)) is not None and check.scope == client
+                if check.limit.is_budget and check.scope == client and check.limit.window
             )
-            plan = self._plans[key] = _Plan(minute, checks, _header_layout(checks), budgets)
+            plan = self._plans[key] = _Plan(minute, checks, budgets)
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
@@ -201,61 +225,86 @@ class Limiter:
         estimated_input: int,
         default_output: int,
         stream: bool,
-        member: str,
+        request_id: str,
         hold: float,
+        bound_input: int | None = None,
     ) -> Reservation:
-        """Reserve the request's estimate in every counter it touches, or LimitRefused."""
+        """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
+        left for the output) in every counter it touches, or LimitRefused."""
         now = self._clock()
-        reserved = estimated_input + requested_output(request, default_output)
-        plan = self._plans.get((client, route, model, stream))
+        strict = self._rules[client].strict
+        input_ = bound_input if strict and bound_input is not None else estimated_input
+        ask = Ask(
+            f"{self._id_prefix}{next(self._ids)}",
+            input_,
+            requested_output(request, default_output),
+            strict,
+            hold,
+        )
+        key = (client, route, model, stream)
+        plan = self._plans.get(key)
         if plan is None or plan.minute != int(now) // 60:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
-        try:
-            if self._memory is not None:
-                answer = self._memory.reserve_now(checks, reserved, now)
-            else:
-                call = self.backend.reserve(checks, reserved, member, now, hold)
-                answer = await (self._ask(call) if self.backend.remote else call)
-        except BackendError as exc:
-            self._failed("reserve", exc)
-            if self.deny_on_error:
-                raise LimitRefused(503, None, 1.0, [(b"retry-after", b"1")]) from None
-            return Reservation(client, member, [], 0, estimated_input, settled=True)
+        if self._memory is not None:
+            answer = self._memory.reserve_now(checks, ask.input, ask.output, strict, now)
+        elif not self.backend.ready:
+            raise LimitRefused(503, None, 1.0, [])
+        else:
+            try:
+                answer = await self.backend.reserve(checks, ask, now)
+            except BackendError as exc:
+                self._failed("reserve", exc)
+                if self.deny_on_error:
+                    cancel = getattr(self.backend, "cancel", None)
+                    if cancel is not None:
+                        cancel(checks, ask)
+                    raise LimitRefused(503, None, 1.0, []) from None
+                reserved = ask.input + ask.output
+                return Reservation(
+                    client, ask, checks, reserved, estimated_input, plan=key, counted=False
+                )
+        headers = _headers(checks, answer.used, now)
         if answer.refused is not None:
             check = checks[answer.refused]
-            raise LimitRefused(429, check.limit, self._retry_after(check, now), []) from None
+            raise LimitRefused(429, check.limit, self._retry_after(check, now), headers)
         reservation = Reservation(
             client,
-            member,
+            ask,
             checks,
-            reserved,
+            answer.reserved(ask),
             estimated_input,
-            _headers(plan.headers, answer.used, now) if plan.headers else [],
+            headers,
             False,
             plan.budgets,
+            key,
+            answer.output if strict else None,
         )
         if plan.budgets and self._on_budget is not None:
             self._budgets(client, plan.budgets, answer.used)
         return reservation
 
-    async def settle(self, reservation: Reservation, cost: Cost) -> None:
-        """Replace the reservation by ``cost``; once (a second call does nothing)."""
+    async def settle(self, reservation: Reservation, cost: Cost, served: bool = True) -> None:
+        """Replace the reservation by ``cost``; once (a second call does nothing). A request
+        refused after its reservation (not ``served``) is counted out of its requests."""
         if reservation.settled:
             return
         reservation.settled = True
         checks = reservation.checks
-        try:
-            if self._memory is not None:
-                after = self._memory.settle_now(checks, cost.total - reservation.reserved)
-            else:
-                call = self.backend.settle(
-                    checks, cost.total - reservation.reserved, reservation.member
-                )
-                after = await (self._ask(call) if self.backend.remote else call)
-        except BackendError as exc:
-            self._failed("settle", exc)
+        if not checks:
             return
+        current = self._plan(*reservation.plan, self._clock()).checks
+        if self._memory is not None:
+            delta = cost.total - reservation.reserved
+            after = self._memory.settle_now(checks, current, delta, served)
+        else:
+            try:
+                after = await self.backend.settle(
+                    checks, current, reservation.ask, reservation.reserved, cost.total, served
+                )
+            except BackendError as exc:
+                self._failed("settle", exc)
+                return
         if reservation.budgets and self._on_budget is not None:
             self._budgets(reservation.client, reservation.budgets, after)
 
@@ -264,47 +313,40 @@ class Limiter:
         now = self._clock()
         rules = self.rules_of(client)
         checks = checks_for(rules, True, now)
-        values = await self._ask(self.backend.read(checks, now))
+        values = await self.backend.read(checks, now)
         by_scope = {rule.scope: rule for rule in rules}
         return [(by_scope[c.scope], c.limit, v) for c, v in zip(checks, values, strict=True)]
 
     async def start(self) -> None:
-        """Warm the backend up at start (a connection, the scripts loaded): the first
-        requests would otherwise pay for it within limits_timeout. A backend that is
-        not there yet is logged, not fatal: requests then follow on_backend_error."""
+        """Warm the backend up at start (a connection, the scripts loaded). A backend that
+        is not there yet is logged, not fatal: it is asked again until it answers, and
+        until then the gateway is not ready and admits no limited request."""
         try:
             async with asyncio.timeout(_START_SECONDS):
                 await self.backend.prepare()
         except (BackendError, TimeoutError) as exc:
             log.warning(
-                "limits backend not ready at start (%s); requests follow "
-                "on_backend_error until it answers",
+                "limits backend not ready at start (%s): not ready, and no limited "
+                "request is admitted, until it answers",
                 exc or "timeout",
             )
+            self._waiting = asyncio.get_running_loop().create_task(self._until_ready())
+
+    async def _until_ready(self) -> None:
+        while not self.backend.ready:
+            with contextlib.suppress(BackendError):
+                await self.backend.prepare()
+            if not self.backend.ready:
+                await asyncio.sleep(_READY_INTERVAL)
 
     async def close(self) -> None:
+        if self._waiting is not None:
+            self._waiting.cancel()
         await self.backend.close()
-
-    async def _ask(self, call: Any) -> Any:
-        if not self.backend.remote:
-            return await call
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await call
-        except TimeoutError:
-            raise BackendError("timeout") from None
 
     def _failed(self, operation: str, exc: BackendError) -> None:
         if self._on_error is not None:
             self._on_error(operation)
-        if self._failure_log.open():
-            log.warning(
-                "limits backend: %s failed (%s); %s until it answers again "
-                "(logged at most once a minute)",
-                operation,
-                exc,
-                "refusing limited clients (503)" if self.deny_on_error else "serving unlimited",
-            )
 
     def _retry_after(self, check: Check, now: float) -> float:
         if check.expires is None:
@@ -330,38 +372,35 @@ class Limiter:
 class _Plan:
     minute: int
     checks: list[Check]
-    headers: list[_HeaderSlot]
     #: the checks that feed the budget gauges: the client's own day and month limits,
     #: (index of the check, its window, its value)
     budgets: tuple[tuple[int, Window, int], ...]
 
 
-#: A header of the layout: (index of the check, its limit header (a constant pair, shared
-#: by every request of the plan: tuples are immutable), its remaining and reset names,
-#: its value).
-_HeaderSlot = tuple[int, tuple[bytes, bytes], bytes, bytes, int]
-
-
-def _header_layout(checks: list[Check]) -> list[_HeaderSlot]:
-    """Which checks give OpenAI's x-ratelimit-* headers: for each per-minute limit, the
-    first scope's (the client's own when it has one)."""
-    layout: list[_HeaderSlot] = []
-    seen: set[Limit] = set()
-    for index, check in enumerate(checks):
-        names = _HEADER_NAMES.get(check.limit)
-        if names is not None and check.limit not in seen:
-            seen.add(check.limit)
-            layout.append((index, (names[0], b"%d" % check.value), names[1], names[2], check.value))
-    return layout
-
-
-def _headers(layout: list[_HeaderSlot], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
-    reset = b"%.3fs" % (60.0 - now % 60.0)
+def _headers(checks: list[Check], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
+    """OpenAI's x-ratelimit-* headers: for each family (requests, tokens) the limit with
+    the least left of every window and scope that applies, its remaining and its reset."""
+    least: dict[str, tuple[int, Check]] = {}
+    for check, count in zip(checks, used, strict=False):
+        if check.expires is None:
+            continue
+        left = check.value - count
+        family = check.limit.family
+        found = least.get(family)
+        if found is None or left < found[0]:
+            least[family] = (left, check)
     headers: list[tuple[bytes, bytes]] = []
-    extend = headers.extend
-    for index, limit, remaining, resets, value in layout:
-        left = value - used[index]
-        extend((limit, (remaining, b"%d" % left if left > 0 else b"0"), (resets, reset)))
+    for name in _FAMILIES:
+        found = least.get(name.decode())
+        if found is None:
+            continue
+        left, check = found
+        assert check.expires is not None
+        headers += (
+            (b"x-ratelimit-limit-" + name, b"%d" % check.value),
+            (b"x-ratelimit-remaining-" + name, b"%d" % left if left > 0 else b"0"),
+            (b"x-ratelimit-reset-" + name, b"%.3fs" % max(check.expires - now, 0.0)),
+        )
     return headers
 
 
@@ -393,7 +432,6 @@ def build_limiter(
     return Limiter(
         settings.clients,
         backend,
-        timeout=settings.limits_timeout,
         deny_on_error=settings.on_backend_error == "deny",
         divisor=divisor,
         on_error=on_error,

@@ -4,12 +4,14 @@ Counters are a dict keyed by the check's key; a window's counter is dropped
 once its window has ended (swept at most once a minute), so the dict holds
 at most the configured scopes' current windows. Nothing awaits: a
 reservation is a few dictionary operations (well under 10 µs), and the limiter
-calls ``reserve_now`` and ``settle_now`` without a coroutine.
+calls ``reserve_now`` and ``settle_now`` without a coroutine. Nothing can
+fail or arrive late, so a reservation's identity is the limiter's business
+(it settles each once).
 """
 
 from __future__ import annotations
 
-from gateway.limits.backend import Reserved
+from gateway.limits.backend import Ask, Reserved
 from gateway.policy.limits import Check
 
 __all__ = ["MemoryBackend"]
@@ -17,6 +19,7 @@ __all__ = ["MemoryBackend"]
 
 class MemoryBackend:
     remote = False
+    ready = True
 
     def __init__(self) -> None:
         #: key -> count; a window's key names its window, so a new window is a new key
@@ -25,78 +28,76 @@ class MemoryBackend:
         self._expires: dict[str, int] = {}
         self._next_sweep = 0.0
 
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
+    async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
+        return self.reserve_now(checks, ask.input, ask.output, ask.strict, now)
+
+    async def settle(
+        self,
+        checks: list[Check],
+        current: list[Check],
+        ask: Ask,
+        reserved: int,
+        cost: int,
+        served: bool = True,
+    ) -> list[int | None]:
+        return self.settle_now(checks, current, cost - reserved, served)
+
+    def reserve_now(
+        self, checks: list[Check], input_: int, output: int, strict: bool, now: float
     ) -> Reserved:
-        return self.reserve_now(checks, reserved, now)
-
-    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
-        return self.settle_now(checks, delta)
-
-    def reserve_now(self, checks: list[Check], reserved: int, now: float) -> Reserved:
-        """``reserve`` without a coroutine: nothing here awaits (the limiter calls it
-        directly; ``member`` and ``hold`` are the Redis backend's)."""
+        """``reserve`` without a coroutine: nothing here awaits."""
         if now >= self._next_sweep:
             self._sweep(now)
+        get = self._counters.get
+        used = [get(check.key, 0) for check in checks]
+        if strict:
+            for check, count in zip(checks, used, strict=True):
+                if check.tokens and check.value - count - input_ < output:
+                    output = max(check.value - count - input_, 1)
+        amount = input_ + output
+        for index, (check, count) in enumerate(zip(checks, used, strict=True)):
+            if count + (amount if check.tokens else 1) > check.value:
+                return Reserved(index, used, output)
         counters = self._counters
-        get = counters.get
-        after: list[int] = []
-        fresh: list[str] | None = None  # the counters this reservation made
-        # one pass: each counter written as it fits (a Check unpacked once costs less
-        # than its fields read by name); a refusal puts the earlier ones back
-        for index, (_, _, value, key, tokens, end) in enumerate(checks):
-            amount = reserved if tokens else 1
-            count = get(key)
-            if count is None:
-                if amount > value:
-                    self._undo(checks, after, reserved, fresh)
-                    return Reserved(index, [0])
-                count = amount
-                if end is not None:
-                    self._expires[key] = end
-                if fresh is None:
-                    fresh = [key]
-                else:
-                    fresh.append(key)
-            else:
-                count += amount
-                if count > value:
-                    self._undo(checks, after, reserved, fresh)
-                    return Reserved(index, [count - amount])
-            counters[key] = count
-            after.append(count)
-        return Reserved(None, after)
+        for index, check in enumerate(checks):
+            count = used[index] + (amount if check.tokens else 1)
+            if check.key not in counters and check.expires is not None:
+                self._expires[check.key] = check.expires
+            counters[check.key] = used[index] = count
+        return Reserved(None, used, output)
 
-    def _undo(
-        self, checks: list[Check], after: list[int], reserved: int, fresh: list[str] | None
-    ) -> None:
-        """Take back what a refused reservation added to the counters before the one it
-        did not fit: a counter it made is dropped again."""
-        counters = self._counters
-        for check, count in zip(checks, after, strict=False):
-            if fresh is not None and check.key in fresh:
-                del counters[check.key]
-                self._expires.pop(check.key, None)
-            else:
-                counters[check.key] = count - check.amount(reserved)
-
-    def settle_now(self, checks: list[Check], delta: int) -> list[int | None]:
-        """``settle`` without a coroutine."""
+    def settle_now(
+        self, checks: list[Check], current: list[Check], delta: int, served: bool = True
+    ) -> list[int | None]:
+        """``settle`` without a coroutine: ``delta`` (cost minus reservation) to the token
+        counters of the windows reserved in, or what it adds to the current ones' where
+        that window has ended; the stream counted out; a request not ``served`` (refused
+        after its reservation) counted out of its requests too."""
         counters = self._counters
         get = counters.get
         after: list[int | None] = []
-        for _, _, _, key, tokens, end in checks:
-            count = get(key)
-            if count is not None:
-                # a request count stays as it is: it is not written back
-                if end is None:
-                    count = counters[key] = count - 1 if count > 0 else 0
-                elif tokens:
-                    count += delta
-                    if count < 0:
-                        count = 0
-                    counters[key] = count
-            after.append(count)
+        for check, now_check in zip(checks, current, strict=True):
+            key = check.key
+            if check.expires is None:
+                count = get(key)
+                if count is not None:
+                    counters[key] = count - 1 if count > 0 else 0
+            elif check.tokens:
+                if key == now_check.key:
+                    count = get(key)
+                    if count is not None:
+                        count += delta
+                        counters[key] = count if count > 0 else 0
+                elif delta > 0:  # its window ended: the rest is charged in the current one
+                    key = now_check.key
+                    if key not in counters and now_check.expires is not None:
+                        self._expires[key] = now_check.expires
+                    counters[key] = get(key, 0) + delta
+            elif not served:
+                count = get(key)
+                if count:
+                    counters[key] = count - 1
+            after.append(get(now_check.key))
         return after
 
     async def read(self, checks: list[Check], now: float) -> list[int]:

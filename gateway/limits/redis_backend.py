@@ -1,95 +1,153 @@
 """The Redis backend: counters shared by every worker and every replica.
 
-Reserve and settle are one Lua script each: atomic, one round trip, so two
-gateways can never both take the last unit of a limit. A window's counter is
-a string key that expires at its window's end; a client's live streams are
-a sorted set of request ids scored by the moment they are given up on (a
-gateway that died mid-stream does not hold its streams for ever). All of a
-client's keys share one hash tag, so each script touches one cluster slot.
+Reserve and settle are one Lua script each: atomic, so two gateways can
+never both take the last unit of a limit. A window's counter is a string key
+that expires at its window's end; a client's live streams are a sorted set
+of reservation ids scored by the moment they are given up on (a gateway that
+died mid-stream does not hold its streams for ever). All of a client's keys
+share one hash tag, so each script touches one cluster slot.
 
-Errors and slowness are the limiter's business (``limits_timeout``,
-``on_backend_error``): here every failure is a ``BackendError``. The client
-is redis-py's asyncio client (hiredis parses when installed), one pool per
-worker, with its own retries off: the limiter's timeout is the only bound.
+No phantom charges. Each reservation has its own id and its own key
+(``…:id:<member>``, expiring with its request): the reservation writes the
+tokens it reserved there; the settlement reads it, replaces that amount by
+the cost (or, when the reservation never counted, charges the whole cost
+and nothing else) and marks the id closed. A reservation that Redis runs
+after its id was closed (a command the gateway gave up on, run when a
+paused Redis resumed) counts nothing. So whatever order a timed-out
+reservation and its settlement or cancellation run in, the counters end at
+what was served.
+
+The calls go through ``redis_link`` (a thread, batched, the deadline on the
+socket); every failure is a ``BackendError`` and the limiter's business.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
-from gateway.limits.backend import BackendError, Reserved
+from gateway.limits.backend import Ask, BackendError, Reserved
+from gateway.limits.redis_link import RedisLink, Script
 from gateway.policy.limits import Check
 
 __all__ = ["RedisBackend"]
 
-#: KEYS: the counters. ARGV: now, member, then per key: kind (c or z), limit, amount,
-#: expiry (epoch seconds). Returns {0, used...} or {index, used} for the one without room.
+#: How long a reservation's id outlives its hold (a settlement retried meanwhile, and a
+#: late reservation refused by its closed id).
+ID_MARGIN = 300
+
+#: KEYS: the id, then the counters. ARGV: now, member, the id's ttl, input, output, strict
+#: (1/0), then per counter: kind (c: requests, t: tokens, z: streams), limit, expiry.
+#: Returns {0, output, used...} admitted, {index, output, used...} refused at a counter
+#: (1-based; used before), {-1} when the id was closed already.
 RESERVE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-1}
+end
 local now = tonumber(ARGV[1])
-local member = ARGV[2]
+local input, output = tonumber(ARGV[4]), tonumber(ARGV[5])
 local used = {}
-for i, key in ipairs(KEYS) do
-  local at = 3 + (i - 1) * 4
-  local kind, limit, amount = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local n
-  if kind == 'z' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-    n = redis.call('ZCARD', key)
+for i = 2, #KEYS do
+  local at = 7 + (i - 2) * 3
+  if ARGV[at] == 'z' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    used[i - 1] = redis.call('ZCARD', KEYS[i])
   else
-    n = tonumber(redis.call('GET', key) or '0')
-  end
-  if n + amount > limit then
-    return {i, n}
-  end
-  used[i] = n + amount
-end
-for i, key in ipairs(KEYS) do
-  local at = 3 + (i - 1) * 4
-  local kind, amount, expiry = ARGV[at], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  if kind == 'z' then
-    redis.call('ZADD', key, expiry, member)
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('EXPIREAT', key, math.ceil(tonumber(last[2])))
-  else
-    redis.call('INCRBY', key, amount)
-    redis.call('EXPIREAT', key, expiry)
+    used[i - 1] = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
 end
-table.insert(used, 1, 0)
-return used
+if ARGV[6] == '1' then
+  for i = 2, #KEYS do
+    local at = 7 + (i - 2) * 3
+    if ARGV[at] == 't' then
+      local room = tonumber(ARGV[at + 1]) - used[i - 1] - input
+      if room < output then
+        output = math.max(room, 1)
+      end
+    end
+  end
+end
+local amount = input + output
+for i = 2, #KEYS do
+  local at = 7 + (i - 2) * 3
+  local step = 1
+  if ARGV[at] == 't' then
+    step = amount
+  end
+  if used[i - 1] + step > tonumber(ARGV[at + 1]) then
+    return {i - 1, output, unpack(used)}
+  end
+end
+for i = 2, #KEYS do
+  local at = 7 + (i - 2) * 3
+  local kind, expiry = ARGV[at], tonumber(ARGV[at + 2])
+  if kind == 'z' then
+    redis.call('ZADD', KEYS[i], expiry, ARGV[2])
+    local last = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+    redis.call('EXPIREAT', KEYS[i], math.ceil(tonumber(last[2])))
+    used[i - 1] = used[i - 1] + 1
+  else
+    local step = 1
+    if kind == 't' then
+      step = amount
+    end
+    used[i - 1] = redis.call('INCRBY', KEYS[i], step)
+    redis.call('EXPIREAT', KEYS[i], expiry)
+  end
+end
+redis.call('SET', KEYS[1], amount, 'EX', ARGV[3])
+return {0, output, unpack(used)}
 """
 
-#: KEYS: the counters. ARGV: delta, member, then per key its kind (c, t: tokens, z).
-#: Returns each counter after (-1: gone, its window ended).
+#: KEYS: the id, then per counter two keys: the one reserved in, the one of now.
+#: ARGV: member, the id's ttl, cost, served (1/0), then per counter: kind, the current
+#: window's expiry. Returns {0, current values...}, or {-1} when settled already.
 SETTLE = """
-local delta = tonumber(ARGV[1])
-local member = ARGV[2]
-local after = {}
-for i, key in ipairs(KEYS) do
-  local kind = ARGV[2 + i]
+local state = redis.call('GET', KEYS[1])
+if state == 'x' then
+  return {-1}
+end
+local cost = tonumber(ARGV[3])
+local served = ARGV[4] == '1'
+local counted = state ~= false
+local delta = cost
+if counted then
+  delta = cost - tonumber(state)
+end
+local after = {0}
+for j = 1, (#KEYS - 1) / 2 do
+  local rk, ck = KEYS[2 * j], KEYS[2 * j + 1]
+  local kind, expiry = ARGV[3 + 2 * j], tonumber(ARGV[4 + 2 * j])
   if kind == 'z' then
-    redis.call('ZREM', key, member)
-    after[i] = redis.call('ZCARD', key)
-  elseif redis.call('EXISTS', key) == 1 then
-    if kind == 't' and delta ~= 0 then
-      local n = redis.call('INCRBY', key, delta)
-      if n < 0 then
-        redis.call('SET', key, 0, 'KEEPTTL')
-        n = 0
-      end
-      after[i] = n
-    else
-      after[i] = tonumber(redis.call('GET', key))
-    end
+    redis.call('ZREM', rk, ARGV[1])
+    after[j + 1] = redis.call('ZCARD', rk)
   else
-    after[i] = -1
+    if kind == 'c' then
+      if counted and not served and redis.call('EXISTS', rk) == 1 then
+        local n = redis.call('DECR', rk)
+        if n < 0 then
+          redis.call('SET', rk, 0, 'KEEPTTL')
+        end
+      elseif served and not counted then
+        redis.call('INCR', ck)
+        redis.call('EXPIREAT', ck, expiry)
+      end
+    elseif counted and rk == ck then
+      if redis.call('EXISTS', rk) == 1 and delta ~= 0 then
+        local n = redis.call('INCRBY', rk, delta)
+        if n < 0 then
+          redis.call('SET', rk, 0, 'KEEPTTL')
+        end
+      end
+    elseif delta > 0 then
+      redis.call('INCRBY', ck, delta)
+      redis.call('EXPIREAT', ck, expiry)
+    end
+    after[j + 1] = tonumber(redis.call('GET', ck) or '0')
   end
 end
+redis.call('SET', KEYS[1], 'x', 'EX', ARGV[2])
 return after
 """
 
@@ -98,70 +156,99 @@ class RedisBackend:
     remote = True
 
     def __init__(self, url: str, timeout: float, prefix: str = "gateway") -> None:
-        self._redis: Any = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
+        self._link = RedisLink(url, timeout, (RESERVE, SETTLE))
         self._prefix = prefix
-        self._reserve = self._redis.register_script(RESERVE)
-        self._settle = self._redis.register_script(SETTLE)
+
+    @property
+    def ready(self) -> bool:
+        return self._link.ready
+
+    def _tag(self, check: Check) -> str:
+        return f"{self._prefix}:{{{check.scope.partition('/')[0]}}}:"
 
     def _key(self, check: Check) -> str:
-        client = check.scope.partition("/")[0]
-        return f"{self._prefix}:{{{client}}}:{check.key}"
+        return self._tag(check) + check.key
 
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
-    ) -> Reserved:
-        args: list[Any] = [repr(now), member]
+    def _id(self, checks: list[Check], member: str) -> str:
+        return f"{self._tag(checks[0])}id:{member}"
+
+    async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
+        args: list[Any] = [
+            repr(now),
+            ask.member,
+            _ttl(ask.hold),
+            ask.input,
+            ask.output,
+            1 if ask.strict else 0,
+        ]
         for check in checks:
             if check.expires is None:
-                args += ["z", check.value, 1, repr(now + hold)]
+                args += ["z", check.value, repr(now + ask.hold)]
             else:
-                args += ["c", check.value, check.amount(reserved), check.expires]
-        try:
-            answer = await self._reserve(keys=[self._key(c) for c in checks], args=args)
-        except (RedisError, OSError) as exc:
-            raise BackendError(type(exc).__name__) from None
+                args += ["t" if check.tokens else "c", check.value, check.expires]
+        keys = [self._id(checks, ask.member), *(self._key(c) for c in checks)]
+        (answer,) = await self._link.call([Script(0, keys, args)])
         first = int(answer[0])
-        if first:
-            return Reserved(first - 1, [int(answer[1])])
-        return Reserved(None, [int(v) for v in answer[1:]])
+        if first < 0:
+            raise BackendError("reservation id closed already")
+        used = [int(v) for v in answer[2:]]
+        return Reserved(first - 1 if first else None, used, int(answer[1]))
 
-    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
-        kinds = ["z" if c.expires is None else "t" if c.tokens else "c" for c in checks]
-        try:
-            answer = await self._settle(
-                keys=[self._key(c) for c in checks], args=[delta, member, *kinds]
-            )
-        except (RedisError, OSError) as exc:
-            raise BackendError(type(exc).__name__) from None
-        return [None if int(v) < 0 else int(v) for v in answer]
+    def _settlement(
+        self, checks: list[Check], current: list[Check], ask: Ask, cost: int, served: bool
+    ) -> Script:
+        keys = [self._id(checks, ask.member)]
+        args: list[Any] = [ask.member, _ttl(ask.hold), cost, 1 if served else 0]
+        for check, now_check in zip(checks, current, strict=True):
+            keys += [self._key(check), self._key(now_check)]
+            kind = "z" if check.expires is None else "t" if check.tokens else "c"
+            args += [kind, now_check.expires or 0]
+        return Script(1, keys, args)
+
+    async def settle(
+        self,
+        checks: list[Check],
+        current: list[Check],
+        ask: Ask,
+        reserved: int,
+        cost: int,
+        served: bool = True,
+    ) -> list[int | None]:
+        """``reserved`` is Redis's to know (the id's key holds it): a reservation that
+        never counted is charged the whole cost."""
+        if not checks:
+            return []
+        script = self._settlement(checks, current, ask, cost, served)
+        (answer,) = await self._link.call([script], durable_for=ask.hold + 60)
+        if int(answer[0]) < 0:
+            return [None] * len(checks)
+        return [int(v) for v in answer[1:]]
+
+    def cancel(self, checks: list[Check], ask: Ask) -> None:
+        """Take back a reservation the gateway gave up on and refused (it may run late, or
+        have run): sent without waiting, and again until Redis answers."""
+        if checks:
+            script = self._settlement(checks, checks, ask, 0, False)
+            self._link.send([script], durable_for=ask.hold + 60)
 
     async def read(self, checks: list[Check], now: float) -> list[int]:
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for check in checks:
-                    key = self._key(check)
-                    if check.expires is None:
-                        pipe.zcount(key, repr(now), "+inf")
-                    else:
-                        pipe.get(key)
-                values = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise BackendError(type(exc).__name__) from None
+        commands: list[Any] = []
+        for check in checks:
+            key = self._key(check)
+            if check.expires is None:
+                commands.append(("ZCOUNT", key, repr(now), "+inf"))
+            else:
+                commands.append(("GET", key))
+        values = await self._link.call(commands)
         return [int(v or 0) for v in values]
 
     async def prepare(self) -> None:
         """Connect and load both scripts now, so that the first request pays neither."""
-        try:
-            for script in (self._reserve, self._settle):
-                script.sha = await self._redis.script_load(script.script)
-        except (RedisError, OSError) as exc:
-            raise BackendError(type(exc).__name__) from None
+        await self._link.call([("PING",)])
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await asyncio.to_thread(self._link.close)
+
+
+def _ttl(hold: float) -> int:
+    return math.ceil(hold) + ID_MARGIN

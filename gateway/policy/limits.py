@@ -36,7 +36,10 @@ __all__ = [
     "Window",
     "checks_for",
     "cost_of",
+    "estimate_from",
     "estimate_input",
+    "input_bound",
+    "measure_input",
     "output_estimate",
     "requested_output",
     "window_end",
@@ -47,29 +50,6 @@ __all__ = [
 BYTES_PER_TOKEN = 4
 
 
-class Limit(enum.StrEnum):
-    """A client limit: the ``limit`` label of ``gateway_limited_requests_total``."""
-
-    REQUESTS_PER_MINUTE = "requests_per_minute"
-    TOKENS_PER_MINUTE = "tokens_per_minute"
-    TOKENS_PER_DAY = "tokens_per_day"
-    TOKENS_PER_MONTH = "tokens_per_month"
-    MAX_CONCURRENT_STREAMS = "max_concurrent_streams"
-
-    @property
-    def window(self) -> Window | None:
-        return _WINDOW_OF[self]
-
-    @property
-    def counts_tokens(self) -> bool:
-        return self in _TOKEN_LIMITS
-
-    @property
-    def is_budget(self) -> bool:
-        """A day's or a month's budget: spent, it answers ``insufficient_quota``."""
-        return self in (Limit.TOKENS_PER_DAY, Limit.TOKENS_PER_MONTH)
-
-
 class Window(enum.StrEnum):
     """A fixed UTC window: the ``window`` label of the budget gauges."""
 
@@ -78,21 +58,58 @@ class Window(enum.StrEnum):
     MONTH = "month"
 
 
+class Limit(enum.StrEnum):
+    """A client limit, with its own facts (the way httpx's ``codes`` carry their phrase):
+    its window (None: the concurrency count), whether it counts tokens, its family of
+    ``x-ratelimit-*`` headers (``requests``, ``tokens``) and the error ``code`` a refusal
+    answers with. Its value is the ``limit`` label of ``gateway_limited_requests_total``
+    and its name in ``[clients.limits]``."""
+
+    window: Window | None
+    counts_tokens: bool
+    family: str
+    code: str
+
+    def __new__(
+        cls, value: str, window: Window | None, counts_tokens: bool, family: str, code: str
+    ) -> Limit:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.window = window
+        member.counts_tokens = counts_tokens
+        member.family = family
+        member.code = code
+        return member
+
+    REQUESTS_PER_MINUTE = (
+        "requests_per_minute",
+        Window.MINUTE,
+        False,
+        "requests",
+        "rate_limit_exceeded",
+    )
+    TOKENS_PER_MINUTE = ("tokens_per_minute", Window.MINUTE, True, "tokens", "rate_limit_exceeded")
+    TOKENS_PER_DAY = ("tokens_per_day", Window.DAY, True, "tokens", "insufficient_quota")
+    TOKENS_PER_MONTH = ("tokens_per_month", Window.MONTH, True, "tokens", "insufficient_quota")
+    MAX_CONCURRENT_STREAMS = (
+        "max_concurrent_streams",
+        None,
+        False,
+        "requests",
+        "rate_limit_exceeded",
+    )
+
+    @property
+    def is_budget(self) -> bool:
+        """A day's or a month's budget: spent, it answers ``insufficient_quota``."""
+        return self.code == "insufficient_quota"
+
+
 class Source(enum.StrEnum):
     """Where a settled cost came from: the ``source`` label of client tokens."""
 
     REPORTED = "reported"
     ESTIMATED = "estimated"
-
-
-_WINDOW_OF: Mapping[Limit, Window | None] = {
-    Limit.REQUESTS_PER_MINUTE: Window.MINUTE,
-    Limit.TOKENS_PER_MINUTE: Window.MINUTE,
-    Limit.TOKENS_PER_DAY: Window.DAY,
-    Limit.TOKENS_PER_MONTH: Window.MONTH,
-    Limit.MAX_CONCURRENT_STREAMS: None,
-}
-_TOKEN_LIMITS = frozenset({Limit.TOKENS_PER_MINUTE, Limit.TOKENS_PER_DAY, Limit.TOKENS_PER_MONTH})
 
 
 def window_start(window: Window, now: float) -> int:
@@ -156,7 +173,7 @@ def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
     bounds: dict[Window, tuple[int, int]] = {}
     for rule in rules:
         for limit, value in rule.limits.items():
-            window = _WINDOW_OF[limit]
+            window = limit.window
             if window is None:
                 if stream:
                     key = f"{rule.scope}|{limit}"
@@ -166,7 +183,7 @@ def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
             if bound is None:
                 bound = bounds[window] = (window_start(window, now), window_end(window, now))
             key = f"{rule.scope}|{limit}|{bound[0]}"
-            checks.append(Check(rule.scope, limit, value, key, limit in _TOKEN_LIMITS, bound[1]))
+            checks.append(Check(rule.scope, limit, value, key, limit.counts_tokens, bound[1]))
     return checks
 
 
@@ -178,16 +195,25 @@ _INPUT_FIELDS = ("messages", "prompt", "input", "contents", "system", "instructi
 _OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
-    """Input tokens of a request: the UTF-8 bytes of its text, ``BYTES_PER_TOKEN`` a token.
+#: Tokens a message costs besides its text (its role, its delimiters): OpenAI's cookbook
+#: counts 3 to 4 a message, and 3 for the answer's priming; both are counted on the
+#: generous side.
+MESSAGE_OVERHEAD = 4
+#: The answer's priming, counted once a request.
+REQUEST_OVERHEAD = 4
+#: Request fields that hold the messages (each object in them is a message).
+_MESSAGE_FIELDS = ("messages", "contents", "input")
 
-    A body the gateway could not read as JSON counts whole.
-    """
+
+def measure_input(request: Mapping[str, Any] | None, body_size: int) -> tuple[int, int]:
+    """The UTF-8 bytes of a request's text and its count of messages; a body the gateway
+    could not read as JSON is all text, one message."""
     if request is None:
-        return _tokens(body_size)
+        return body_size, 1
     # the fields' own strings here, their lists and objects in one walk (a walk a field
     # cost more than the text: this is on every limited request's path)
     size = 0
+    messages = 0
     nested: list[object] = []
     for name in _INPUT_FIELDS:
         value = request.get(name)
@@ -196,9 +222,31 @@ def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
         kind = type(value)
         if kind is str:
             size += len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+            messages += 1 if name in _MESSAGE_FIELDS else 0
         elif kind is dict or kind is list:
+            if kind is list and name in _MESSAGE_FIELDS:
+                messages += sum(1 for item in value if type(item) is dict)
             nested.append(value)
-    return _tokens(size + _nested_bytes(nested) if nested else size)
+    return (size + _nested_bytes(nested) if nested else size), messages
+
+
+def estimate_input(request: Mapping[str, Any] | None, body_size: int) -> int:
+    """Input tokens of a request: the UTF-8 bytes of its text, ``BYTES_PER_TOKEN`` a token,
+    plus each message's overhead (``MESSAGE_OVERHEAD``) and the answer's priming."""
+    return estimate_from(*measure_input(request, body_size))
+
+
+def estimate_from(size: int, messages: int) -> int:
+    """``estimate_input`` of a text of ``size`` bytes in ``messages`` messages."""
+    return _tokens(size) + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
+
+
+def input_bound(request: Mapping[str, Any] | None, body_size: int) -> int:
+    """An upper bound of a request's input tokens (``budget_enforcement = "strict"``): one
+    token a byte of its text (no byte-level tokenizer makes more tokens than bytes),
+    plus each message's overhead and the answer's priming."""
+    size, messages = measure_input(request, body_size)
+    return size + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
 
 
 def requested_output(request: Mapping[str, Any] | None, default: int) -> int:

@@ -119,6 +119,10 @@ class ProtocolSpec:
     ask_for_usage: Callable[[Json], bool] | None = None
     #: How a client speaks it (None: no answer shape to ask for, e.g. bare SSE).
     requests: ClientRequests | None = None
+    #: The request fields that limit the answer's length (a dotted path for a nested
+    #: one), the first one the field to add when a request names none
+    #: (``budget_enforcement = "strict"`` caps them at the tokens the client has left).
+    output_limit: tuple[str, ...] = ()
     #: ``gen_ai.operation.name`` of the OpenTelemetry GenAI semantic conventions.
     genai_operation: str | None = None
     #: ``gen_ai.provider.name``: the provider whose API this is (an OpenAI-compatible
@@ -137,6 +141,28 @@ class ProtocolSpec:
     @property
     def finish_table(self) -> Mapping[str, Reason]:
         return self.contract.finish_table
+
+    def capped_output(self, request: Json | None, cap: int) -> Json:
+        """The changes to a request (top-level members, objects merged) that limit its
+        output to at most ``cap`` tokens: each of its output fields it names above the
+        cap, or the first one when it names none; {} when nothing needs to change."""
+        if not self.output_limit or request is None:
+            return {}
+        changes: Json = {}
+        named = False
+        for path in self.output_limit:
+            head, _, rest = path.partition(".")
+            value = request.get(head)
+            if rest:
+                value = value.get(rest) if isinstance(value, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                named = True
+                if value > cap:
+                    changes[head] = {rest: cap} if rest else cap
+        if not named:
+            head, _, rest = self.output_limit[0].partition(".")
+            changes[head] = {rest: cap} if rest else cap
+        return changes
 
     def new_contract(self, options: ContractOptions) -> Contract:
         if self.make_contract is not None:

@@ -46,6 +46,7 @@ MESSAGES = ProtocolSpec(
         headers={"anthropic-version": "2023-06-01"},
         tool=_tool,
     ),
+    output_limit=("max_tokens",),
     genai_operation="chat",
     genai_provider="anthropic",
 )

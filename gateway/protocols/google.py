@@ -68,6 +68,7 @@ GEMINI = ProtocolSpec(
     request_model=_path_model,
     credential=CredentialStyle.X_GOOG_API_KEY,
     requests=ClientRequests(path=_path, text=_text, tool=_tool),
+    output_limit=("generationConfig.maxOutputTokens", "generation_config.max_output_tokens"),
     genai_operation="generate_content",
     genai_provider="gcp.gemini",
 )

@@ -45,6 +45,7 @@ OLLAMA = ProtocolSpec(
     make_contract=lambda o: OllamaContract(require_finish_reason=o.require_finish_reason),
     # The probe's path below a route with prefix ``/api``.
     requests=ClientRequests(path=lambda model, stream: "/chat", text=_text, tool=_tool),
+    output_limit=("options.num_predict",),
     genai_operation="chat",
     genai_provider="ollama",
 )

@@ -90,6 +90,7 @@ CHAT = ProtocolSpec(
         tool=_chat_tool,
         choices=_choices,
     ),
+    output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
     genai_provider="openai",
 )
@@ -106,6 +107,7 @@ COMPLETIONS = ProtocolSpec(
     requests=ClientRequests(
         path=lambda model, stream: "/completions", text=_completions_text, choices=_choices
     ),
+    output_limit=("max_tokens",),
     genai_operation="text_completion",
     genai_provider="openai",
 )
@@ -119,6 +121,7 @@ RESPONSES = ProtocolSpec(
     requests=ClientRequests(
         path=lambda model, stream: "/responses", text=_responses_text, tool=_responses_tool
     ),
+    output_limit=("max_output_tokens",),
     genai_operation="chat",
     genai_provider="openai",
 )

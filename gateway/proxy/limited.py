@@ -19,13 +19,11 @@ from starlette.types import Message, Send
 
 from gateway.limits import LimitRefused
 from gateway.observe import RequestRecord
-from gateway.policy.limits import Cost, Limit, cost_of, output_estimate
+from gateway.policy.limits import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import RawHeaders
 
 __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
-
-_FAMILY = {Limit.REQUESTS_PER_MINUTE: "requests", Limit.TOKENS_PER_MINUTE: "tokens"}
 
 
 def _message(refused: LimitRefused, now: float) -> str:
@@ -45,9 +43,9 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
     if limit is None:
         type_, code = "service_unavailable", "limits_backend_unavailable"
     elif limit.is_budget:
-        type_, code = "insufficient_quota", "insufficient_quota"
+        type_, code = "insufficient_quota", limit.code
     else:
-        type_, code = _FAMILY.get(limit, "requests"), "rate_limit_exceeded"
+        type_, code = limit.family, limit.code
     return error_body(protocol, refused.status, _message(refused, now), type_, code, request_id)
 
 
@@ -60,10 +58,9 @@ def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
     limit = refused.limit
     if limit is not None and limit.is_budget:
         headers.append((b"x-should-retry", b"false"))
-    family = _FAMILY.get(limit) if limit is not None else None
-    if family is not None:
-        headers.append((b"x-ratelimit-remaining-" + family.encode(), b"0"))
-        headers.append((b"x-ratelimit-reset-" + family.encode(), f"{seconds:.3f}s".encode()))
+    # every x-ratelimit-* header, with what each limit really has left (the refused one's
+    # remaining is what it had, which the request did not fit in)
+    headers.extend(refused.headers)
     return headers
 
 

@@ -83,7 +83,7 @@ from gateway.proxy.headers import (
     without_key,
 )
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
-from gateway.proxy.request_body import BodyParser, input_estimate
+from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import ANONYMOUS, Settings
 
@@ -245,10 +245,13 @@ class Relay:
         request_json = await self.bodies.summary(exchange.body)
         record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
+        limiter = self.limiter
+        limited = limiter is not None and limiter.limited(record.client_name)
         if (
             record.stream
             and request_json is not None
-            and route.config.inject_include_usage
+            # a limited client's stream is charged what the provider reports
+            and (route.config.inject_include_usage or limited)
             and spec.ask_for_usage is not None
             and spec.ask_for_usage(request_json)
         ):
@@ -257,36 +260,39 @@ class Relay:
             if rewritten is not None:
                 # The client's bytes are let go: only the rewritten ones are held (the
                 # body counts twice in the budget already; only growth beyond that).
-                self._hold(exchange, len(rewritten) - 2 * len(exchange.body))
+                self._hold(exchange, len(rewritten) - body_weight(route) * len(exchange.body))
                 exchange.body = rewritten
                 exchange.withhold_usage = True
-        body, exchange.body = exchange.body, b""
-        limiter = self.limiter
         reservation = None
-        if limiter is not None and limiter.limited(record.client_name):
+        if limiter is not None and limited:
+            strict = limiter.strict(record.client_name)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
                     request_json,
-                    input_estimate(request_json, len(body)),
+                    input_estimate(request_json, len(exchange.body)),
                     route.config.default_output_reservation,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,
+                    strict_input(request_json, len(exchange.body)) if strict else None,
                 )
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
                 return
             if reservation.headers:
                 exchange.send = with_headers(exchange.send, reservation.headers)
+            if reservation.output_cap is not None:
+                await self._cap_output(exchange, request_json, reservation.output_cap)
+        body, exchange.body = exchange.body, b""
         if record.stream:
             try:
                 self.admission.start_stream(route)
             except Refused as refused:
                 if reservation is not None and limiter is not None:
-                    await limiter.settle(reservation, NOTHING)
+                    await limiter.settle(reservation, NOTHING, served=False)
                 await self._refuse(exchange, refused)
                 return
             exchange.counted = True
@@ -303,6 +309,19 @@ class Relay:
                 record.charge = cost
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+
+    async def _cap_output(
+        self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
+    ) -> None:
+        """``budget_enforcement = "strict"``: the request's own output limit lowered to the
+        tokens its client has left, so that the provider stops there (``length``)."""
+        changes = exchange.spec.capped_output(request_json, cap)
+        if not changes:
+            return
+        rewritten = await self.bodies.rewrite(exchange.body, changes)
+        if rewritten is not None:
+            self._hold(exchange, len(rewritten) - len(exchange.body))
+            exchange.body = rewritten
 
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""

@@ -37,9 +37,24 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from gateway.guard.jsonparse import loads
-from gateway.policy.limits import estimate_input
+from gateway.policy.limits import (
+    MESSAGE_OVERHEAD,
+    REQUEST_OVERHEAD,
+    estimate_from,
+    estimate_input,
+    input_bound,
+    measure_input,
+)
 
-__all__ = ["OFF_LOOP_BYTES", "BodyParser", "Summary", "input_estimate", "rewrite", "summary"]
+__all__ = [
+    "OFF_LOOP_BYTES",
+    "BodyParser",
+    "Summary",
+    "input_estimate",
+    "rewrite",
+    "strict_input",
+    "summary",
+]
 
 log = logging.getLogger("gateway")
 
@@ -53,14 +68,18 @@ class Summary(dict[str, Any]):
     whole document's text is estimated at (``policy.limits.estimate_input``: its
     messages are not kept, so the estimate is made while they are at hand)."""
 
-    __slots__ = ("input_tokens",)
+    __slots__ = ("input_bound", "input_tokens")
 
-    def __init__(self, members: dict[str, Any], input_tokens: int | None) -> None:
+    def __init__(
+        self, members: dict[str, Any], input_tokens: int | None, input_bound: int | None = None
+    ) -> None:
         super().__init__(members)
         self.input_tokens = input_tokens
+        #: the strict upper bound of the input (``policy.limits.input_bound``)
+        self.input_bound = input_bound
 
     def __reduce__(self) -> tuple[Any, ...]:  # across the helper process
-        return (Summary, (dict(self), self.input_tokens))
+        return (Summary, (dict(self), self.input_tokens, self.input_bound))
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -99,8 +118,15 @@ def summary(body: bytes, count_input: bool = False) -> Summary | None:
     doc = _document(body)
     if doc is None:
         return None
-    tokens = estimate_input(doc, len(body)) if count_input else None
-    return Summary({key: value for key, value in doc.items() if _small(value)}, tokens)
+    members = {key: value for key, value in doc.items() if _small(value)}
+    if not count_input:
+        return Summary(members, None)
+    size, messages = measure_input(doc, len(body))
+    return Summary(
+        members,
+        estimate_from(size, messages),
+        size + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD,
+    )
 
 
 def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
@@ -116,6 +142,14 @@ def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:  # a lone surrogate, which only an escape can carry
         return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def strict_input(request: dict[str, Any] | None, body_size: int) -> int:
+    """A request's input tokens at most: the bound its summary made of the whole document,
+    else (not JSON, or made without) ``input_bound`` of what there is."""
+    if isinstance(request, Summary) and request.input_bound is not None:
+        return request.input_bound
+    return input_bound(request, body_size)
 
 
 def input_estimate(request: dict[str, Any] | None, body_size: int) -> int:

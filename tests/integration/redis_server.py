@@ -179,13 +179,13 @@ class DelayingProxy:
             writer.close()
             return
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float) -> None:
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delayed: bool) -> None:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 while chunk := await src.read(65536):
-                    if delay:
-                        await asyncio.sleep(delay)
+                    if delayed and self.delay:  # read each time: a test may change it
+                        await asyncio.sleep(self.delay)
                     dst.write(chunk)
                     await dst.drain()
             dst.close()
 
-        await asyncio.gather(pump(reader, up_writer, self.delay), pump(up_reader, writer, 0.0))
+        await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.limits import BackendError, Limiter, LimitRefused, Reserved
+from gateway.limits.backend import Ask
 from gateway.limits.memory import MemoryBackend
 from gateway.policy.limits import (
     Check,
@@ -23,6 +24,7 @@ from gateway.policy.limits import (
     checks_for,
     cost_of,
     estimate_input,
+    input_bound,
     output_estimate,
     requested_output,
     window_end,
@@ -51,12 +53,20 @@ def test_a_window_holds_its_instant(now: float, window: Window) -> None:
 
 
 def test_the_input_estimate_is_the_prompt_text_four_bytes_a_token() -> None:
+    """Plus each message's overhead (4) and the answer's priming (4)."""
     chat = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
-    assert estimate_input(chat, 10_000) == (400 + len("user")) // 4
-    assert estimate_input({"prompt": "é" * 4}, 0) == 2  # UTF-8 bytes
+    assert estimate_input(chat, 10_000) == (400 + len("user")) // 4 + 4 + 4
+    assert estimate_input({"prompt": "é" * 4}, 0) == 2 + 4  # UTF-8 bytes
     gemini = {"contents": [{"parts": [{"text": "abcd" * 10}]}]}
-    assert estimate_input(gemini, 0) == 10
-    assert estimate_input(None, 401) == 101  # not JSON: the whole body
+    assert estimate_input(gemini, 0) == 10 + 4 + 4
+    assert estimate_input(None, 401) == 101 + 4 + 4  # not JSON: the whole body, one message
+
+
+def test_the_strict_input_bound_is_a_token_a_byte_plus_the_overheads() -> None:
+    system = {"role": "system", "content": "é" * 10}
+    chat = {"messages": [system, {"role": "user", "content": "hi"}]}
+    assert input_bound(chat, 0) == len("system") + 20 + len("user") + 2 + 2 * 4 + 4
+    assert input_bound(None, 50) == 50 + 4 + 4
 
 
 def test_the_output_reservation_reads_each_protocols_name() -> None:
@@ -105,21 +115,47 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _ask(member: str, tokens: int, strict: bool = False) -> Ask:
+    return Ask(member, tokens - 10, 10, strict, 60)
+
+
 def test_the_memory_backend_reserves_all_or_none_and_settles_the_difference() -> None:
     backend = MemoryBackend()
     rule = Rule("c", {Limit.TOKENS_PER_MINUTE: 100, Limit.REQUESTS_PER_MINUTE: 3})
     first = checks_for([rule], False, NOW)
-    assert _run(backend.reserve(first, 60, "r1", NOW, 60)) == Reserved(None, [60, 1])
-    # 60 + 60 > 100: refused, and the request counter is not touched either
-    assert _run(backend.reserve(first, 60, "r2", NOW, 60)).refused == 0
+    assert _run(backend.reserve(first, _ask("r1", 60), NOW)) == Reserved(None, [60, 1], 10)
+    # 60 + 60 > 100: refused, and the request counter is not touched either; every counter
+    # is told as it stands (the headers of the 429)
+    assert _run(backend.reserve(first, _ask("r2", 60), NOW)) == Reserved(0, [60, 1], 10)
     assert _run(backend.read(first, NOW)) == [60, 1]
     # the first one really cost 25: 35 come back, and the next fits
-    assert _run(backend.settle(first, 25 - 60, "r1")) == [25, 1]
-    assert _run(backend.reserve(first, 60, "r3", NOW, 60)) == Reserved(None, [85, 2])
+    assert _run(backend.settle(first, first, _ask("r1", 60), 60, 25)) == [25, 1]
+    assert _run(backend.reserve(first, _ask("r3", 60), NOW)) == Reserved(None, [85, 2], 10)
     # a new minute: fresh counters; the old window's are swept
     later = checks_for([rule], False, NOW + 60)
-    assert _run(backend.reserve(later, 60, "r4", NOW + 60, 60)) == Reserved(None, [60, 1])
+    assert _run(backend.reserve(later, _ask("r4", 60), NOW + 60)) == Reserved(None, [60, 1], 10)
     assert len(backend._counters) == 2
+
+
+def test_strict_reserves_at_most_what_is_left_and_refuses_when_nothing_is() -> None:
+    backend = MemoryBackend()
+    rule = Rule("c", {Limit.TOKENS_PER_MINUTE: 100, Limit.TOKENS_PER_DAY: 1000})
+    checks = checks_for([rule], False, NOW)
+    big = Ask("r1", 30, 500, True, 60)
+    assert _run(backend.reserve(checks, big, NOW)) == Reserved(None, [100, 100], 70)
+    assert _run(backend.reserve(checks, Ask("r2", 1, 500, True, 60), NOW)).refused == 0
+
+
+def test_a_stream_that_crosses_a_window_is_charged_in_full() -> None:
+    """Reserved in one minute, settled in the next: what it cost beyond its reservation
+    goes to the new minute, never dropped with the old one."""
+    backend = MemoryBackend()
+    rule = Rule("c", {Limit.TOKENS_PER_MINUTE: 1000, Limit.TOKENS_PER_DAY: 10_000})
+    before = checks_for([rule], False, NOW - 40)  # the day ends at NOW + 30
+    after = checks_for([rule], False, NOW + 40)
+    assert _run(backend.reserve(before, _ask("r1", 100), NOW - 40)).refused is None
+    assert _run(backend.settle(before, after, _ask("r1", 100), 100, 700)) == [600, 600]
+    assert _run(backend.read(before, NOW + 40)) == [100, 100]
 
 
 class _Clock:
@@ -151,16 +187,24 @@ def test_the_limiter_refuses_what_does_not_fit_until_the_window_ends() -> None:
     )
     request = {"messages": [{"role": "user", "content": "x" * 396}], "max_tokens": 100}
     one = _reserve(limiter, request)
-    assert one.reserved == 200
+    assert one.reserved == 208
     assert dict(one.headers)[b"x-ratelimit-remaining-requests"] == b"1"
-    assert dict(one.headers)[b"x-ratelimit-remaining-tokens"] == b"800"
-    assert budgets[-1] == ("team-a", Window.DAY, 5000, 200)
+    assert dict(one.headers)[b"x-ratelimit-remaining-tokens"] == b"792"
+    assert budgets[-1] == ("team-a", Window.DAY, 5000, 208)
     _reserve(limiter, request)
     with pytest.raises(LimitRefused) as refused:
         _reserve(limiter, request)
     assert refused.value.status == 429
     assert refused.value.limit is Limit.REQUESTS_PER_MINUTE
     assert refused.value.retry_after == 30
+    # the 429 carries all six headers, each with what is really left
+    headers = dict(limited_headers(refused.value, NOW))
+    assert headers[b"x-ratelimit-limit-requests"] == b"2"
+    assert headers[b"x-ratelimit-remaining-requests"] == b"0"
+    assert headers[b"x-ratelimit-limit-tokens"] == b"1000"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"584"
+    assert headers[b"x-ratelimit-reset-tokens"] == b"30.000s"
+    assert headers[b"x-ratelimit-reset-requests"] == b"30.000s"
     clock.now += 30
     _reserve(limiter, request)
 
@@ -196,38 +240,52 @@ def test_concurrent_streams_are_counted_out_at_settlement() -> None:
 class _Broken(MemoryBackend):
     remote = True
 
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
-    ) -> Reserved:
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: list[str] = []
+
+    async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
         raise BackendError("unreachable")
 
-
-class _Slow(MemoryBackend):
-    remote = True
-
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
-    ) -> Reserved:
-        await asyncio.sleep(3600)
-        raise AssertionError("not reached")
+    def cancel(self, checks: list[Check], ask: Ask) -> None:
+        self.cancelled.append(ask.member)
 
 
-@pytest.mark.parametrize("backend", [_Broken, _Slow])
-def test_a_failing_backend_allows_or_denies_as_configured(backend: type[MemoryBackend]) -> None:
+def test_a_failing_backend_allows_or_denies_as_configured() -> None:
     client = ClientConfig(
         name="team-a", key_sha256=["0" * 64], limits=ClientLimits(requests_per_minute=1)
     )
     errors: list[str] = []
-    allow = Limiter([client], backend(), timeout=0.01, on_error=errors.append)
+    allow = Limiter([client], _Broken(), on_error=errors.append)
     reservation = _reserve(allow, {})
-    assert reservation.checks == []
-    assert reservation.settled
-    deny = Limiter([client], backend(), timeout=0.01, deny_on_error=True, on_error=errors.append)
+    # served unreserved, and settled at its whole cost when the backend answers again
+    assert not reservation.counted
+    assert not reservation.settled
+    broken = _Broken()
+    deny = Limiter([client], broken, deny_on_error=True, on_error=errors.append)
     with pytest.raises(LimitRefused) as refused:
         _reserve(deny, {})
     assert refused.value.status == 503
     assert refused.value.label == "backend_error"
     assert errors == ["reserve", "reserve"]
+    # the reservation it gave up on is cancelled: should it run late, it counts nothing
+    assert len(broken.cancelled) == 1
+
+
+class _NotReady(MemoryBackend):
+    remote = True
+    ready = False
+
+
+def test_nothing_is_admitted_before_the_backend_answered_once() -> None:
+    client = ClientConfig(
+        name="team-a", key_sha256=["0" * 64], limits=ClientLimits(requests_per_minute=1)
+    )
+    limiter = Limiter([client], _NotReady())
+    assert not limiter.ready
+    with pytest.raises(LimitRefused) as refused:
+        _reserve(limiter, {})
+    assert refused.value.status == 503
 
 
 @pytest.mark.parametrize(

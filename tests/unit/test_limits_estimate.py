@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from gateway.policy.limits import (
     _INPUT_FIELDS,
+    MESSAGE_OVERHEAD,
+    REQUEST_OVERHEAD,
     _text_bytes,
     _tokens,
     estimate_input,
@@ -35,14 +37,21 @@ def _plain_text_bytes(value: object) -> int:
 
 
 def _plain_estimate(request: dict[str, Any] | None, body_size: int) -> int:
+    """The estimate as it is defined: its text's bytes, 4 a token, and the overheads."""
     if request is None:
-        return _tokens(body_size)
+        return _tokens(body_size) + MESSAGE_OVERHEAD + REQUEST_OVERHEAD
     size = 0
+    messages = 0
     for name in _INPUT_FIELDS:
         value = request.get(name)
         if value is not None:
             size += _plain_text_bytes(value)
-    return _tokens(size)
+        if name in ("messages", "contents", "input"):
+            if isinstance(value, str):
+                messages += 1
+            elif isinstance(value, list):
+                messages += len([item for item in value if isinstance(item, dict)])
+    return _tokens(size) + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
 
 
 _TEXT = st.text() | st.text(alphabet=st.characters(codec="ascii")) | st.just("\ud83d\ude00x")

@@ -1,6 +1,6 @@
-"""The memory backend's one-pass reservation and its settlement leave exactly the
-counters the two-pass ones did (copied here as they were), refusals included, over
-random sequences."""
+"""The memory backend over random sequences: a reservation is all or none, no counter
+ever passes its limit while what is settled is at most what was reserved (strict's
+promise), and the stream count returns to zero once every stream is settled."""
 
 from __future__ import annotations
 
@@ -9,50 +9,16 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.limits.backend import Reserved
+from gateway.limits.backend import Ask
 from gateway.limits.memory import MemoryBackend
-from gateway.policy.limits import Check, Limit, Rule, checks_for
-
-
-class _TwoPass(MemoryBackend):
-    async def reserve(
-        self, checks: list[Check], reserved: int, member: str, now: float, hold: float
-    ) -> Reserved:
-        if now >= self._next_sweep:
-            self._sweep(now)
-        counters = self._counters
-        after: list[int] = []
-        for index, check in enumerate(checks):
-            count = counters.get(check.key, 0) + (reserved if check.tokens else 1)
-            if count > check.value:
-                return Reserved(index, [count - (reserved if check.tokens else 1)])
-            after.append(count)
-        for check, count in zip(checks, after, strict=True):
-            if check.key not in counters and check.expires is not None:
-                self._expires[check.key] = check.expires
-            counters[check.key] = count
-        return Reserved(None, after)
-
-    async def settle(self, checks: list[Check], delta: int, member: str) -> list[int | None]:
-        counters = self._counters
-        after: list[int | None] = []
-        for check in checks:
-            count = counters.get(check.key)
-            if count is not None:
-                if check.expires is None:
-                    count = max(count - 1, 0)
-                elif check.tokens:
-                    count = max(count + delta, 0)
-                counters[check.key] = count
-            after.append(count)
-        return after
-
+from gateway.policy.limits import Limit, Rule, checks_for
 
 _STEP = st.tuples(
     st.integers(min_value=0, max_value=2),  # which rules
-    st.integers(min_value=0, max_value=40),  # reserved
-    st.integers(min_value=-40, max_value=40),  # settlement delta
-    st.booleans(),  # settled
+    st.integers(min_value=0, max_value=40),  # input
+    st.integers(min_value=1, max_value=40),  # output wanted
+    st.booleans(),  # strict
+    st.integers(min_value=0, max_value=60),  # what it cost, at most what it reserved
     st.integers(min_value=0, max_value=200),  # seconds on
 )
 
@@ -61,8 +27,8 @@ _STEP = st.tuples(
     st.lists(_STEP, max_size=30),
     st.lists(st.integers(min_value=1, max_value=60), min_size=5, max_size=5),
 )
-def test_one_pass_reservations_equal_two_pass(
-    steps: list[tuple[int, int, int, bool, int]], values: list[int]
+def test_reservations_are_all_or_none_and_never_pass_a_limit(
+    steps: list[tuple[int, int, int, bool, int, int]], values: list[int]
 ) -> None:
     own = Rule(
         "c",
@@ -76,22 +42,32 @@ def test_one_pass_reservations_equal_two_pass(
     route = Rule("c/route=r", {Limit.TOKENS_PER_MINUTE: values[4]})
     model = Rule("c/model=m", {Limit.REQUESTS_PER_MINUTE: values[4]})
     choices = [[own], [own, route], [route, own, model]]
-    fast, plain = MemoryBackend(), _TwoPass()
+    backend = MemoryBackend()
 
     async def run() -> None:
         now = 1_800_000_000.0
-        for which, reserved, delta, settled, later in steps:
+        live = []
+        for index, (which, input_, output, strict, cost, later) in enumerate(steps):
             now += later
             checks = checks_for(choices[which], True, now)
-            a = await fast.reserve(checks, reserved, "m", now, 60.0)
-            b = await plain.reserve(checks, reserved, "m", now, 60.0)
-            assert a == b
-            assert fast._counters == plain._counters
-            assert fast._expires == plain._expires
-            if a.refused is None and settled:
-                assert await fast.settle(checks, delta, "m") == await plain.settle(
-                    checks, delta, "m"
-                )
-                assert fast._counters == plain._counters
+            ask = Ask(f"r{index}", input_, output, strict, 60.0)
+            answer = await backend.reserve(checks, ask, now)
+            if answer.refused is not None:
+                # nothing taken: every counter as the answer says it stood
+                assert [backend._counters.get(c.key, 0) for c in checks] == answer.used
+                continue
+            if strict:
+                assert 1 <= answer.output <= output
+            for check in checks:
+                assert backend._counters[check.key] <= check.value
+            reserved = answer.reserved(ask)
+            live.append((checks, ask, reserved, min(cost, reserved)))
+            if len(live) > 2:
+                checks, ask, reserved, spent = live.pop(0)
+                current = checks_for(choices[which], True, now)
+                if [c.scope for c in current] == [c.scope for c in checks]:
+                    await backend.settle(checks, current, ask, reserved, spent)
+                    for check in current:
+                        assert backend._counters.get(check.key, 0) <= check.value
 
     asyncio.run(run())
