@@ -210,6 +210,15 @@ class WebSocketRelay:
         self.lifecycle = lifecycle
         self.forwarding = forwarding
         self._connections: set[_Connection] = set()
+        #: Connections admitted and not yet ended (``max_websocket_connections``), in
+        #: all and by named client.
+        self._open = 0
+        self._open_by_client: dict[str, int] = {}
+        self._client_caps = {
+            c.name: c.max_websocket_connections
+            for c in settings.clients
+            if c.max_websocket_connections is not None
+        }
         lifecycle.on_drain(self._drain_started)
 
     def _drain_started(self) -> None:
@@ -235,6 +244,7 @@ class WebSocketRelay:
         if agent is not None:
             record.user_agent = agent.decode("latin-1")
         close = Close.REFUSED
+        slot: str | None = None  # the client whose connection slot this one holds
         facts: dict[str, Any] = {"connection_id": request_id, "responses": 0}
         record.websocket = facts
         opened: Opened | None = None
@@ -260,6 +270,22 @@ class WebSocketRelay:
                 return
             target, caller = admitted
             record.client_name = caller.name
+            capped = self._take_slot(caller.name)
+            if capped is not None:
+                record.rejected = capped.label
+                self.metrics.reject(capped.label)
+                await _deny(
+                    send,
+                    scope,
+                    capped.status,
+                    capped.message,
+                    capped.type_,
+                    capped.label,
+                    request_id,
+                    record,
+                )
+                return
+            slot = caller.name
             result = await open_upstream(
                 route,
                 target,
@@ -299,6 +325,8 @@ class WebSocketRelay:
                 close_reason=end.client_reason or None,
             )
         finally:
+            if slot is not None:
+                self._release_slot(slot)
             if opened is not None:
                 health = Health.FAILED if blamed else Health.OK
                 record.attempts.append(
@@ -314,6 +342,39 @@ class WebSocketRelay:
             )
             record.duration = time.monotonic() - started
             self.access_log.write(record)
+
+    def _take_slot(self, client: str) -> Refused | None:
+        """Count a connection in, or Refused beyond ``max_websocket_connections`` (503 for
+        the gateway's, 429 for its client's): each is an upstream socket held open."""
+        cap = self.settings.limits.max_websocket_connections
+        if cap is not None and self._open >= cap:
+            return Refused(
+                503,
+                "websocket_connections",
+                "Too many WebSocket connections; retry shortly.",
+                "service_unavailable",
+            )
+        client_cap = self._client_caps.get(client)
+        held = self._open_by_client.get(client, 0)
+        if client_cap is not None and held >= client_cap:
+            return Refused(
+                429,
+                "websocket_connections",
+                f"This client's max_websocket_connections ({client_cap}) is reached; "
+                "close one first.",
+                "rate_limit_error",
+            )
+        self._open += 1
+        self._open_by_client[client] = held + 1
+        return None
+
+    def _release_slot(self, client: str) -> None:
+        self._open -= 1
+        held = self._open_by_client[client] - 1
+        if held:
+            self._open_by_client[client] = held
+        else:
+            del self._open_by_client[client]
 
     def _admit(self, route: Route, scope: Scope) -> tuple[Target, Caller] | Refused:
         if self.lifecycle.draining:
