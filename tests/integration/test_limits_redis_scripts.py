@@ -1,0 +1,157 @@
+"""The Redis backend's scripts against a real redis-server: each reservation's id makes
+a late reservation, a repeated settlement and a settlement without its reservation all
+come out at what was served; a stream that crossed a window is charged in full; strict
+reserves at most what is left; a refusal tells every counter."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from gateway.limits import BackendError
+from gateway.limits.backend import Ask
+from gateway.limits.redis_backend import RedisBackend
+from gateway.policy.limits import Check, Limit, Rule, checks_for
+from tests.integration.redis_server import RedisServer, redis_server
+
+#: 30 s into a minute an hour from now: the keys' expiries (EXPIREAT) lie in the future
+NOW = float(int(time.time()) // 60 * 60 + 3630)
+RULE = Rule(
+    "team",
+    {
+        Limit.REQUESTS_PER_MINUTE: 10,
+        Limit.TOKENS_PER_MINUTE: 1000,
+        Limit.MAX_CONCURRENT_STREAMS: 5,
+    },
+)
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+def _values(server: RedisServer, checks: list[Check]) -> list[int]:
+    client = redis_py.Redis(port=server.port)
+    try:
+        found = []
+        for check in checks:
+            key = f"gateway:{{team}}:{check.key}"
+            if check.expires is None:
+                found.append(client.zcard(key))
+            else:
+                found.append(int(client.get(key) or 0))
+        return found
+    finally:
+        client.close()
+
+
+def _run(server: RedisServer, work: Any) -> Any:
+    async def run() -> Any:
+        backend = RedisBackend(server.url, timeout=2.0)
+        try:
+            await backend.prepare()
+            return await work(backend)
+        finally:
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+def _ask(member: str, input_: int = 90, output: int = 10, strict: bool = False) -> Ask:
+    return Ask(member, input_, output, strict, 600.0)
+
+
+def test_a_reservation_and_its_settlement_replace_the_estimate_by_the_cost(
+    redis: RedisServer,
+) -> None:
+    checks = checks_for([RULE], True, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        admitted = await backend.reserve(checks, _ask("r1"), NOW)
+        assert admitted.refused is None
+        assert admitted.used == [1, 100, 1]
+        after = await backend.settle(checks, checks, _ask("r1"), 100, 40)
+        assert after == [1, 40, 0]
+        # settled once: a second settlement (a retry whose first attempt ran) is nothing
+        assert await backend.settle(checks, checks, _ask("r1"), 100, 40) == [None] * 3
+
+    _run(redis, work)
+    assert _values(redis, checks) == [1, 40, 0]
+
+
+def test_a_reservation_run_after_its_cancellation_counts_nothing(redis: RedisServer) -> None:
+    """The gateway gave up on a reservation and cancelled it; Redis ran the cancellation
+    first (a paused Redis resuming runs what it holds in any order): the reservation,
+    run late, finds its id closed and counts nothing."""
+    checks = checks_for([RULE], True, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        await backend.settle(checks, checks, _ask("late"), 0, 0, served=False)
+        with pytest.raises(BackendError):
+            await backend.reserve(checks, _ask("late"), NOW)
+
+    _run(redis, work)
+    assert _values(redis, checks) == [0, 0, 0]
+
+
+def test_a_cancellation_after_its_reservation_takes_all_of_it_back(redis: RedisServer) -> None:
+    checks = checks_for([RULE], True, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        await backend.reserve(checks, _ask("r1"), NOW)
+        await backend.settle(checks, checks, _ask("r1"), 100, 0, served=False)
+
+    _run(redis, work)
+    assert _values(redis, checks) == [0, 0, 0]
+
+
+def test_a_settlement_whose_reservation_never_counted_charges_the_cost_only(
+    redis: RedisServer,
+) -> None:
+    """Served unreserved (on_backend_error = "allow"): its settlement, sent when Redis is
+    back, charges what it cost and subtracts nothing."""
+    checks = checks_for([RULE], True, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        await backend.reserve(checks, _ask("other"), NOW)  # 100 reserved by another
+        after = await backend.settle(checks, checks, _ask("unreserved"), 100, 30)
+        assert after == [2, 130, 1]
+
+    _run(redis, work)
+
+
+def test_a_stream_that_crossed_a_minute_is_charged_in_full(redis: RedisServer) -> None:
+    before = checks_for([RULE], True, NOW)
+    after = checks_for([RULE], True, NOW + 60)
+
+    async def work(backend: RedisBackend) -> None:
+        await backend.reserve(before, _ask("long"), NOW)
+        # reserved 100, cost 700: the new minute gets the 600 the old one did not hold
+        assert await backend.settle(before, after, _ask("long"), 100, 700) == [0, 600, 0]
+
+    _run(redis, work)
+    assert _values(redis, before)[:2] == [1, 100]
+
+
+def test_strict_reserves_what_is_left_and_a_refusal_tells_every_counter(
+    redis: RedisServer,
+) -> None:
+    checks = checks_for([RULE], False, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        first = await backend.reserve(checks, _ask("a", 300, 5000, strict=True), NOW)
+        assert first.refused is None
+        assert first.output == 700  # 1000 - 300: all that was left
+        assert first.used == [1, 1000]
+        refused = await backend.reserve(checks, _ask("b", 1, 10, strict=True), NOW)
+        assert refused.refused == 1
+        assert refused.used == [1, 1000]
+
+    _run(redis, work)
