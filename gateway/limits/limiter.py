@@ -204,7 +204,7 @@ class Limiter:
                 for index, check in enumerate(checks)
                 if check.limit.is_budget and check.scope == client and check.limit.window
             )
-            plan = self._plans[key] = _Plan(minute, checks, budgets)
+            plan = self._plans[key] = _Plan(minute, checks, budgets, _header_layout(checks))
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
@@ -264,7 +264,7 @@ class Limiter:
                 return Reservation(
                     client, ask, checks, reserved, estimated_input, plan=key, counted=False
                 )
-        headers = _headers(checks, answer.used, now)
+        headers = _headers(plan.headers, answer.used, now)
         if answer.refused is not None:
             check = checks[answer.refused]
             raise LimitRefused(429, check.limit, self._retry_after(check, now), headers)
@@ -375,31 +375,47 @@ class _Plan:
     #: the checks that feed the budget gauges: the client's own day and month limits,
     #: (index of the check, its window, its value)
     budgets: tuple[tuple[int, Window, int], ...]
+    #: the x-ratelimit-* headers' layout (``_header_layout``)
+    headers: tuple[_Family, ...]
 
 
-def _headers(checks: list[Check], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
-    """OpenAI's x-ratelimit-* headers: for each family (requests, tokens) the limit with
-    the least left of every window and scope that applies, its remaining and its reset."""
-    least: dict[str, tuple[int, Check]] = {}
-    for check, count in zip(checks, used, strict=False):
-        if check.expires is None:
-            continue
-        left = check.value - count
-        family = check.limit.family
-        found = least.get(family)
-        if found is None or left < found[0]:
-            least[family] = (left, check)
-    headers: list[tuple[bytes, bytes]] = []
+#: A family's headers in a plan: its three names, and its candidates (the index of each
+#: check of the family, its value, its window's end).
+_Family = tuple[bytes, bytes, bytes, tuple[tuple[int, int, int], ...]]
+
+
+def _header_layout(checks: list[Check]) -> tuple[_Family, ...]:
+    """Which checks give OpenAI's x-ratelimit-* headers: every windowed limit of each
+    family (requests, tokens), of every scope; the one with the least left is told."""
+    layout: list[_Family] = []
     for name in _FAMILIES:
-        found = least.get(name.decode())
-        if found is None:
-            continue
-        left, check = found
-        assert check.expires is not None
+        candidates = tuple(
+            (index, check.value, check.expires)
+            for index, check in enumerate(checks)
+            if check.expires is not None and check.limit.family.encode() == name
+        )
+        if candidates:
+            limit, remaining, reset = (
+                b"x-ratelimit-%s-%s" % (part, name) for part in (b"limit", b"remaining", b"reset")
+            )
+            layout.append((limit, remaining, reset, candidates))
+    return tuple(layout)
+
+
+def _headers(layout: tuple[_Family, ...], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
+    """For each family, the limit with the least left, its remaining and its reset."""
+    headers: list[tuple[bytes, bytes]] = []
+    for limit_name, remaining_name, reset_name, candidates in layout:
+        index, value, end = candidates[0]
+        left = value - used[index]
+        for other in candidates[1:]:
+            other_left = other[1] - used[other[0]]
+            if other_left < left:
+                left, value, end = other_left, other[1], other[2]
         headers += (
-            (b"x-ratelimit-limit-" + name, b"%d" % check.value),
-            (b"x-ratelimit-remaining-" + name, b"%d" % left if left > 0 else b"0"),
-            (b"x-ratelimit-reset-" + name, b"%.3fs" % max(check.expires - now, 0.0)),
+            (limit_name, b"%d" % value),
+            (remaining_name, b"%d" % left if left > 0 else b"0"),
+            (reset_name, b"%.3fs" % (end - now if end > now else 0.0)),
         )
     return headers
 

@@ -48,22 +48,27 @@ class MemoryBackend:
         """``reserve`` without a coroutine: nothing here awaits."""
         if now >= self._next_sweep:
             self._sweep(now)
-        get = self._counters.get
-        used = [get(check.key, 0) for check in checks]
-        if strict:
-            for check, count in zip(checks, used, strict=True):
-                if check.tokens and check.value - count - input_ < output:
-                    output = max(check.value - count - input_, 1)
-        amount = input_ + output
-        for index, (check, count) in enumerate(zip(checks, used, strict=True)):
-            if count + (amount if check.tokens else 1) > check.value:
-                return Reserved(index, used, output)
         counters = self._counters
-        for index, check in enumerate(checks):
-            count = used[index] + (amount if check.tokens else 1)
-            if check.key not in counters and check.expires is not None:
-                self._expires[check.key] = check.expires
-            counters[check.key] = used[index] = count
+        get = counters.get
+        if strict:
+            for check in checks:
+                if check.tokens:
+                    room = check.value - get(check.key, 0) - input_
+                    if room < output:
+                        output = room if room > 1 else 1
+        amount = input_ + output
+        used: list[int] = []
+        # a Check unpacked once costs less than its fields read by name
+        for _, _, value, key, tokens, _ in checks:
+            count = get(key, 0)
+            if count + (amount if tokens else 1) > value:
+                return Reserved(len(used), [get(c.key, 0) for c in checks], output)
+            used.append(count)
+        for index, (_, _, _, key, tokens, end) in enumerate(checks):
+            count = used[index] + (amount if tokens else 1)
+            if end is not None and key not in counters:
+                self._expires[key] = end
+            counters[key] = used[index] = count
         return Reserved(None, used, output)
 
     def settle_now(

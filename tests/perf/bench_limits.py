@@ -9,8 +9,11 @@ Run it as a script (it is not a pytest test)::
    concurrent streams), N times on one event loop, in process CPU time: µs a request,
    the request's input estimate included. Goal: at most 10 µs.
 2. Redis on loopback: a real ``redis-server`` on a free port (stopped by its PID), the
-   same reserve and settle, each one Lua script and one round trip: p50 and p99 of the
-   reservation, which is what a limited request waits before its upstream.
+   same reserve and settle, each one Lua script sent by the Redis link's thread: p50 and
+   p99 of the reservation, which is what a limited request waits before its upstream,
+   one request at a time, and within bursts of 200 concurrent requests (what each of
+   them waits, its share of the burst's pipelined round trips included), with the count
+   of backend errors (goal: none, at the default limits_timeout of 50 ms).
 3. End to end: the time to first byte of sequential streams through a real gateway in
    front of the simulator, for an anonymous request and for a limited client on Redis
    (interleaved, one of each per round): the added p50 is what Redis costs a request.
@@ -92,19 +95,64 @@ def memory(n: int) -> float:
     return asyncio.run(run())
 
 
+def _percentiles(times: list[float]) -> tuple[float, float]:
+    times = sorted(times)
+    return times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3
+
+
 def redis_round_trips(url: str, n: int) -> tuple[float, float]:
     from gateway.limits.redis_backend import RedisBackend
 
     async def run() -> list[float]:
-        backend = RedisBackend(url, timeout=1.0)
-        limiter = Limiter([CLIENT.model_copy(update={"limits": LIMITS})], backend, timeout=1.0)
+        backend = RedisBackend(url, timeout=0.05)
+        limiter = Limiter([CLIENT.model_copy(update={"limits": LIMITS})], backend)
+        await limiter.start()
         await _cycle(limiter, 200)
         times = await _cycle(limiter, n)
         await limiter.close()
         return times
 
-    times = sorted(asyncio.run(run()))
-    return times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3
+    return _percentiles(asyncio.run(run()))
+
+
+def redis_bursts(url: str, bursts: int, size: int = 200) -> tuple[float, float, int]:
+    """Bursts of ``size`` concurrent reservations (then their settlements): p50 and p99 of
+    the time each reservation waited, and the backend errors (default timeout, 50 ms)."""
+    from gateway.limits.redis_backend import RedisBackend
+
+    errors: list[str] = []
+
+    async def one(limiter: Limiter, index: int, into: list[float]) -> None:
+        started = time.perf_counter()
+        reservation = await limiter.reserve(
+            "bench",
+            "chat",
+            "gpt-4o-mini",
+            REQUEST,
+            estimate_input(REQUEST, 1500),
+            1024,
+            True,
+            f"b{index}",
+            3600.0,
+        )
+        into.append(time.perf_counter() - started)
+        await limiter.settle(reservation, COST)
+
+    async def run() -> list[float]:
+        backend = RedisBackend(url, timeout=0.05)
+        limiter = Limiter(
+            [CLIENT.model_copy(update={"limits": LIMITS})], backend, on_error=errors.append
+        )
+        await limiter.start()
+        times: list[float] = []
+        for burst in range(bursts + 2):
+            into: list[float] = [] if burst < 2 else times  # two to warm up
+            await asyncio.gather(*(one(limiter, burst * size + i, into) for i in range(size)))
+        await limiter.close()
+        return times
+
+    p50, p99 = _percentiles(asyncio.run(run()))
+    return p50, p99, len(errors)
 
 
 def end_to_end(url: str, n: int) -> tuple[float, float]:
@@ -127,7 +175,6 @@ def end_to_end(url: str, n: int) -> tuple[float, float]:
 access_log = false
 limits_backend = "redis"
 redis_url = "{url}"
-limits_timeout = 1.0
 [[routes]]
 name = "open"
 prefix = "/open/v1"
@@ -177,6 +224,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000, help="memory-backend cycles")
     parser.add_argument("--round-trips", type=int, default=2000, help="Redis cycles")
+    parser.add_argument("--bursts", type=int, default=20, help="bursts of 200 reservations")
     parser.add_argument("--streams", type=int, default=300, help="end-to-end streams each")
     args = parser.parse_args()
     us = memory(args.requests)
@@ -187,6 +235,11 @@ def main() -> int:
     try:
         p50, p99 = redis_round_trips(server.url, args.round_trips)
         print(f"redis on loopback: reservation p50 = {p50:.3f} ms, p99 = {p99:.3f} ms")
+        p50, p99, errors = redis_bursts(server.url, args.bursts)
+        print(
+            f"redis on loopback, bursts of 200: reservation p50 = {p50:.3f} ms, "
+            f"p99 = {p99:.3f} ms, backend errors = {errors}"
+        )
         plain, keyed = end_to_end(server.url, args.streams)
         print(
             f"end to end, TTFB p50: anonymous {plain:.3f} ms, limited on redis {keyed:.3f} ms, "
