@@ -107,15 +107,28 @@ def _within_one_minute() -> None:
         time.sleep(60.5 - second)
 
 
+#: A burst request's reservation: its text (200 + "user"), 4 bytes a token, the message's
+#: and the priming's overheads, and its max_tokens.
+RESERVED = (200 + 4) // 4 + 4 + 4 + 10
+
+
 @pytest.mark.parametrize(
-    ("limits", "headers", "admitted"),
+    ("limits", "headers", "admitted", "policy"),
     [
-        ({"requests_per_minute": 50}, {"x-sim-tokens": "3"}, 50),
+        ({"requests_per_minute": 50}, {"x-sim-tokens": "3"}, 50, "deny"),
+        ({"requests_per_minute": 50}, {"x-sim-tokens": "3"}, 50, "allow"),
         # streams that last (20 deltas at 2 a second): all 200 are decided while the
         # admitted ones still run
-        ({"max_concurrent_streams": 10}, {"x-sim-tokens": "20", "x-sim-tps": "2"}, 10),
+        ({"max_concurrent_streams": 10}, {"x-sim-tokens": "20", "x-sim-tps": "2"}, 10, "deny"),
+        # room for exactly 50 reservations; none is settled before the burst is decided
+        (
+            {"tokens_per_minute": 50 * RESERVED},
+            {"x-sim-tokens": "10", "x-sim-tps": "2"},
+            50,
+            "deny",
+        ),
     ],
-    ids=["requests_per_minute", "max_concurrent_streams"],
+    ids=["requests_per_minute", "requests_per_minute-allow", "max_concurrent_streams", "tokens"],
 )
 def test_a_burst_over_two_gateways_admits_exactly_the_limit(
     simulator: ServerThread,
@@ -124,17 +137,18 @@ def test_a_burst_over_two_gateways_admits_exactly_the_limit(
     limits: dict[str, int],
     headers: dict[str, str],
     admitted: int,
+    policy: str,
 ) -> None:
-    """on_backend_error = "deny" and the default limits_timeout (50 ms): a healthy Redis
-    under a 200-request burst is never taken for a failing one (no 503, no backend error),
-    and exactly the limit is admitted."""
-    config = _config(tmp_path, simulator, redis, limits)
+    """The default limits_timeout (50 ms): a healthy Redis under a 200-request burst is
+    never taken for a failing one (no backend error; with "deny", no 503), and exactly
+    the limit is admitted."""
+    config = _config(tmp_path, simulator, redis, limits, policy=policy)
     with (
         gateway_process(["--config", str(config)]) as one,
         gateway_process(["--config", str(config)]) as two,
     ):
         _within_one_minute()
-        answers = asyncio.run(_burst([one.url, two.url], 200, headers))
+        answers = asyncio.run(_burst([one.url, two.url], 200, headers, max_tokens=10))
         errors = _metrics([one, two], "gateway_limit_backend_errors_total")
     statuses = [r.status_code for r in answers]
     assert errors == 0
@@ -142,9 +156,9 @@ def test_a_burst_over_two_gateways_admits_exactly_the_limit(
     assert statuses.count(200) == admitted, sorted(set(statuses))
     assert statuses.count(429) == 200 - admitted
     refused = next(r for r in answers if r.status_code == 429)
-    assert {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"} <= set(
-        refused.headers
-    ) or "max_concurrent_streams" in limits
+    family = "tokens" if "tokens_per_minute" in limits else "requests"
+    if "max_concurrent_streams" not in limits:  # (a limit of no x-ratelimit family)
+        assert refused.headers[f"x-ratelimit-limit-{family}"] == str(*limits.values())
 
 
 def _charged(gateways: list[GatewayProcess]) -> float:
