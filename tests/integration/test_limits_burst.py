@@ -117,9 +117,9 @@ RESERVED = (200 + 4) // 4 + 4 + 4 + 10
     [
         ({"requests_per_minute": 50}, {"x-sim-tokens": "3"}, 50, "deny"),
         ({"requests_per_minute": 50}, {"x-sim-tokens": "3"}, 50, "allow"),
-        # streams that last (20 deltas at 2 a second): all 200 are decided while the
+        # streams that last (30 deltas at 2 a second): all 200 are decided while the
         # admitted ones still run
-        ({"max_concurrent_streams": 10}, {"x-sim-tokens": "20", "x-sim-tps": "2"}, 10, "deny"),
+        ({"max_concurrent_streams": 10}, {"x-sim-tokens": "30", "x-sim-tps": "2"}, 10, "deny"),
         # room for exactly 50 reservations; none is settled before the burst is decided
         (
             {"tokens_per_minute": 50 * RESERVED},
