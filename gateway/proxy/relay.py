@@ -259,7 +259,8 @@ class Relay:
             rewritten = await self.bodies.rewrite(exchange.body, changes)
             if rewritten is not None:
                 # The client's bytes are let go: only the rewritten ones are held (the
-                # body counts twice in the budget already; only growth beyond that).
+                # body counts body_weight times in the budget already; only growth
+                # beyond that).
                 self._hold(exchange, len(rewritten) - body_weight(route) * len(exchange.body))
                 exchange.body = rewritten
                 exchange.withhold_usage = True
