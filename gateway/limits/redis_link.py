@@ -90,6 +90,9 @@ class RedisLink:
             health_check_interval=0,
         )
         self._scripts = scripts
+        #: The loop's own bound on a call, far beyond the socket's: only a thread stuck
+        #: where no socket timeout reaches (a name lookup) meets it.
+        self._backstop = max(2.0, 40 * timeout)
         self._shas: list[str] | None = None
         self._cond = threading.Condition()
         self._pending: list[Call] = []
@@ -102,6 +105,8 @@ class RedisLink:
         self._down_since: float | None = None
         self._failed_calls = 0
         self._dropped = 0
+        #: Pipelines sent (a burst's calls share them).
+        self.round_trips = 0
 
     # -- the loop's side -------------------------------------------------------------------
 
@@ -113,7 +118,11 @@ class RedisLink:
         future: asyncio.Future[list[Any]] = loop.create_future()
         until = time.monotonic() + durable_for if durable_for > 0 else 0.0
         self._submit(Call(commands, loop, future, until))
-        return await future
+        try:
+            async with asyncio.timeout(self._backstop):
+                return await future
+        except TimeoutError:
+            raise BackendError("no answer from the Redis link") from None
 
     def send(self, commands: list[Command], durable_for: float) -> None:
         """Send ``commands`` without waiting for them (a cancellation): kept and sent
@@ -171,6 +180,7 @@ class RedisLink:
                 retry_at = time.monotonic() + RETRY_INTERVAL
 
     def _send(self, batch: list[Call]) -> bool:
+        self.round_trips += 1
         try:
             replies = self._execute(batch)
         except Exception as exc:  # RedisError, OSError; anything else must not end the thread

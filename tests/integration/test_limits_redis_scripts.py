@@ -155,3 +155,20 @@ def test_strict_reserves_what_is_left_and_a_refusal_tells_every_counter(
         assert refused.used == [1, 1000]
 
     _run(redis, work)
+
+
+def test_a_burst_of_reservations_shares_a_few_round_trips(redis: RedisServer) -> None:
+    """200 reservations asked at once go in a few pipelines, not 200 round trips, and each
+    gets its own answer: exactly the limit is admitted."""
+    checks = checks_for([Rule("team", {Limit.REQUESTS_PER_MINUTE: 50})], False, NOW)
+
+    async def work(backend: RedisBackend) -> tuple[int, list[Any]]:
+        before = backend._link.round_trips
+        answers = await asyncio.gather(
+            *(backend.reserve(checks, _ask(f"b{i}"), NOW) for i in range(200))
+        )
+        return backend._link.round_trips - before, answers
+
+    trips, answers = _run(redis, work)
+    assert sum(1 for a in answers if a.refused is None) == 50
+    assert trips < 20, trips
