@@ -16,8 +16,7 @@ to the current one (``current``), so a long stream is charged in full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from gateway.policy.limits import Check
 
@@ -28,8 +27,7 @@ class BackendError(Exception):
     """The backend could not be asked in time (unreachable, slow, or it failed)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
+class Ask(NamedTuple):
     """One reservation: its identity, the input it reserves, the output it wants (with
     ``strict``, at most what the token counters have left), and how long it may live."""
 
@@ -40,8 +38,7 @@ class Ask:
     hold: float
 
 
-@dataclass(frozen=True, slots=True)
-class Reserved:
+class Reserved(NamedTuple):
     """A reservation's answer: ``refused`` is the index of the check without room, or
     None; ``used`` every counter (before the request when refused, after it when
     admitted); ``output`` the output tokens reserved (``strict``: capped at what was left)."""

@@ -234,10 +234,13 @@ class Limiter:
         now = self._clock()
         strict = self._rules[client].strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
+        output = requested_output(request, default_output)
         ask = Ask(
-            f"{self._id_prefix}{next(self._ids)}",
+            # an id only where a reservation can outlive its call (the memory backend's
+            # cannot)
+            "" if self._memory is not None else f"{self._id_prefix}{next(self._ids)}",
             input_,
-            requested_output(request, default_output),
+            output,
             strict,
             hold,
         )
@@ -247,7 +250,7 @@ class Limiter:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
         if self._memory is not None:
-            answer = self._memory.reserve_now(checks, ask.input, ask.output, strict, now)
+            answer = self._memory.reserve_now(checks, input_, output, strict, now)
         elif not self.backend.ready:
             raise LimitRefused(503, None, 1.0, [])
         else:
@@ -260,7 +263,7 @@ class Limiter:
                     if cancel is not None:
                         cancel(checks, ask)
                     raise LimitRefused(503, None, 1.0, []) from None
-                reserved = ask.input + ask.output
+                reserved = input_ + output
                 return Reservation(
                     client, ask, checks, reserved, estimated_input, plan=key, counted=False
                 )
@@ -272,7 +275,7 @@ class Limiter:
             client,
             ask,
             checks,
-            answer.reserved(ask),
+            input_ + answer.output,
             estimated_input,
             headers,
             False,
@@ -293,7 +296,11 @@ class Limiter:
         checks = reservation.checks
         if not checks:
             return
-        current = self._plan(*reservation.plan, self._clock()).checks
+        now = self._clock()
+        plan = self._plans.get(reservation.plan)
+        if plan is None or plan.minute != int(now) // 60:
+            plan = self._plan(*reservation.plan, now)
+        current = plan.checks
         if self._memory is not None:
             delta = cost.total - reservation.reserved
             after = self._memory.settle_now(checks, current, delta, served)
@@ -405,17 +412,21 @@ def _header_layout(checks: list[Check]) -> tuple[_Family, ...]:
 def _headers(layout: tuple[_Family, ...], used: list[int], now: float) -> list[tuple[bytes, bytes]]:
     """For each family, the limit with the least left, its remaining and its reset."""
     headers: list[tuple[bytes, bytes]] = []
+    extend = headers.extend
     for limit_name, remaining_name, reset_name, candidates in layout:
         index, value, end = candidates[0]
         left = value - used[index]
-        for other in candidates[1:]:
-            other_left = other[1] - used[other[0]]
-            if other_left < left:
-                left, value, end = other_left, other[1], other[2]
-        headers += (
-            (limit_name, b"%d" % value),
-            (remaining_name, b"%d" % left if left > 0 else b"0"),
-            (reset_name, b"%.3fs" % (end - now if end > now else 0.0)),
+        if len(candidates) > 1:
+            for other_index, other_value, other_end in candidates:
+                other_left = other_value - used[other_index]
+                if other_left < left:
+                    left, value, end = other_left, other_value, other_end
+        extend(
+            (
+                (limit_name, b"%d" % value),
+                (remaining_name, b"%d" % left if left > 0 else b"0"),
+                (reset_name, b"%.3fs" % (end - now if end > now else 0.0)),
+            )
         )
     return headers
 

@@ -57,19 +57,43 @@ class MemoryBackend:
                     if room < output:
                         output = room if room > 1 else 1
         amount = input_ + output
-        used: list[int] = []
-        # a Check unpacked once costs less than its fields read by name
-        for _, _, value, key, tokens, _ in checks:
-            count = get(key, 0)
-            if count + (amount if tokens else 1) > value:
-                return Reserved(len(used), [get(c.key, 0) for c in checks], output)
-            used.append(count)
-        for index, (_, _, _, key, tokens, end) in enumerate(checks):
-            count = used[index] + (amount if tokens else 1)
-            if end is not None and key not in counters:
-                self._expires[key] = end
-            counters[key] = used[index] = count
-        return Reserved(None, used, output)
+        expires = self._expires
+        after: list[int] = []
+        fresh: list[str] | None = None  # the counters this reservation made
+        # one pass: each counter written as it fits (a Check unpacked once costs less
+        # than its fields read by name); a refusal puts the earlier ones back
+        for _, _, value, key, tokens, end in checks:
+            step = amount if tokens else 1
+            count = get(key)
+            if count is None:
+                count = step
+                if end is not None:
+                    expires[key] = end
+                if fresh is None:
+                    fresh = [key]
+                else:
+                    fresh.append(key)
+            else:
+                count += step
+            counters[key] = count
+            if count > value:
+                return self._refused(checks, len(after), amount, output, fresh)
+            after.append(count)
+        return Reserved(None, after, output)
+
+    def _refused(
+        self, checks: list[Check], index: int, amount: int, output: int, fresh: list[str] | None
+    ) -> Reserved:
+        """Take back what a refused reservation wrote, up to and with the counter it did
+        not fit (a counter it made is dropped again); every counter as it stood."""
+        counters = self._counters
+        for check in checks[: index + 1]:
+            if fresh is not None and check.key in fresh:
+                del counters[check.key]
+                self._expires.pop(check.key, None)
+            else:
+                counters[check.key] -= amount if check.tokens else 1
+        return Reserved(index, [counters.get(c.key, 0) for c in checks], output)
 
     def settle_now(
         self, checks: list[Check], current: list[Check], delta: int, served: bool = True
@@ -81,28 +105,27 @@ class MemoryBackend:
         counters = self._counters
         get = counters.get
         after: list[int | None] = []
-        for check, now_check in zip(checks, current, strict=True):
-            key = check.key
-            if check.expires is None:
+        for (_, _, _, key, tokens, end), now_check in zip(checks, current, strict=False):
+            if end is None:
                 count = get(key)
                 if count is not None:
                     counters[key] = count - 1 if count > 0 else 0
-            elif check.tokens:
-                if key == now_check.key:
+            elif tokens:
+                if key == now_check[3]:
                     count = get(key)
                     if count is not None:
                         count += delta
                         counters[key] = count if count > 0 else 0
                 elif delta > 0:  # its window ended: the rest is charged in the current one
-                    key = now_check.key
-                    if key not in counters and now_check.expires is not None:
-                        self._expires[key] = now_check.expires
+                    key = now_check[3]
+                    if key not in counters and now_check[5] is not None:
+                        self._expires[key] = now_check[5]
                     counters[key] = get(key, 0) + delta
             elif not served:
                 count = get(key)
                 if count:
                     counters[key] = count - 1
-            after.append(get(now_check.key))
+            after.append(get(now_check[3]))
         return after
 
     async def read(self, checks: list[Check], now: float) -> list[int]:

@@ -225,7 +225,7 @@ def measure_input(request: Mapping[str, Any] | None, body_size: int) -> tuple[in
             messages += 1 if name in _MESSAGE_FIELDS else 0
         elif kind is dict or kind is list:
             if kind is list and name in _MESSAGE_FIELDS:
-                messages += sum(1 for item in value if type(item) is dict)
+                messages += len(value)
             nested.append(value)
     return (size + _nested_bytes(nested) if nested else size), messages
 

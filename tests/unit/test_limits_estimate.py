@@ -50,7 +50,7 @@ def _plain_estimate(request: dict[str, Any] | None, body_size: int) -> int:
             if isinstance(value, str):
                 messages += 1
             elif isinstance(value, list):
-                messages += len([item for item in value if isinstance(item, dict)])
+                messages += len(value)
     return _tokens(size) + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
 
 
