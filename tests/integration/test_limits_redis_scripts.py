@@ -172,3 +172,29 @@ def test_a_burst_of_reservations_shares_a_few_round_trips(redis: RedisServer) ->
     trips, answers = _run(redis, work)
     assert sum(1 for a in answers if a.refused is None) == 50
     assert trips < 20, trips
+
+
+def test_a_busy_event_loop_is_not_taken_for_a_slow_redis(redis: RedisServer) -> None:
+    """limits_timeout 50 ms, and the loop busy for 300 ms while the reservation is out:
+    the deadline is the Redis socket's, kept by the link's thread, so the answer
+    counts (an asyncio timeout on this loop would have fired)."""
+    checks = checks_for([RULE], False, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        backend._link._backstop = 10.0  # only the socket's deadline is under test
+        task = asyncio.ensure_future(backend.reserve(checks, _ask("busy"), NOW))
+        await asyncio.sleep(0)  # the reservation is handed to the link
+        time.sleep(0.3)  # noqa: ASYNC251  # the loop busy (its own work) for 300 ms
+        answer = await task
+        assert answer.refused is None
+
+    async def run() -> None:
+        backend = RedisBackend(redis.url, timeout=0.05)
+        try:
+            await backend.prepare()
+            await work(backend)
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+    assert _values(redis, checks) == [1, 100]
