@@ -148,6 +148,12 @@ class RedisLink:
             thread = self._thread
         if thread is not None:
             thread.join(5.0)
+        if self._retry:
+            log.warning(
+                "limits backend: %d settlements were never sent to Redis (it did not answer "
+                "before the gateway stopped); their reservations expire with their ids",
+                len(self._retry),
+            )
         self._client.close()
 
     # -- the thread's side -----------------------------------------------------------------
