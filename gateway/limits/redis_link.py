@@ -151,7 +151,8 @@ class RedisLink:
         if self._retry:
             log.warning(
                 "limits backend: %d settlements were never sent to Redis (it did not answer "
-                "before the gateway stopped); their reservations expire with their ids",
+                "before the gateway stopped): what they reserved stays counted until its "
+                "window ends, their stream slots until their hold ends",
                 len(self._retry),
             )
         self._client.close()
