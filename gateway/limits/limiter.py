@@ -251,6 +251,8 @@ class Limiter:
         checks = plan.checks
         if self._memory is not None:
             answer = self._memory.reserve_now(checks, input_, output, strict, now)
+        elif not checks:  # (a client whose only limit is on streams, and no stream)
+            return Reservation(client, ask, [], 0, estimated_input, settled=True, plan=key)
         elif not self.backend.ready:
             raise LimitRefused(503, None, 1.0, [])
         else:

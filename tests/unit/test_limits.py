@@ -304,3 +304,20 @@ def test_a_refusal_speaks_the_protocols_error_shape(protocol: str, needle: bytes
     headers = dict(limited_headers(refused, NOW))
     assert headers[b"retry-after"] == b"13"
     assert headers[b"retry-after-ms"] == b"12500"
+
+
+class _Untouchable(MemoryBackend):
+    remote = True
+
+    async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
+        raise AssertionError("a request with no counter to check is not sent to the backend")
+
+
+def test_a_request_with_no_counter_to_check_asks_no_backend() -> None:
+    client = ClientConfig(
+        name="team-a", key_sha256=["0" * 64], limits=ClientLimits(max_concurrent_streams=1)
+    )
+    limiter = Limiter([client], _Untouchable())
+    reservation = _reserve(limiter, {}, stream=False)
+    assert reservation.checks == []
+    _run(limiter.settle(reservation, Cost(1, 1, Source.REPORTED)))
