@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -63,14 +64,43 @@ def test_the_test_install_and_compiled_guard_compile_it(clone: Path, target: str
     assert len(compiling) == 1, installs
 
 
-def test_make_examples_installs_the_sdks_only(clone: Path) -> None:
-    installs = _installs(_dry(clone, "examples"))
-    assert installs[-1].endswith("-e '.[examples]'"), installs
+def _extra(name: str) -> list[str]:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    names = {spec.split(">")[0].split("=")[0] for spec in extras["examples"]}
-    assert names == {"openai", "anthropic", "google-genai", "ollama"}
+    requirements: list[str] = extras[name]
+    return requirements
+
+
+def _pip_installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line]
+
+
+@pytest.mark.parametrize(("target", "extra"), [("examples", "examples"), ("docs", "docs")])
+def test_make_examples_and_docs_install_their_extra_only(
+    clone: Path, target: str, extra: str
+) -> None:
+    """`make examples` and `make docs` install their extra's requirements and nothing
+    else: no install of the project (which, without PURE_PYTHON_GUARD=1, compiles the
+    guard: about 3 minutes), and for the docs not the test toolchain."""
+    lines = _dry(clone, target)
+    installs = _pip_installs(lines)
+    pip = ".venv/bin/python -m pip install --quiet -r"
+    assert installs == [f"{pip} .venv/requirements-{extra}.txt"]
+    assert not any("setup.py" in line or " -e " in line for line in lines), lines
+    # the file pip reads: the extra's requirements, as the recipe writes them
+    (write,) = [line for line in lines if f"> .venv/requirements-{extra}.txt" in line]
+    command = write.split(" > ")[0].replace(".venv/bin/python", sys.executable, 1)
+    done = subprocess.run(
+        command, shell=True, cwd=clone, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == _extra(extra)
+    assert {spec.split(">")[0].split("=")[0] for spec in _extra("examples")} == {
+        "openai",
+        "anthropic",
+        "google-genai",
+        "ollama",
+    }
 
 
 @pytest.mark.parametrize(
