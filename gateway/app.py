@@ -129,7 +129,7 @@ class _Gateway:
     ) -> None:
         self.settings = settings
         self.transport = transport
-        self.metrics = Metrics(_longest_request(settings))
+        self.metrics = Metrics(_longest_request(settings), _longest_first_byte(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(
             settings.access_log, on_dropped=self.metrics.access_log_lines_dropped
@@ -448,6 +448,13 @@ def _longest_request(settings: Settings) -> float:
     """The longest total deadline of any route: the duration histogram's top bucket."""
     totals = [settings.route_timeouts(route).total for route in settings.effective_routes()]
     return max([settings.timeouts.total, *totals])
+
+
+def _longest_first_byte(settings: Settings) -> float:
+    """The longest first-byte deadline of any route: the time-to-first-token histograms'
+    top bucket."""
+    deadlines = [settings.route_timeouts(r).first_byte for r in settings.effective_routes()]
+    return max([settings.timeouts.first_byte, *deadlines])
 
 
 def _json_error(status: int, message: str, code: str, request_id: str) -> Response:
