@@ -11,12 +11,14 @@
 #   make examples       - the SDKs the README's client examples use, and nothing else
 #   make docs           - build the documentation site (docs/, mkdocs.yml) into site/, strictly
 #                (installs the `docs` extra only)
+#   make image-test     - build the container image with podman and serve a stream through it
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples
+.PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples \
+	image-test
 
 # setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
 # to its source reinstalls.
@@ -133,6 +135,14 @@ test: lint docs
 # The guard's own tests against its Python source (the fallback where nothing compiles).
 test-guard-python: $(VENV)/.installed-test
 	PURE_PYTHON_GUARD=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(ARGS)
+
+# The container image, built and served for real (tests/image/): podman builds the
+# Dockerfile on a local base made with debootstrap from Debian's packages (no container
+# registry is reachable; made once, then cached in podman's image store), runs it as its
+# own non-root user, sends a stream through it to the built-in simulator and stops it with
+# SIGTERM. Needs root, podman and debootstrap (.ci/run installs them).
+image-test: $(VENV)/.installed-test
+	GATEWAY_IMAGE_TEST=1 $(BIN)/python -m pytest -v -s tests/image $(ARGS)
 
 bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_sse.py

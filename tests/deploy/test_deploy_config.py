@@ -478,8 +478,9 @@ def test_dockerfile_is_multi_stage_slim_non_root() -> None:
     stages = dockerfile_stages()
     assert len(stages) >= 2
     for image, _ in stages:
-        # A pinned patch release of a slim Python 3.11/3.12 image, never :latest.
-        assert re.fullmatch(r"python:3\.1[12]\.\d+-slim(-\w+)?", image), image
+        # A pinned patch release of a slim Python image on a named Debian release (the
+        # one tests/image/ makes its local base from), never :latest.
+        assert re.fullmatch(r"python:3\.1[1-3]\.\d+-slim-[a-z]+", image), image
     runtime = dict(stages[-1][1])
     steps = stages[-1][1]
     assert runtime["EXPOSE"] == "8080"
@@ -501,6 +502,39 @@ def test_dockerfile_is_multi_stage_slim_non_root() -> None:
     builder = " ".join(r for k, r in stages[0][1] if k == "RUN")
     assert "pip wheel" in builder
     assert "/opt/venv" in builder
+
+
+def test_the_builders_guard_check_judges_the_installed_gateway_not_the_source(
+    tmp_path: Path,
+) -> None:
+    """The builder checks the installed guard with ``python -c`` in WORKDIR /src, which
+    holds the uncompiled source: the interpreter's flags must keep the working directory
+    off ``sys.path``, or the check imports that copy (its guard is never compiled, and the
+    build failed on it). Run here from a copy of the source: the module imported must be
+    the installed one, never the copy in the working directory."""
+    stages = dockerfile_stages()
+    builder = dict(stages[0][1])
+    workdir = builder["WORKDIR"]
+    run_step = next(r for k, r in stages[0][1] if k == "RUN" and "guard_build()" in r)
+    check = next(part for part in run_step.split("&&") if "guard_build()" in part)
+    argv = shlex.split(check)
+    assert argv[0] == "/opt/venv/bin/python", argv
+    flags = argv[1 : argv.index("-c")]
+    assert workdir == "/src"
+    copies = [r for k, r in stages[0][1] if k == "COPY"]
+    assert "gateway ./gateway" in copies  # the source is in the working directory
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "gateway", source / "gateway")
+    where = subprocess.run(
+        [sys.executable, *flags, "-c", "import gateway; print(gateway.__file__)"],
+        cwd=source,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert not Path(where).is_relative_to(source), f"{check!r} imports {where}"
 
 
 def _dockerignore_lines() -> list[str]:
