@@ -437,9 +437,13 @@ class Metrics:
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:
-        """Show an upstream's gauges at 0 from the start (absent series hide a pool)."""
+        """Show an upstream's gauges, and its route's streams, at 0 from the start:
+        absent series hide a pool, and an autoscaler reading ``gateway_active_streams``
+        (the HPA through the Prometheus Adapter, KEDA) finds no value for a pod that has
+        served no stream yet."""
         self._child(self.upstream_ejected, route, upstream).set(0)
         self._child(self.upstream_active, route, upstream)
+        self._child(self.active_streams, route)
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()

@@ -80,6 +80,21 @@ def test_first_token_buckets_reach_the_longest_first_byte_deadline(
     assert bounds[-1] >= 300 > bounds[-2], bounds
 
 
+def test_active_streams_are_exposed_at_zero_before_the_first_stream(
+    simulator: ServerThread,
+) -> None:
+    """An autoscaler reads gateway_active_streams per pod (config/kubernetes): a pod that
+    has served no stream yet shows 0 for each route, not nothing."""
+    routes = [
+        {"name": "a", "prefix": "/v1", "upstream": simulator.url + "/v1"},
+        {"name": "b", "prefix": "/b/v1", "upstream": simulator.url + "/v1"},
+    ]
+    with gateway_for("", routes=routes) as gw:
+        text = web.get(gw.url + "/metrics").text
+    samples = re.findall(r'^gateway_active_streams\{route="(\w+)"\} (\S+)$', text, re.M)
+    assert sorted(samples) == [("a", "0.0"), ("b", "0.0")], text
+
+
 def test_several_workers_each_show_their_process_metrics(simulator: ServerThread) -> None:
     metrics_dir = tempfile.mkdtemp(prefix="gw-runtime-test-")
     try:
