@@ -121,3 +121,14 @@ def test_make_run_keeps_the_simulator_unless_told_what_to_front(
 ) -> None:
     last = _dry(clone, "run", f"ARGS={args}", **env)[-1]
     assert " ".join(last.split()) == f".venv/bin/gateway {expected}"
+
+
+def test_make_image_test_runs_the_image_tests_and_ci_runs_it(clone: Path) -> None:
+    """`make image-test` runs tests/image with GATEWAY_IMAGE_TEST=1 (without it they skip,
+    as in `make test`), and .ci/run runs it."""
+    last = _dry(clone, "image-test")[-1]
+    assert last.startswith("GATEWAY_IMAGE_TEST=1 .venv/bin/python -m pytest "), last
+    assert last.split()[-1] == "tests/image", last
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "make image-test" in steps
+    assert steps.index("make image-test") > steps.index("make test")
