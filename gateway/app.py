@@ -451,10 +451,13 @@ def _longest_request(settings: Settings) -> float:
 
 
 def _longest_first_byte(settings: Settings) -> float:
-    """The longest first-byte deadline of any route: the time-to-first-token histograms'
-    top bucket."""
-    deadlines = [settings.route_timeouts(r).first_byte for r in settings.effective_routes()]
-    return max([settings.timeouts.first_byte, *deadlines])
+    """The longest first-byte deadline of any route or upstream: the time-to-first-token
+    histograms' top bucket."""
+    deadlines = [settings.timeouts.first_byte]
+    for route in settings.effective_routes():
+        deadlines.append(settings.route_timeouts(route).first_byte)
+        deadlines += [u.timeouts.first_byte for u in route.pool() if u.timeouts.first_byte]
+    return max(deadlines)
 
 
 def _json_error(status: int, message: str, code: str, request_id: str) -> Response:

@@ -73,6 +73,19 @@ def test_first_token_buckets_reach_the_longest_first_byte_deadline(
         bounds = _buckets(text, name)
         assert bounds[: len(GENAI_TIME_TO_FIRST_TOKEN)] == GENAI_TIME_TO_FIRST_TOKEN, name
         assert bounds[-1] >= 900 > bounds[-2], (name, bounds)
+    # one upstream of a pool with a deadline of its own, longer still
+    pool = {
+        "name": "pool",
+        "prefix": "/pool/v1",
+        "upstreams": [
+            {"name": "fast", "url": simulator.url + "/v1"},
+            {"name": "slow", "url": simulator.url + "/v1", "timeouts": {"first_byte": 2000}},
+        ],
+    }
+    with gateway_for("", routes=[*routes, pool]) as gw:
+        assert web.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        bounds = _buckets(web.get(gw.url + "/metrics").text, "gateway_time_to_first_token_seconds")
+    assert bounds[-1] >= 2000 > bounds[-2], bounds
     # the default deadline alone: the top bucket reaches 300 s
     with gateway_for(simulator.url + "/v1") as gw:
         assert web.post(gw.url + "/v1/chat/completions", json=CHAT).status_code == 200
