@@ -9,11 +9,16 @@
 # Two stages: the builder turns the source into a wheel and installs it with
 # its dependencies into /opt/venv; the runtime stage gets that venv and
 # nothing else (no pip cache, no source tree, no build tools).
-
-ARG PYTHON_IMAGE=python:3.12.11-slim-bookworm
+#
+# BASE_IMAGE is the base of both stages: an official slim Python image on Debian 13
+# (trixie) by default. Any Debian-based image with the same Python (python, pip,
+# venv, the C headers) builds the same image: `make image-test` builds it on a base
+# made with debootstrap from Debian trixie's own python3 (3.13, as here) where no
+# container registry is reachable (tests/image/).
+ARG BASE_IMAGE=python:3.13.9-slim-trixie
 
 # --------------------------------------------------------------------- builder
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -33,15 +38,18 @@ COPY gateway ./gateway
 
 # Build the wheel from the source, then install it (and its dependencies,
 # all published as binary wheels for this platform) into a self-contained
-# venv at the same path the runtime stage will use.
+# venv at the same path the runtime stage will use. Then check that the
+# installed guard is the compiled one, with -P: `python -c` otherwise puts the
+# working directory (/src, the uncompiled source) first on sys.path, and the
+# check would judge that copy instead of the installed one.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install /wheels/*.whl \
-  && /opt/venv/bin/gateway --version \
-  && /opt/venv/bin/python -c "import gateway, sys; sys.exit(gateway.guard_build() != 'compiled')"
+ && /opt/venv/bin/gateway --version \
+ && /opt/venv/bin/python -P -c "import gateway, sys; sys.exit(gateway.guard_build() != 'compiled')"
 
 # --------------------------------------------------------------------- runtime
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${BASE_IMAGE} AS runtime
 
 LABEL org.opencontainers.image.title="llm-stream-gateway" \
       org.opencontainers.image.description="LLM streaming gateway that verifies every streamed answer ended properly" \

@@ -10,12 +10,15 @@
 #                always ships it compiled
 #   make examples       - the SDKs the README's client examples use, and nothing else
 #   make docs           - build the documentation site (docs/, mkdocs.yml) into site/, strictly
+#                (installs the `docs` extra only)
+#   make image-test     - build the container image with podman and serve a stream through it
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples
+.PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples \
+	image-test
 
 # setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
 # to its source reinstalls.
@@ -48,12 +51,29 @@ $(VENV)/.compiled-guard: $(INSTALL_INPUTS) | $(VENV)/.installed-run
 
 compiled-guard: $(VENV)/.compiled-guard
 
-# The SDKs of the README's client examples (openai, anthropic, google-genai, ollama).
-$(VENV)/.installed-examples: pyproject.toml | $(VENV)/.installed-run
-	$(BIN)/python -m pip install --quiet -e '.[examples]'
+# The requirements of one extra of pyproject.toml, one a line, into a file for pip -r.
+# `pip install -e '.[extra]'` would build and install the project again, and without
+# PURE_PYTHON_GUARD=1 that compiles the guard (about 3 minutes on two cores): an extra
+# the project's code does not need is installed alone.
+extra-requirements = $(BIN)/python -c "import sys, tomllib; \
+	print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies'][sys.argv[1]]))" \
+	$(1) > $(VENV)/requirements-$(1).txt
+
+# The SDKs of the README's client examples (openai, anthropic, google-genai, ollama), and
+# nothing else: they talk to a gateway `make run` serves, not to this package.
+$(VENV)/.installed-examples: pyproject.toml | $(BIN)/python
+	$(call extra-requirements,examples)
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements-examples.txt
 	touch $@
 
 examples: $(VENV)/.installed-examples
+
+# The documentation tools (the `docs` extra: mkdocs, its theme), and nothing else: the
+# site is built from docs/ and mkdocs.yml, and imports nothing of the package.
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(call extra-requirements,docs)
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements-docs.txt
+	touch $@
 
 # The test extras include the pinned Node SDKs the suite drives (when node and npm exist).
 # Installed with the guard compiled: `make test` tests the compiled guard (and
@@ -61,11 +81,11 @@ examples: $(VENV)/.installed-examples
 $(VENV)/.installed-test: $(INSTALL_INPUTS) tests/node_sdks.py | $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m tests.node_sdks
-	touch $@ $(VENV)/.compiled-guard
+	touch $@ $(VENV)/.compiled-guard $(VENV)/.installed-docs
 
 $(VENV)/.installed-perf: $(INSTALL_INPUTS) | $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e '.[test,perf]'
-	touch $@ $(VENV)/.installed-test $(VENV)/.compiled-guard
+	touch $@ $(VENV)/.installed-test $(VENV)/.compiled-guard $(VENV)/.installed-docs
 
 # The simulator stays unless something names what to front: --upstream or --config in
 # ARGS, or GATEWAY_UPSTREAM_URL, GATEWAY_ROUTES or GATEWAY_CONFIG in the environment
@@ -81,7 +101,7 @@ lint: $(VENV)/.installed-test
 
 # --strict fails on any warning: a broken link or anchor, a page left out of the nav
 # (never with --quiet, which hides the warnings --strict counts and so passes anyway).
-docs: $(VENV)/.installed-test
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 TYPECHECK := $(BIN)/mypy --strict gateway
@@ -115,6 +135,14 @@ test: lint docs
 # The guard's own tests against its Python source (the fallback where nothing compiles).
 test-guard-python: $(VENV)/.installed-test
 	PURE_PYTHON_GUARD=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(ARGS)
+
+# The container image, built and served for real (tests/image/): podman builds the
+# Dockerfile on a local base made with debootstrap from Debian's packages (no container
+# registry is reachable; made once, then cached in podman's image store), runs it as its
+# own non-root user, sends a stream through it to the built-in simulator and stops it with
+# SIGTERM. Needs root, podman and debootstrap (.ci/run installs them).
+image-test: $(VENV)/.installed-test
+	GATEWAY_IMAGE_TEST=1 $(BIN)/python -m pytest -v -s tests/image $(ARGS)
 
 bench: $(VENV)/.installed-perf
 	$(BIN)/python tests/perf/bench_sse.py

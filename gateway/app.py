@@ -129,7 +129,7 @@ class _Gateway:
     ) -> None:
         self.settings = settings
         self.transport = transport
-        self.metrics = Metrics(_longest_request(settings))
+        self.metrics = Metrics(_longest_request(settings), _longest_first_byte(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(
             settings.access_log, on_dropped=self.metrics.access_log_lines_dropped
@@ -461,6 +461,16 @@ def _longest_request(settings: Settings) -> float:
     """The longest total deadline of any route: the duration histogram's top bucket."""
     totals = [settings.route_timeouts(route).total for route in settings.effective_routes()]
     return max([settings.timeouts.total, *totals])
+
+
+def _longest_first_byte(settings: Settings) -> float:
+    """The longest first-byte deadline of any route or upstream: the time-to-first-token
+    histograms' top bucket."""
+    deadlines = [settings.timeouts.first_byte]
+    for route in settings.effective_routes():
+        deadlines.append(settings.route_timeouts(route).first_byte)
+        deadlines += [u.timeouts.first_byte for u in route.pool() if u.timeouts.first_byte]
+    return max(deadlines)
 
 
 def _json_error(status: int, message: str, code: str, request_id: str) -> Response:

@@ -25,7 +25,13 @@ from pydantic import ValidationError
 from gateway import __version__, guard_build
 from gateway.logsetup import configure_logging, uvicorn_log_config
 from gateway.redaction import redact_url, redacted
-from gateway.settings import Settings, describe_errors, export_for_workers, load_settings
+from gateway.settings import (
+    Settings,
+    describe_errors,
+    export_for_workers,
+    load_settings,
+    setting_sources,
+)
 
 __all__ = ["main"]
 
@@ -295,6 +301,15 @@ def _load(args: argparse.Namespace) -> Settings:
         _die(f"invalid configuration: {exc}")
 
 
+def _print_sources(args: argparse.Namespace) -> None:
+    """``check-config``'s account, on stderr, of where each value came from."""
+    overrides, flags = _overrides(args)
+    sources = setting_sources(overrides.get("config"), flags)
+    print("gateway: where each value came from (any other key: its default):", file=sys.stderr)
+    for key, source in sources.items():
+        print(f"  {key}: {source}", file=sys.stderr)
+
+
 def _die(message: str) -> NoReturn:
     print(f"gateway: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -534,6 +549,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = _load(args)
     if args.command == "check-config":
         print(json.dumps(redacted(settings), indent=2, sort_keys=True))
+        _print_sources(args)
         return
     if args.command == "probe":
         raise SystemExit(probe(args, settings))

@@ -15,6 +15,7 @@ source.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import ipaddress
 import json
@@ -960,11 +961,10 @@ def describe_errors(
             origin = f" (environment variable {env_name})"
         elif config and loc:
             # an unknown key is never a default: it can only come from the file
-            origin = (
-                f" (config file {config})"
-                if unknown
-                else f" (config file {config}, or its default)"
-            )
+            in_file = unknown or _in_values(_config_values(config), err["loc"])
+            origin = f" (config file {config})" if in_file else " (default)"
+        elif loc:
+            origin = " (default)"
         else:
             origin = ""
         error = err.get("ctx", {}).get("error")
@@ -1019,6 +1019,70 @@ def _unknown_key_hint(loc: Sequence[int | str]) -> str:
 def _prefixes(loc: list[str]) -> list[str]:
     """``a.b.c``, ``a.b``, ``a``: the dotted keys that contain ``loc``, longest first."""
     return [".".join(loc[:end]) for end in range(len(loc), 0, -1)]
+
+
+def _config_values(config: str | None) -> dict[str, Any]:
+    """The TOML file's keys and values; nothing when it cannot be read (loading the
+    settings says why)."""
+    if not config:
+        return {}
+    try:
+        return tomllib.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _in_values(values: Any, loc: Sequence[int | str]) -> bool:
+    """Whether ``loc`` (an error's location) names something written in ``values``.
+
+    Parts of ``loc`` that are no key (pydantic's name of a union member or a validator,
+    ``function-after[...]``) are stepped over."""
+    for part in loc:
+        if isinstance(values, list) and isinstance(part, int) and 0 <= part < len(values):
+            values = values[part]
+        elif isinstance(values, dict) and str(part) in values:
+            values = values[str(part)]
+        elif not (isinstance(part, str) and part.isidentifier()):
+            continue
+        else:
+            return False
+    return True
+
+
+def _leaves(prefix: str, value: Any) -> list[str]:
+    """The dotted keys of the values in ``value``: a table's keys one by one, a list or a
+    scalar as one key."""
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v)]
+    return [prefix]
+
+
+def setting_sources(
+    config: str | None = None, flags: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Where each setting given anywhere came from, by dotted key: ``config file PATH``,
+    ``environment variable GATEWAY_…`` or ``command-line flag --…`` (``flags`` maps the
+    dotted keys the command line set to their flag), the highest-precedence source that
+    set it. A key that is not here has its default.
+    """
+    config = config or os.environ.get("GATEWAY_CONFIG")
+    sources: dict[str, str] = {}
+    for key, value in _config_values(config).items():
+        sources.update(dict.fromkeys(_leaves(key, value), f"config file {config}"))
+    known = _environment_names()
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if upper not in known or upper in _INTERNAL_VARIABLES:
+            continue
+        key = ".".join(upper.removeprefix(_ENV_PREFIX).lower().split(_ENV_DELIMITER))
+        given: Any = None
+        if _json_kind(known[upper]) is not None:
+            with contextlib.suppress(json.JSONDecodeError):
+                given = json.loads(os.environ[name])
+        sources.update(dict.fromkeys(_leaves(key, given), f"environment variable {name}"))
+    for key, flag in (flags or {}).items():
+        sources[key] = f"command-line flag {flag}"
+    return dict(sorted(sources.items()))
 
 
 def load_settings(**overrides: Any) -> Settings:

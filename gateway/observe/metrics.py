@@ -63,6 +63,21 @@ def duration_buckets(longest: float) -> tuple[float, ...]:
 TIME_TO_FIRST_TOKEN_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )  # fmt: skip
+
+
+def first_token_buckets(longest_first_byte: float) -> tuple[float, ...]:
+    """The GenAI time-to-first-token buckets, doubled on past 10 s until ``longest_first_byte``.
+
+    The convention's boundaries stop at 10 s, but a provider may take until the
+    first-byte deadline (``timeouts.first_byte``, 300 s by default) to answer: without
+    buckets up there every slow first token lands in ``+Inf``, where no quantile is read.
+    """
+    buckets = list(TIME_TO_FIRST_TOKEN_BUCKETS)
+    while buckets[-1] < longest_first_byte:
+        buckets.append(round(buckets[-1] * 2, 2))
+    return tuple(buckets)
+
+
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
@@ -213,7 +228,9 @@ class Metrics:
 
     name = "metrics"
 
-    def __init__(self, longest_request_seconds: float = 3600.0) -> None:
+    def __init__(
+        self, longest_request_seconds: float = 3600.0, longest_first_byte_seconds: float = 300.0
+    ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created series: noise
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -254,14 +271,14 @@ class Metrics:
             "gateway_time_to_first_byte_seconds",
             "Request received to first body byte sent to the client.",
             ["route"],
-            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            buckets=first_token_buckets(longest_first_byte_seconds),
             registry=reg,
         )
         self.time_to_first_token = Histogram(
             "gateway_time_to_first_token_seconds",
             "Request received to the first event carrying output.",
             ["route", "model"],
-            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            buckets=first_token_buckets(longest_first_byte_seconds),
             registry=reg,
         )
         self.time_per_output_chunk = Histogram(
@@ -420,9 +437,13 @@ class Metrics:
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:
-        """Show an upstream's gauges at 0 from the start (absent series hide a pool)."""
+        """Show an upstream's gauges, and its route's streams, at 0 from the start:
+        absent series hide a pool, and an autoscaler reading ``gateway_active_streams``
+        (the HPA through the Prometheus Adapter, KEDA) finds no value for a pod that has
+        served no stream yet."""
         self._child(self.upstream_ejected, route, upstream).set(0)
         self._child(self.upstream_active, route, upstream)
+        self._child(self.active_streams, route)
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()

@@ -75,6 +75,9 @@ CONFIG = REPO / "config"
 K8S = CONFIG / "kubernetes"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SERVICEMONITOR_SCHEMA = SCHEMAS / "servicemonitor.monitoring.coreos.com-v1.json"
+SCALEDOBJECT_SCHEMA = SCHEMAS / "scaledobject.keda.sh-v1alpha1.json"
+ADAPTER_CONFIG = K8S / "prometheus-adapter" / "adapter-config.yaml"
+KEDA = K8S / "keda"
 
 # kubernetes-validate>=1.31 ships 1.31; 1.35 is a recent release.
 KUBERNETES_VERSIONS = ("1.31.0", "1.35.0")
@@ -84,6 +87,7 @@ BUILTIN_MANIFESTS = (
     "service.yaml",
     "poddisruptionbudget.yaml",
     "horizontalpodautoscaler.yaml",
+    "prometheus-adapter/adapter-config.yaml",
 )
 
 # Fixed by the lead: metric -> label names (histograms also have `le`).
@@ -478,8 +482,9 @@ def test_dockerfile_is_multi_stage_slim_non_root() -> None:
     stages = dockerfile_stages()
     assert len(stages) >= 2
     for image, _ in stages:
-        # A pinned patch release of a slim Python 3.11/3.12 image, never :latest.
-        assert re.fullmatch(r"python:3\.1[12]\.\d+-slim(-\w+)?", image), image
+        # A pinned patch release of a slim Python image on a named Debian release (the
+        # one tests/image/ makes its local base from), never :latest.
+        assert re.fullmatch(r"python:3\.1[1-3]\.\d+-slim-[a-z]+", image), image
     runtime = dict(stages[-1][1])
     steps = stages[-1][1]
     assert runtime["EXPOSE"] == "8080"
@@ -501,6 +506,39 @@ def test_dockerfile_is_multi_stage_slim_non_root() -> None:
     builder = " ".join(r for k, r in stages[0][1] if k == "RUN")
     assert "pip wheel" in builder
     assert "/opt/venv" in builder
+
+
+def test_the_builders_guard_check_judges_the_installed_gateway_not_the_source(
+    tmp_path: Path,
+) -> None:
+    """The builder checks the installed guard with ``python -c`` in WORKDIR /src, which
+    holds the uncompiled source: the interpreter's flags must keep the working directory
+    off ``sys.path``, or the check imports that copy (its guard is never compiled, and the
+    build failed on it). Run here from a copy of the source: the module imported must be
+    the installed one, never the copy in the working directory."""
+    stages = dockerfile_stages()
+    builder = dict(stages[0][1])
+    workdir = builder["WORKDIR"]
+    run_step = next(r for k, r in stages[0][1] if k == "RUN" and "guard_build()" in r)
+    check = next(part for part in run_step.split("&&") if "guard_build()" in part)
+    argv = shlex.split(check)
+    assert argv[0] == "/opt/venv/bin/python", argv
+    flags = argv[1 : argv.index("-c")]
+    assert workdir == "/src"
+    copies = [r for k, r in stages[0][1] if k == "COPY"]
+    assert "gateway ./gateway" in copies  # the source is in the working directory
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "gateway", source / "gateway")
+    where = subprocess.run(
+        [sys.executable, *flags, "-c", "import gateway; print(gateway.__file__)"],
+        cwd=source,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert not Path(where).is_relative_to(source), f"{check!r} imports {where}"
 
 
 def _dockerignore_lines() -> list[str]:
@@ -856,6 +894,189 @@ def test_servicemonitor_schema_rejects_mistakes(old: str, new: str, tmp_path: Pa
     assert result.returncode != 0, result.stdout
 
 
+# ----------------------------------------------------------------- autoscaling
+#
+# The HorizontalPodAutoscaler scales on in-flight streams per pod, served by the
+# Prometheus Adapter's rule (prometheus-adapter/adapter-config.yaml); KEDA's
+# ScaledObject (keda/) is the alternative, checked against a schema written from KEDA's
+# CRD. Their PromQL is checked with promtool and run against a real Prometheus that
+# scrapes a real gateway with a stream in flight (further below).
+
+
+def streams_per_core() -> int:
+    """The measured streams per core of docs/performance.md (50 tokens/s, verified)."""
+    text = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    found = re.search(r"\*\*One core carries (\d+) verified streams at 50 tokens/s\*\*", text)
+    assert found, "docs/performance.md no longer states the streams per core"
+    return int(found[1])
+
+
+def hpa_streams_metric() -> dict[str, Any]:
+    hpa = manifests()["HorizontalPodAutoscaler/gateway"]
+    (pods,) = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    metric: dict[str, Any] = pods
+    return metric
+
+
+def adapter_rules() -> list[dict[str, Any]]:
+    (config_map,) = load_all_yaml(ADAPTER_CONFIG)
+    rules: list[dict[str, Any]] = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+    return rules
+
+
+def scaled_object() -> dict[str, Any]:
+    (scaled,) = load_all_yaml(KEDA / "scaledobject.yaml")
+    result: dict[str, Any] = scaled
+    return result
+
+
+def adapter_query(rule: dict[str, Any], namespace: str, pods: list[str]) -> str:
+    """The rule's metricsQuery as the adapter renders it for the HPA's pods."""
+    (series,) = re.findall(r"^(\w+)\{", rule["seriesQuery"])
+    matchers = f'namespace="{namespace}",pod=~"{"|".join(pods)}"'
+    query: str = rule["metricsQuery"]
+    for name, value in (("Series", series), ("LabelMatchers", matchers), ("GroupBy", "pod")):
+        query = query.replace(f"<<.{name}>>", value)
+    assert "<<" not in query, query
+    return query
+
+
+def keda_prometheus_trigger() -> dict[str, Any]:
+    (trigger,) = [t for t in scaled_object()["spec"]["triggers"] if t["type"] == "prometheus"]
+    return trigger
+
+
+def test_the_hpa_scales_on_in_flight_streams_per_pod(
+    settings_from_configmap: tuple[Any, dict[str, str]],
+) -> None:
+    """A per-pod target on gateway_active_streams, below what a pod carries (its workers
+    at the measured streams per core) and below its cap (workers x
+    max_concurrent_streams), so that new pods come before streams start late or are
+    refused; the Prometheus Adapter's rule serves exactly that metric per pod."""
+    settings, _ = settings_from_configmap
+    metric = hpa_streams_metric()
+    name = metric["metric"]["name"]
+    assert name == "gateway_active_streams"
+    assert name in METRIC_LABELS
+    assert metric["target"]["type"] == "AverageValue"
+    target = float(metric["target"]["averageValue"])
+    cap = settings.workers * settings.limits.max_concurrent_streams
+    capacity = settings.workers * streams_per_core()
+    assert capacity <= cap, "the cap refuses streams a pod could still carry"
+    # ... and not far beyond it: past a worker's capacity new streams start late and
+    # every running one slows down, where a 503 with Retry-After sends them elsewhere
+    assert settings.limits.max_concurrent_streams <= 2 * streams_per_core()
+    assert 0.4 * capacity <= target <= 0.75 * capacity, (target, capacity)
+    assert settings.workers == quantity_bytes(
+        gateway_container(manifests()["Deployment/gateway"])["resources"]["limits"]["cpu"]
+    ), "one worker per core"
+
+    (rule,) = [r for r in adapter_rules() if r["name"]["as"] == name]
+    assert re.fullmatch(rf"{name}\{{.*\}}", rule["seriesQuery"])
+    assert re.fullmatch(rf"\^{name}\$", rule["name"]["matches"])
+    overrides = rule["resources"]["overrides"]
+    assert overrides == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+    assert rule["metricsQuery"].startswith("sum ")
+
+
+def test_the_autoscalers_promql_is_valid(tmp_path: Path) -> None:
+    """The adapter's query (rendered as the adapter does) and KEDA's, through promtool."""
+    queries = [
+        adapter_query(rule, "default", ["gateway-0", "gateway-1"]) for rule in adapter_rules()
+    ]
+    queries.append(keda_prometheus_trigger()["metadata"]["query"])
+    rules = {"groups": [{"name": "autoscaling", "rules": []}]}
+    for index, query in enumerate(queries):
+        rules["groups"][0]["rules"].append({"record": f"autoscaling:query{index}", "expr": query})
+    path = tmp_path / "autoscaling.yml"
+    path.write_text(yaml.safe_dump(rules), encoding="utf-8")
+    output = ok(run(promtool(), "check", "rules", str(path)))
+    assert f"{len(queries)} rules found" in output
+
+
+def test_keda_scaledobject_matches_the_crd_schema() -> None:
+    ok(
+        run_pip_tool(
+            "check-jsonschema", "--check-metaschema", str(SCALEDOBJECT_SCHEMA), offline=True
+        )
+    )
+    ok(
+        run_pip_tool(
+            "check-jsonschema",
+            "--schemafile",
+            str(SCALEDOBJECT_SCHEMA),
+            str(KEDA / "scaledobject.yaml"),
+            offline=True,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        pytest.param("minReplicaCount: 2", "minReplicas: 2", id="misspelt-field"),
+        pytest.param('threshold: "160"', "threshold: 160", id="metadata-not-a-string"),
+        pytest.param('threshold: "160"', 'treshold: "160"', id="unknown-prometheus-key"),
+        pytest.param("      metricType: AverageValue", "      metricType: Average", id="enum"),
+        pytest.param("apiVersion: keda.sh/v1alpha1", "apiVersion: keda.sh/v1", id="version"),
+        pytest.param("    failureThreshold: 3\n", "", id="fallback-incomplete"),
+        pytest.param(
+            "              periodSeconds: 60\n        scaleDown",
+            "              periodSeconds: 3600\n        scaleDown",
+            id="period-too-long",
+        ),
+    ],
+)
+def test_keda_schema_rejects_mistakes(old: str, new: str, tmp_path: Path) -> None:
+    text = (KEDA / "scaledobject.yaml").read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    broken = tmp_path / "scaledobject.yaml"
+    broken.write_text(text.replace(old, new))
+    result = run_pip_tool(
+        "check-jsonschema", "--schemafile", str(SCALEDOBJECT_SCHEMA), str(broken), offline=True
+    )
+    assert result.returncode != 0, result.stdout
+
+
+def test_keda_is_the_hpa_by_other_means() -> None:
+    """The ScaledObject scales the same Deployment between the same bounds, with the same
+    behaviour and the same streams-per-pod target; its overlay replaces the HPA (two
+    autoscalers on one Deployment would fight over its replicas)."""
+    hpa = manifests()["HorizontalPodAutoscaler/gateway"]["spec"]
+    spec = scaled_object()["spec"]
+    assert spec["scaleTargetRef"] == hpa["scaleTargetRef"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+        hpa["minReplicas"],
+        hpa["maxReplicas"],
+    )
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
+    assert spec["minReplicaCount"] <= spec["fallback"]["replicas"] <= spec["maxReplicaCount"]
+    trigger = keda_prometheus_trigger()
+    assert trigger["metricType"] == "AverageValue"  # KEDA divides the sum by the threshold
+    target = float(hpa_streams_metric()["target"]["averageValue"])
+    assert float(trigger["metadata"]["threshold"]) == target
+    query = trigger["metadata"]["query"]
+    assert query.startswith("sum(gateway_active_streams{")
+    service = manifests()["Service/gateway"]["metadata"]["name"]
+    assert f'job="{service}"' in query  # the ServiceMonitor's job label
+
+    overlay = load_yaml(KEDA / "kustomization.yaml")
+    assert overlay["resources"] == ["..", "scaledobject.yaml"]
+    (patch,) = overlay["patches"]
+    deleted = yaml.safe_load(patch["patch"])
+    assert deleted.pop("$patch") == "delete"
+    assert deleted == {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "gateway"},
+    }
+    assert (
+        load_yaml(K8S / "kustomization.yaml")["resources"].count("horizontalpodautoscaler.yaml")
+        == 1
+    )
+
+
 def test_kustomization_lists_every_manifest() -> None:
     kustomization = load_yaml(K8S / "kustomization.yaml")
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
@@ -1088,8 +1309,6 @@ def test_service_monitor_hpa_and_pdb_select_the_pods() -> None:
         "kind": "Deployment",
         "name": "gateway",
     }
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["resource"]["name"] == "cpu"
     assert hpa["spec"]["minReplicas"] > pdb["spec"]["maxUnavailable"]
 
 
@@ -1317,3 +1536,79 @@ def test_real_prometheus_scrapes_the_gateway_and_loads_the_alerts(
         _, body = http_get(f"{api}/alerts")
         firing = [a for a in json.loads(body)["data"]["alerts"] if a["state"] == "firing"]
         assert firing == [], firing
+
+
+def test_the_autoscalers_queries_count_a_stream_in_flight_on_a_real_prometheus(
+    live_gateway: tuple[int, int, list[Path]], tmp_path: Path
+) -> None:
+    """The Prometheus Adapter's query (rendered for one pod, as the adapter renders it for
+    the HPA) and KEDA's query, on a real Prometheus scraping the real gateway with the
+    labels the ServiceMonitor gives a pod's series: both read 0 at rest and 1 while a
+    stream is in flight."""
+    prometheus = _tool("prometheus", "install it with `apt-get install prometheus`")
+    gw_port, _, logs = live_gateway
+    service = manifests()["Service/gateway"]["metadata"]["name"]
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": service,
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{gw_port}"],
+                        "labels": {"namespace": "default", "pod": "gateway-0"},
+                    }
+                ],
+            }
+        ],
+    }
+    config_file = tmp_path / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    log = tmp_path / "prometheus.log"
+    args = [
+        prometheus,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    api = f"http://127.0.0.1:{port}/api/v1"
+    (rule,) = adapter_rules()
+    queries = {
+        "adapter": adapter_query(rule, "default", ["gateway-0"]),
+        "keda": keda_prometheus_trigger()["metadata"]["query"],
+    }
+
+    def values() -> dict[str, list[tuple[str | None, float]]]:
+        found: dict[str, list[tuple[str | None, float]]] = {}
+        for name, promql in queries.items():
+            url = f"{api}/query?" + urllib.parse.urlencode({"query": promql})
+            status, body = http_get(url)
+            if status != 200:
+                return {}
+            found[name] = [
+                (sample["metric"].get("pod"), float(sample["value"][1]))
+                for sample in json.loads(body)["data"]["result"]
+            ]
+        return found
+
+    def reading(streams: float) -> dict[str, list[tuple[str | None, float]]] | None:
+        now = values()
+        expected = {"adapter": [("gateway-0", streams)], "keda": [(None, streams)]}
+        return now if now == expected else None
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gw_port}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "sim-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode(),
+        # 100 deltas at 20 a second: in flight for about 5 s, long enough for a scrape
+        headers={"content-type": "application/json", "x-sim-tokens": "100", "x-sim-tps": "20"},
+    )
+    with background(args, log, clean_env()):
+        logs = [*logs, log]
+        wait_until(lambda: reading(0.0), "both queries to read 0 streams", logs)
+        with _OPENER.open(request, timeout=60) as response:
+            response.read(1)  # the stream has started
+            wait_until(lambda: reading(1.0), "both queries to read 1 stream in flight", logs)
+            assert b"outcome=complete" in response.read()

@@ -65,6 +65,55 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
     assert via_env_file["port"] == 1111
 
 
+def test_check_config_names_where_each_value_came_from(tmp_path: Path) -> None:
+    """Each value given anywhere, with the one source that won (flag over environment
+    over file, a section's keys one by one); every other key has its default."""
+    config = tmp_path / "g.toml"
+    config.write_text(
+        'upstream_url = "http://upstream.test/v1"\nport = 1111\n'
+        "[timeouts]\nidle = 11.0\nconnect = 3.0\n"
+    )
+    env = {"GATEWAY_TIMEOUTS__IDLE": "22", "GATEWAY_LIMITS": '{"max_concurrent_streams": 7}'}
+    result = _check_config("--config", str(config), "--port", "3333", env=env)
+    assert result.returncode == 0, result.stderr
+    effective = json.loads(result.stdout)
+    assert (effective["port"], effective["timeouts"]["idle"]) == (3333, 22.0)
+    lines = result.stderr.splitlines()
+    start = lines.index("gateway: where each value came from (any other key: its default):")
+    sources = dict(line.strip().split(": ", 1) for line in lines[start + 1 :])
+    assert sources == {
+        "config": "command-line flag --config",
+        "port": "command-line flag --port",
+        "upstream_url": f"config file {config}",
+        "timeouts.connect": f"config file {config}",
+        "timeouts.idle": "environment variable GATEWAY_TIMEOUTS__IDLE",
+        "limits.max_concurrent_streams": "environment variable GATEWAY_LIMITS",
+    }
+    assert effective["drain_timeout"] == Settings.model_fields["drain_timeout"].default
+
+
+@pytest.mark.parametrize("source", ["file", "environment", "flag"])
+def test_an_invalid_value_names_its_one_source(tmp_path: Path, source: str) -> None:
+    """A value written in the file is the file's, not "the file's, or its default"."""
+    config = tmp_path / "g.toml"
+    config.write_text('upstream_url = "http://upstream.test/v1"\n[timeouts]\nconnect = 3.0\n')
+    args = ["--config", str(config)]
+    env: dict[str, str] = {}
+    if source == "file":
+        config.write_text(config.read_text() + "idle = -1\n")
+        origin = f"(config file {config})"
+    elif source == "environment":
+        env["GATEWAY_TIMEOUTS__IDLE"] = "-1"
+        origin = "(environment variable GATEWAY_TIMEOUTS__IDLE)"
+    else:
+        args += ["--idle-timeout", "-1"]
+        origin = "(command-line flag --idle-timeout)"
+    result = _check_config(*args, env=env)
+    assert result.returncode == 2
+    assert f"  timeouts.idle {origin}: Input should be greater than 0" in result.stderr
+    assert "or its default" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("content", "env", "expected"),
     [

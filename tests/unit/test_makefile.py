@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -63,14 +64,43 @@ def test_the_test_install_and_compiled_guard_compile_it(clone: Path, target: str
     assert len(compiling) == 1, installs
 
 
-def test_make_examples_installs_the_sdks_only(clone: Path) -> None:
-    installs = _installs(_dry(clone, "examples"))
-    assert installs[-1].endswith("-e '.[examples]'"), installs
+def _extra(name: str) -> list[str]:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    names = {spec.split(">")[0].split("=")[0] for spec in extras["examples"]}
-    assert names == {"openai", "anthropic", "google-genai", "ollama"}
+    requirements: list[str] = extras[name]
+    return requirements
+
+
+def _pip_installs(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line]
+
+
+@pytest.mark.parametrize(("target", "extra"), [("examples", "examples"), ("docs", "docs")])
+def test_make_examples_and_docs_install_their_extra_only(
+    clone: Path, target: str, extra: str
+) -> None:
+    """`make examples` and `make docs` install their extra's requirements and nothing
+    else: no install of the project (which, without PURE_PYTHON_GUARD=1, compiles the
+    guard: about 3 minutes), and for the docs not the test toolchain."""
+    lines = _dry(clone, target)
+    installs = _pip_installs(lines)
+    pip = ".venv/bin/python -m pip install --quiet -r"
+    assert installs == [f"{pip} .venv/requirements-{extra}.txt"]
+    assert not any("setup.py" in line or " -e " in line for line in lines), lines
+    # the file pip reads: the extra's requirements, as the recipe writes them
+    (write,) = [line for line in lines if f"> .venv/requirements-{extra}.txt" in line]
+    command = write.split(" > ")[0].replace(".venv/bin/python", sys.executable, 1)
+    done = subprocess.run(
+        command, shell=True, cwd=clone, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == _extra(extra)
+    assert {spec.split(">")[0].split("=")[0] for spec in _extra("examples")} == {
+        "openai",
+        "anthropic",
+        "google-genai",
+        "ollama",
+    }
 
 
 @pytest.mark.parametrize(
@@ -91,3 +121,14 @@ def test_make_run_keeps_the_simulator_unless_told_what_to_front(
 ) -> None:
     last = _dry(clone, "run", f"ARGS={args}", **env)[-1]
     assert " ".join(last.split()) == f".venv/bin/gateway {expected}"
+
+
+def test_make_image_test_runs_the_image_tests_and_ci_runs_it(clone: Path) -> None:
+    """`make image-test` runs tests/image with GATEWAY_IMAGE_TEST=1 (without it they skip,
+    as in `make test`), and .ci/run runs it."""
+    last = _dry(clone, "image-test")[-1]
+    assert last.startswith("GATEWAY_IMAGE_TEST=1 .venv/bin/python -m pytest "), last
+    assert last.split()[-1] == "tests/image", last
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "make image-test" in steps
+    assert steps.index("make image-test") > steps.index("make test")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from gateway.guard import Protocol
 from gateway.guard.contract import contract_for
 from gateway.protocols import REGISTRY, CredentialStyle, detect, spec_for
-from gateway.settings import RouteConfig
+from gateway.settings import RouteConfig, Settings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -81,3 +82,26 @@ def test_paths_find_their_protocol(path: str, name: str, stream_by_url: bool) ->
     assert spec.name == name
     assert spec.wants_stream(path, None) is stream_by_url
     assert spec.wants_stream(path, {"stream": True}) is (name != "gemini" or stream_by_url)
+
+
+def test_the_gemini_recipe_works_while_make_run_serves() -> None:
+    """docs/protocols.md's Gemini recipe: its gateway listens on a port of its own (not
+    the default one `make run` holds), the SDK example's base_url names that port, and
+    the route's upstream is the simulator the recipe starts."""
+    text = (DOCS / "protocols.md").read_text()
+    section = text.split("\n## Gemini\n", 1)[1].split("\n## ", 1)[0]
+    (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    (shell,) = re.findall(r"```sh\n(.*?)```", section, re.S)
+    simulate = re.search(r"gateway simulate --port (\d+)", shell)
+    serve = re.search(r"gateway serve --port (\d+)", shell)
+    assert simulate, shell
+    assert serve, shell
+    make_run_port = Settings.model_fields["port"].default
+    assert int(serve[1]) != make_run_port
+    assert int(serve[1]) != int(simulate[1])
+    assert f'base_url="http://127.0.0.1:{serve[1]}"' in python
+    given = re.search(r"GATEWAY_ROUTES='([^']*)'", shell)
+    assert given, shell
+    routes = json.loads(given[1])
+    assert routes[0]["upstream"] == f"http://127.0.0.1:{simulate[1]}/v1beta"
+    assert routes[0]["protocol"] == "gemini"
