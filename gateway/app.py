@@ -28,7 +28,7 @@ import platform
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 from starlette.applications import Starlette
@@ -43,6 +43,7 @@ from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
+from gateway.observe.accesslog import QUEUE_LINES
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
@@ -128,13 +129,18 @@ class _Gateway:
         settings: Settings,
         observers: Sequence[Observer] = (),
         transport: httpx.AsyncBaseTransport | None = None,
+        access_log_stream: TextIO | None = None,
+        access_log_queue_lines: int = QUEUE_LINES,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.metrics = Metrics(_longest_request(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(
-            settings.access_log, on_dropped=self.metrics.access_log_lines_dropped
+            settings.access_log,
+            stream=access_log_stream,
+            on_dropped=self.metrics.access_log_lines_dropped,
+            queue_lines=access_log_queue_lines,
         )
         self.captures = CaptureWriter.for_settings(
             settings,
@@ -546,6 +552,8 @@ def create_app(
     observers: Sequence[Observer] = (),
     *,
     transport: httpx.AsyncBaseTransport | None = None,
+    access_log_stream: TextIO | None = None,
+    access_log_queue_lines: int = QUEUE_LINES,
 ) -> Starlette:
     """Build the gateway's ASGI application from its settings.
 
@@ -553,8 +561,10 @@ def create_app(
     (metrics, access log, captures): ``gateway probe`` reads its verdicts so.
     ``transport`` replaces the upstream transport the settings choose (any httpx
     transport, e.g. ``httpx.MockTransport`` to drive the relay in-process in tests).
+    ``access_log_stream`` (stdout when None) and ``access_log_queue_lines`` (the lines
+    that may wait for the log's writer thread) let a test drive the log's bounds.
     """
-    gateway = _Gateway(settings, observers, transport)
+    gateway = _Gateway(settings, observers, transport, access_log_stream, access_log_queue_lines)
     routes: list[BaseRoute] = [
         Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),

@@ -410,9 +410,11 @@ def test_a_client_that_leaves_while_the_head_is_held_frees_its_upstream(
     ):
         for _ in range(40):  # until one request went to the silent upstream first
             try:
-                response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=0.3)
-            except httpx.ReadTimeout:  # the client leaves: nothing came in 0.3 s
-                break
+                response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=2)
+            except httpx.ReadTimeout:  # the client leaves: nothing came in 2 s
+                if raw.requests:
+                    break
+                continue  # only a loaded machine's slow answer from the healthy one
             assert_complete_from(response, "fallback")
         assert len(raw.requests) == 1
         loop = asyncio.new_event_loop()
