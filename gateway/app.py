@@ -6,6 +6,8 @@ prefix goes straight to the relay (a plain ASGI call); no
 creates the pooled upstream client (and, when ``simulator`` is set, an
 in-process simulator on a free loopback port), and closes them at shutdown,
 tracing's exporter last (bounded: a dead collector must not hold the exit).
+It opens them in ``START_STEPS`` order on one ``contextlib.AsyncExitStack``,
+so a step that fails closes what the steps before it opened, in reverse.
 
 With ``tracing.enabled`` the OpenTelemetry hook (``gateway.observe.otel``,
 imported only then) starts a span per request and ends it as an observer.
@@ -26,7 +28,7 @@ import platform
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 from starlette.applications import Starlette
@@ -41,6 +43,7 @@ from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
+from gateway.observe.accesslog import QUEUE_LINES
 from gateway.observe.metrics import CONTENT_TYPE_LATEST
 from gateway.observe.record import RequestRecord
 from gateway.observe.status import StatusBoard
@@ -126,13 +129,18 @@ class _Gateway:
         settings: Settings,
         observers: Sequence[Observer] = (),
         transport: httpx.AsyncBaseTransport | None = None,
+        access_log_stream: TextIO | None = None,
+        access_log_queue_lines: int = QUEUE_LINES,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.metrics = Metrics(_longest_request(settings), _longest_first_byte(settings))
         self.lifecycle = Lifecycle(settings.drain_timeout)
         self.access_log = AccessLog(
-            settings.access_log, on_dropped=self.metrics.access_log_lines_dropped
+            settings.access_log,
+            stream=access_log_stream,
+            on_dropped=self.metrics.access_log_lines_dropped,
+            queue_lines=access_log_queue_lines,
         )
         self.captures = CaptureWriter.for_settings(
             settings,
@@ -164,6 +172,9 @@ class _Gateway:
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
         self.ws_relay: WebSocketRelay | None = None
+        #: What the lifespan holds open now (oldest first), and what it closed, in order.
+        self.opened: list[str] = []
+        self.closed: list[str] = []
         self.routes: list[ProxyRoute] = []
         for config in settings.effective_routes():
             self._add_route(
@@ -181,63 +192,15 @@ class _Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        simulator = None
-        if self.settings.simulator:
-            simulator = await self._start_simulator()
-        upstream = (
-            create_upstream(
-                self.settings.upstream_transport,
-                self.settings.upstream_max_connections,
-                self.settings.timeouts.connect,
-            )
-            if self.transport is None
-            else Upstream(self.transport, self.settings.timeouts.connect)
-        )
-        self.relay = Relay(
-            settings=self.settings,
-            upstream=upstream,
-            metrics=self.metrics,
-            observers=self.observers,
-            model_labels=self.model_labels,
-            lifecycle=self.lifecycle,
-            tracer=self.tracing,
-        )
-        limits_backend = "none"
-        if self.relay.limiter is not None:
-            limits_backend = self.settings.limits_backend
-            await self.relay.limiter.start()
-        log.info(
-            "limits: backend %s, stream store %s, %d named clients (%d limited)",
-            limits_backend,
-            "none",
-            len(self.settings.clients),
-            len(self.relay.limiter.clients()) if self.relay.limiter is not None else 0,
-        )
-        self.ws_relay = WebSocketRelay(
-            settings=self.settings,
-            admission=self.relay.admission,
-            metrics=self.metrics,
-            observers=self.observers,
-            access_log=self.access_log,
-            model_labels=self.model_labels,
-            lifecycle=self.lifecycle,
-            forwarding=self.forwarding,
-            limiter=self.relay.limiter,
-        )
-        previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
-        if self.status_board is not None and self.metrics.multiprocess_dir is not None:
-            self.status_share = StatusShare(
-                Path(self.metrics.multiprocess_dir),
-                self.status_board,
-                self._live_streams,
-                lambda: [(route.name, route.active) for route in self.routes],
-            )
-            self.status_share.start()
-        self.access_log.start()  # its writes leave the loop
-        # What exists now lives as long as the process: keep it out of every GC pass.
-        gc.freeze()
-        self.lifecycle.ready = True
-        try:
+        """Open what the gateway owns, one ``START_STEPS`` step after another, each
+        registering its close on one ``AsyncExitStack`` the moment it exists: a step
+        that fails closes what the ones before it opened, newest first, as the
+        shutdown does (after Starlette's test client)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for step in START_STEPS:
+                await getattr(self, f"_open_{step}")(stack)
+            # What exists now lives as long as the process: keep it out of every GC pass.
+            gc.freeze()
             # uvicorn hands this state to every connection: the edge reads its limits there.
             yield {
                 **edge_state(
@@ -255,29 +218,130 @@ class _Gateway:
                     )
                 ),
             }
-        finally:
+
+    def _owns(self, stack: contextlib.AsyncExitStack, name: str, close: Any) -> None:
+        """``name`` is open: ``close`` (a function, sync or async) runs when the stack
+        unwinds. ``opened`` lists what is open now, oldest first; ``closed`` what
+        was closed, in order."""
+        self.opened.append(name)
+
+        async def run() -> None:
+            try:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+            finally:
+                self.opened.remove(name)
+                self.closed.append(name)
+
+        stack.push_async_callback(run)
+
+    # The start, in order; the stack closes in the reverse order.
+
+    async def _open_process(self, stack: contextlib.AsyncExitStack) -> None:
+        """What the process leaves last: its metrics files' liveness, then the traces."""
+        if self.metrics.multiprocess:
+            from prometheus_client import multiprocess
+
+            pid = os.getpid()
+            self._owns(stack, "metrics", lambda: multiprocess.mark_process_dead(pid))  # type: ignore[no-untyped-call]
+        tracing = self.tracing
+        if tracing is not None:  # bounded: a dead collector must not hold the exit
+            self._owns(
+                stack,
+                "tracing",
+                lambda: asyncio.to_thread(tracing.shutdown, _TRACING_SHUTDOWN_SECONDS),
+            )
+
+    async def _open_simulator(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.settings.simulator:
+            simulator = await self._start_simulator()
+            self._owns(stack, "simulator", simulator.stop)
+
+    async def _open_writers(self, stack: contextlib.AsyncExitStack) -> None:
+        captures = self.captures
+        if captures is not None:
+            self._owns(stack, "captures", lambda: asyncio.to_thread(captures.close))
+        self.access_log.start()  # its writes leave the loop
+
+        async def close_access_log() -> None:
+            self.access_log.flush()
+            await asyncio.to_thread(self.access_log.close)
+
+        self._owns(stack, "access_log", close_access_log)
+
+    async def _open_relay(self, stack: contextlib.AsyncExitStack) -> None:
+        upstream = (
+            create_upstream(
+                self.settings.upstream_transport,
+                self.settings.upstream_max_connections,
+                self.settings.timeouts.connect,
+            )
+            if self.transport is None
+            else Upstream(self.transport, self.settings.timeouts.connect)
+        )
+        self._owns(stack, "upstream", upstream.aclose)
+        relay = Relay(
+            settings=self.settings,
+            upstream=upstream,
+            metrics=self.metrics,
+            observers=self.observers,
+            model_labels=self.model_labels,
+            lifecycle=self.lifecycle,
+            tracer=self.tracing,
+        )
+        self.relay = relay
+        self._owns(stack, "bodies", relay.bodies.close)  # the body parser's helper process
+        limiter = relay.limiter
+        if limiter is not None:
+            await limiter.start()
+            self._owns(stack, "limiter", limiter.close)
+        log.info(
+            "limits: backend %s, stream store %s, %d named clients (%d limited)",
+            self.settings.limits_backend if limiter is not None else "none",
+            "none",
+            len(self.settings.clients),
+            len(limiter.clients()) if limiter is not None else 0,
+        )
+        self.ws_relay = WebSocketRelay(
+            settings=self.settings,
+            admission=relay.admission,
+            metrics=self.metrics,
+            observers=self.observers,
+            access_log=self.access_log,
+            model_labels=self.model_labels,
+            lifecycle=self.lifecycle,
+            forwarding=self.forwarding,
+            limiter=limiter,
+        )
+
+    async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
+        previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
+        self._owns(stack, "signals", lambda: restore_handlers(previous))
+
+    async def _open_status_share(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.status_board is None or self.metrics.multiprocess_dir is None:
+            return
+        share = StatusShare(
+            Path(self.metrics.multiprocess_dir),
+            self.status_board,
+            self._live_streams,
+            lambda: [(route.name, route.active) for route in self.routes],
+        )
+        self.status_share = share
+        share.start()
+        self._owns(stack, "status_share", share.stop)
+
+    async def _open_ready(self, stack: contextlib.AsyncExitStack) -> None:
+        """Ready: the first thing the shutdown undoes, then the streams' drain."""
+        self.lifecycle.ready = True
+
+        async def stop() -> None:
             self.lifecycle.ready = False
             self.lifecycle.stop_all()
             await self.lifecycle.wait_idle(5.0)
-            restore_handlers(previous)
-            if self.status_share is not None:
-                await self.status_share.stop()
-            await upstream.aclose()
-            self.relay.bodies.close()  # the body parser's helper process, if it started
-            if self.relay.limiter is not None:
-                await self.relay.limiter.close()
-            self.access_log.flush()
-            await asyncio.to_thread(self.access_log.close)
-            if self.captures is not None:
-                await asyncio.to_thread(self.captures.close)
-            if simulator is not None:
-                await simulator.stop()
-            if self.tracing is not None:
-                await asyncio.to_thread(self.tracing.shutdown, _TRACING_SHUTDOWN_SECONDS)
-            if self.metrics.multiprocess:
-                from prometheus_client import multiprocess
 
-                multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+        self._owns(stack, "ready", stop)
 
     async def _start_simulator(self) -> Any:
         """``simulator`` is set: front the built-in simulator on a free loopback port."""
@@ -456,6 +520,9 @@ class _Gateway:
 
 _TRACING_SHUTDOWN_SECONDS = 5.0
 
+#: The lifespan's start, in order (``_Gateway._open_<step>``); the stop is its reverse.
+START_STEPS = ("process", "simulator", "writers", "relay", "signals", "status_share", "ready")
+
 
 def _longest_request(settings: Settings) -> float:
     """The longest total deadline of any route: the duration histogram's top bucket."""
@@ -506,6 +573,8 @@ def create_app(
     observers: Sequence[Observer] = (),
     *,
     transport: httpx.AsyncBaseTransport | None = None,
+    access_log_stream: TextIO | None = None,
+    access_log_queue_lines: int = QUEUE_LINES,
 ) -> Starlette:
     """Build the gateway's ASGI application from its settings.
 
@@ -513,8 +582,10 @@ def create_app(
     (metrics, access log, captures): ``gateway probe`` reads its verdicts so.
     ``transport`` replaces the upstream transport the settings choose (any httpx
     transport, e.g. ``httpx.MockTransport`` to drive the relay in-process in tests).
+    ``access_log_stream`` (stdout when None) and ``access_log_queue_lines`` (the lines
+    that may wait for the log's writer thread) let a test drive the log's bounds.
     """
-    gateway = _Gateway(settings, observers, transport)
+    gateway = _Gateway(settings, observers, transport, access_log_stream, access_log_queue_lines)
     routes: list[BaseRoute] = [
         Route("/healthz", gateway.healthz, methods=["GET", "HEAD"]),
         Route("/readyz", gateway.readyz, methods=["GET", "HEAD"]),

@@ -12,7 +12,11 @@ lifespan state (``ws_edge_state``), as ``gateway.edge`` is for HTTP:
 - the client's pings are answered, but more than
   ``ws_max_client_messages_per_second`` pings in one second close the
   connection (1008): a flood of pings whose pongs it never reads would
-  otherwise grow the gateway's write buffer;
+  otherwise grow the gateway's write buffer. The pings of what one read
+  brought are counted before any of them is answered, so a flood in one
+  write gets its 1008 and none of its pongs;
+- a text message that is not UTF-8 closes the connection (1007) with one
+  warning line, not a traceback (the client's mistake, not the gateway's);
 - a client that stops reading: when the write buffer is full (asyncio's
   ``pause_writing``) for ``timeouts.client_send`` seconds, the connection is
   aborted and the app's pending send fails; ``stalled`` in the scope's
@@ -25,12 +29,14 @@ forwards text the way it came.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.config import Config
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
+from websockets.frames import Frame, Opcode
 
 __all__ = ["WS_EXTENSION", "WS_STATE_KEY", "EdgeWebSocketProtocol", "WsEdge", "ws_edge_state"]
 
@@ -50,6 +56,8 @@ class WsEdge:
 _DEFAULT = WsEdge()
 #: Seconds a failed connection waits for the client's close reply before it is closed.
 _LINGER = 1.0
+
+log = logging.getLogger("gateway")
 
 
 def ws_edge_state(edge: WsEdge) -> dict[str, Any]:
@@ -84,20 +92,58 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
         if scope is not None:
             scope["extensions"][WS_EXTENSION] = self._facts
 
+    def handle_events(self) -> None:
+        """Count the pings of this read before any is answered: the websockets parser
+        queued a pong for each as it read them, and the first ``handle_ping`` would
+        write them all. Over the limit, those pongs are dropped unsent."""
+        events = self.conn.events_received()
+        pings = sum(1 for e in events if isinstance(e, Frame) and e.opcode is Opcode.PING)
+        if pings and not self.close_sent:
+            now = self.loop.time()
+            if now - self._ping_window >= 1.0:
+                self._ping_window = now
+                self._pings = 0
+            self._pings += pings
+            if self._pings > self._ws_edge.max_pings_per_second:
+                self.conn.data_to_send()  # the queued pongs (and nothing the app sent)
+                self._facts["ping_flood"] = True
+                self.conn.fail(1008, "too many pings")
+                self.handle_parser_exception()
+                return
+        # uvicorn's dispatch reads the events again: hand them back.
+        self.conn.events[:0] = events
+        super().handle_events()
+
     def handle_ping(self) -> None:
         if self.close_sent:
-            return
-        now = self.loop.time()
-        if now - self._ping_window >= 1.0:
-            self._ping_window = now
-            self._pings = 0
-        self._pings += 1
-        if self._pings > self._ws_edge.max_pings_per_second:
-            self._facts["ping_flood"] = True
-            self.conn.fail(1008, "too many pings")
-            self.handle_parser_exception()
+            self.conn.data_to_send()  # the pong of a ping read after the close: unsent
             return
         super().handle_ping()
+
+    def send_receive_event_to_app(self) -> None:
+        """uvicorn's, but a text message that is not UTF-8 closes the connection with
+        1007 and one warning line (uvicorn logs a traceback per message)."""
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:
+            return  # past the close: dropped, reading goes on until the client's reply
+        if self.curr_msg_data_type == "text":
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                log.warning(
+                    "%s - WebSocket text message is not UTF-8: closed (1007)",
+                    "%s:%d" % self.client if self.client else "-",  # noqa: UP031
+                )
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+            self.queue.put_nowait({"type": "websocket.receive", "text": text})
+        else:
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def handle_parser_exception(self) -> None:
         """The connection failed (an oversized message, a protocol error, a ping flood):

@@ -21,6 +21,15 @@ standard of JSON as ``gateway.guard.jsonparse``); the loop only waits for
 its answer. A body that a broken helper could not take is parsed on the loop
 (correct, only slow), and the next one gets a new helper.
 
+The helper's memory is bounded: its data (heap and private mappings,
+``RLIMIT_DATA``) may grow by at most ``PARSE_BUDGET`` beyond what it holds at
+rest. A document of many small values takes far more than its text (30 MB
+of ``{}`` values: 800 MiB of Python objects), so a body whose document would
+pass the budget is, to the gateway, a body it cannot parse, like one nested
+too deep: forwarded unchanged, its model and stream read from nothing, and
+logged (at most once a minute). docs/deployment.md's memory table counts
+the budget in the helper's figure.
+
 Whatever its content type says, and behind a UTF-8 BOM: an upstream may read
 it as JSON all the same.
 """
@@ -34,9 +43,11 @@ import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.guard.jsonparse import loads
+from gateway.logsetup import LogGate
 from gateway.policy.limits import (
     MESSAGE_OVERHEAD,
     REQUEST_OVERHEAD,
@@ -48,6 +59,7 @@ from gateway.policy.limits import (
 
 __all__ = [
     "OFF_LOOP_BYTES",
+    "PARSE_BUDGET",
     "BodyParser",
     "Summary",
     "input_estimate",
@@ -60,6 +72,10 @@ log = logging.getLogger("gateway")
 
 #: Bodies larger than this are parsed in the helper process.
 OFF_LOOP_BYTES = 1024 * 1024
+#: The most the helper's data may grow beyond its rest while it parses one body.
+PARSE_BUDGET = 160 * 1024 * 1024
+#: What the helper answers for a body whose parse would pass ``PARSE_BUDGET``.
+_TOO_COMPLEX = "too complex"
 
 
 class Summary(dict[str, Any]):
@@ -160,12 +176,46 @@ def input_estimate(request: dict[str, Any] | None, body_size: int) -> int:
     return estimate_input(request, body_size)
 
 
+def _bound_memory(budget: int) -> None:
+    """The helper's start: its data may grow by ``budget`` bytes beyond what it holds now
+    (Linux: ``VmData`` and ``RLIMIT_DATA``; elsewhere it is not bounded)."""
+    try:
+        import resource
+
+        status = Path("/proc/self/status").read_text()
+        rest = next(int(line.split()[1]) for line in status.splitlines() if line[:7] == "VmData:")
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = rest * 1024 + budget
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (ImportError, OSError, ValueError, StopIteration):
+        return
+
+
+def _in_helper(work: Callable[..., T], body: bytes, *args: Any) -> T | str:
+    """``work`` in the helper: ``_TOO_COMPLEX`` when its memory passed the budget (what it
+    had built is freed as the error unwinds)."""
+    try:
+        return work(body, *args)
+    except MemoryError:
+        return _TOO_COMPLEX
+
+
 class BodyParser:
     """``summary`` and ``rewrite`` for the relay: on the loop for small bodies, in the
     helper process for large ones."""
 
-    def __init__(self, off_loop_bytes: int = OFF_LOOP_BYTES, *, count_input: bool = False) -> None:
+    def __init__(
+        self,
+        off_loop_bytes: int = OFF_LOOP_BYTES,
+        *,
+        count_input: bool = False,
+        parse_budget: int = PARSE_BUDGET,
+    ) -> None:
         self.off_loop_bytes = off_loop_bytes
+        self.parse_budget = parse_budget
+        self._too_complex_log = LogGate()
         #: Estimate each body's input tokens (named clients are charged for them).
         self.count_input = count_input
         self._pool: ProcessPoolExecutor | None = None
@@ -181,19 +231,36 @@ class BodyParser:
         parsed again when asked, never kept by the relay."""
         return await self._run(_document, body)
 
-    async def _run(self, work: Callable[..., T], body: bytes, *args: Any) -> T:
+    async def _run(self, work: Callable[..., T | None], body: bytes, *args: Any) -> T | None:
         if len(body) <= self.off_loop_bytes:
             return work(body, *args)
         if self._pool is None:
             # spawn: a fresh interpreter, never a fork of a process with a loop and threads
-            self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                1,
+                multiprocessing.get_context("spawn"),
+                initializer=_bound_memory,
+                initargs=(self.parse_budget,),
+            )
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, work, body, *args)
+            answer = await asyncio.get_running_loop().run_in_executor(
+                self._pool, _in_helper, work, body, *args
+            )
         except BrokenProcessPool:
             log.warning("the body parser's helper process died; a new one is started")
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
             return work(body, *args)
+        if isinstance(answer, str) and answer == _TOO_COMPLEX:
+            if self._too_complex_log.open():
+                log.warning(
+                    "a request body of %d bytes would take more than the body parser's "
+                    "%d MiB to parse: forwarded unparsed, as a body that is not JSON",
+                    len(body),
+                    self.parse_budget >> 20,
+                )
+            return None
+        return answer  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the helper process, if one was started."""

@@ -25,6 +25,13 @@ Ends, each with one ``Close`` (the ``close`` label of
   1011 (``incomplete``);
 - the client left: the upstream socket is closed at once (within
   ``CLOSE_TIMEOUT``), a response in flight is ``client_disconnect``;
+- the client stopped reading: a send to it that waits ``timeouts.client_send``
+  ends the connection as ``client_stalled``; while a send waits the upstream
+  is not read, so its deadlines wait too and it is never blamed;
+- the upstream sent a message outside any response (after one ended, before
+  the next was created; an ``error`` event, its answer to a client message,
+  excepted): it is withheld, as anything after ``[DONE]`` over HTTP, and both
+  sockets close (1011, ``invalid_shape``);
 - the drain: a connection with no response in flight closes with 1001 at
   once, one with a response closes after it; past the drain timeout the
   response gets the ``gateway_shutdown`` error first;
@@ -121,6 +128,9 @@ class Close(enum.StrEnum):
     MAX_DURATION = "max_duration"  # ws_max_connection_seconds: 1000
     SHUTDOWN = "shutdown"  # the drain: 1001
     CLIENT_STALLED = "client_stalled"  # the client stopped reading: aborted
+    #: The upstream sent a message outside any response (after one ended, before the
+    #: next was created): withheld, both sockets closed (1011).
+    INVALID_SHAPE = "invalid_shape"
     PING_TIMEOUT = "ping_timeout"  # a keepalive ping to the client went unanswered: 1011
     REFUSED = "refused"  # the handshake was refused (no route, key, drain)
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # no upstream completed the handshake
@@ -174,6 +184,11 @@ class _Connection:
     window: float = 0.0  # the rate limit's one-second window and its messages
     window_messages: int = 0
     failed: bool = False  # a response the upstream broke: its health
+    #: When a send to the client began that has not finished (it stopped reading):
+    #: the upstream is not read meanwhile, so its deadlines wait; ``client_send`` runs.
+    sending_since: float | None = None
+    #: When the last send to the client finished: the upstream is read again from then.
+    resumed: float = 0.0
 
     @property
     def facts(self) -> dict[str, object]:
@@ -676,7 +691,9 @@ class WebSocketRelay:
                 # oldest response in flight is judged on it.
                 response = next(iter(responses.values()))
             if response is None:
-                # Not part of a response the client created here: relayed, unjudged.
+                if not _is_error(text):
+                    return self._outside_response(conn)
+                # The upstream's answer to a client message that started no response.
                 if not await self._relay(conn, send, text):
                     return self._client_gone(conn, 1006)
                 continue
@@ -712,11 +729,37 @@ class WebSocketRelay:
                 conn.wake.set()
 
     async def _relay(self, conn: _Connection, send: Send, text: str) -> bool:
+        """Send one message to the client; False when it is gone. While the send waits
+        (the client stopped reading), the upstream is not read: its deadlines wait."""
+        conn.sending_since = time.monotonic()
         try:
             await send({"type": "websocket.send", "text": text})
         except OSError:
             return False
+        finally:
+            conn.sending_since = None
+        conn.resumed = time.monotonic()
         return True
+
+    def _outside_response(self, conn: _Connection) -> _End:
+        """The upstream sent a message that belongs to no response in flight (after the
+        last one ended, before the next was created): as after ``[DONE]`` over HTTP it
+        is never relayed. An upstream that does this cannot be trusted with the next
+        response either: the connection ends, and the upstream is blamed."""
+        conn.failed = True
+        log.warning(
+            "websocket connection %s: the upstream sent a message outside any response; "
+            "withheld, connection closed",
+            conn.record.request_id,
+        )
+        return _End(
+            Close.INVALID_SHAPE,
+            1011,
+            "upstream message outside a response",
+            1008,
+            Reason.INVALID_SHAPE,
+            "a message outside any response",
+        )
 
     def _upstream_closed(self, conn: _Connection, exc: ConnectionClosed) -> _End:
         received = exc.rcvd
@@ -782,13 +825,25 @@ class WebSocketRelay:
                 if now >= idle_at:
                     return _End(Close.IDLE, 1000, "idle", 1000)
                 deadline = min(deadline, idle_at)
+            sending_since = conn.sending_since
+            if sending_since is not None and conn.responses:
+                # The client is not taking what the upstream sent: its fault, not the
+                # upstream's, as over HTTP (the edge aborts it first, at the same time).
+                stalled_at = sending_since + timeouts.client_send
+                if now >= stalled_at:
+                    conn.failed = False
+                    return _End(
+                        Close.CLIENT_STALLED, None, "client stalled", 1011, Reason.CLIENT_STALLED
+                    )
+                deadline = min(deadline, stalled_at)
             for response in conn.responses.values():
                 started = response.record.started
                 total_at = started + timeouts.total
                 if response.last is None:
                     wait_at, reason = started + timeouts.first_byte, Reason.FIRST_BYTE_TIMEOUT
                 else:
-                    wait_at, reason = response.last + timeouts.idle, Reason.IDLE_TIMEOUT
+                    last = max(response.last, conn.resumed)
+                    wait_at, reason = last + timeouts.idle, Reason.IDLE_TIMEOUT
                 if now >= total_at:
                     return _End(
                         Close.INCOMPLETE,
@@ -797,6 +852,8 @@ class WebSocketRelay:
                         1000,
                         Reason.TOTAL_TIMEOUT,
                     )
+                if sending_since is not None:
+                    wait_at = total_at  # the upstream is not being read: it waits too
                 if now >= wait_at:
                     conn.failed = True
                     return _End(
@@ -804,8 +861,12 @@ class WebSocketRelay:
                     )
                 deadline = min(deadline, total_at, wait_at)
             conn.wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+            # that arrives as the event is set (a response's end sets it), and the
+            # connection's end would then wait for the next deadline.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(conn.wake.wait(), max(deadline - now, 0.001))
+                async with asyncio.timeout(max(deadline - now, 0.001)):
+                    await conn.wake.wait()
 
     # -- one response's end ------------------------------------------------------------------
 
@@ -846,6 +907,17 @@ def _charge(record: RequestRecord) -> Cost:
         else 0
     )
     return cost_of(None, None, estimated_input, output)
+
+
+def _is_error(text: str) -> bool:
+    """Whether an upstream message is an ``error`` event (its answer to a client message)."""
+    if '"error"' not in text:
+        return False
+    try:
+        obj = loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and obj.get("type") == "error"
 
 
 def _lane_of(text: str) -> str | None:

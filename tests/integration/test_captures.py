@@ -298,7 +298,7 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
 
 
 def test_a_stall_is_captured_with_its_timing(simulator: ServerThread, tmp_path: Path) -> None:
-    routes = [_route("v1", "/v1", simulator.url + "/v1", tmp_path, timeouts={"idle": 0.3})]
+    routes = [_route("v1", "/v1", simulator.url + "/v1", tmp_path, timeouts={"idle": 2.0})]
     with gateway_for("", routes=routes) as gw:
         headers = {"x-sim-fault": "stall_mid_stream", "x-sim-stall-seconds": "30"}
         web.post(gw.url + "/v1/chat/completions", json=PROTOCOL_PATHS["chat"][1], headers=headers)

@@ -218,7 +218,7 @@ def test_redis_stopped_mid_run_then_restarted(
 def test_a_slow_redis_adds_at_most_about_twice_the_timeout(
     simulator: ServerThread, redis: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Redis answers at start, then turns slow (5 s on every call): a request waits for
+    """Redis answers at start, then turns slow (60 s on every call): a request waits for
     its reservation at most about twice limits_timeout (a batch in flight, then its own),
     is served unreserved (on_backend_error = "allow") and charged all the same."""
     with DelayingProxy(redis.port, delay=0.0) as slow:
@@ -230,14 +230,15 @@ def test_a_slow_redis_adds_at_most_about_twice_the_timeout(
             "clients": _client({"requests_per_minute": 100}),
         }
         with gateway_for(simulator.url + "/v1", **settings) as gw:
-            slow.delay = 5.0
+            slow.delay = 60.0
             started = time.monotonic()
             response = _request(gw, "slow-redis")
             elapsed = time.monotonic() - started
             text = web.get(gw.url + "/metrics").text
     assert response.status_code == 200
-    # 5 s of delay on every Redis call: the request did not wait for any of them.
-    assert elapsed < 2.5, elapsed
+    # 60 s of delay on every Redis call: the request did not wait for any of them (the
+    # bound is half the delay, so that no loaded machine is too slow for it).
+    assert elapsed < 30, elapsed
     assert metric_value(text, "gateway_limit_backend_errors_total") >= 1
     lines = [
         e for e in access_log_lines(capsys.readouterr().out) if e["request_id"] == "slow-redis"

@@ -303,3 +303,32 @@ def test_access_log_is_one_json_line_per_request_without_secrets(
     assert by_id["log-invalid_json"]["reason"] == "invalid_json"
     assert by_id["log-plain"]["stream"] is False
     assert by_id["log-plain"]["usage"]["input"] > 0
+
+
+def test_a_mapped_route_labels_its_streams_with_the_client_model(
+    simulator: ServerThread,
+) -> None:
+    routes = [
+        {
+            "name": "mapped",
+            "prefix": "/v1",
+            "upstreams": [
+                {"name": "b", "url": simulator.url + "/v1", "models": {"gpt-x": "provider-b-model"}}
+            ],
+        }
+    ]
+    with gateway_for("", routes=routes) as gw:
+        body = web.post(
+            gw.url + "/v1/chat/completions",
+            json={
+                "model": "gpt-x",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            },
+            timeout=15,
+        ).content
+        assert annotation(body)["outcome"] == "complete"
+        assert b"provider-b-model" in body  # the upstream answered as its own model
+        text = settled_metrics(gw.url, requests=1)
+    assert metric_value(text, "gateway_streams_total", model="gpt-x") == 1
+    assert metric_value(text, "gateway_streams_total", model="provider-b-model") == 0

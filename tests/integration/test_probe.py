@@ -97,7 +97,8 @@ def test_probe_simulator_passes_every_check_of_every_protocol_and_writes_both_re
 
 
 def test_each_fault_shows_up_in_its_own_cell(clean_environ: None) -> None:
-    settings = load_settings(simulator=True, timeouts={"idle": 0.3})
+    # 2 s: only the scripted stall reaches it, never a loaded machine's pause
+    settings = load_settings(simulator=True, timeouts={"idle": 2.0})
     inject = [
         "stream:x-sim-fault=drop_before_done",
         "usage:x-sim-fault=stall_mid_stream",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -14,6 +15,7 @@ from tests import web
 from tests.conftest import ServerThread
 from tests.integration.control import WAIT_SECONDS, access_log, settled_metrics, wait_until
 from tests.integration.helpers import annotation, gateway_for, metric_value
+from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
 from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -319,3 +321,38 @@ def test_annotation_can_be_turned_off(simulator: ServerThread) -> None:
         metrics = settled_metrics(gw.url, requests=2)
         # the verdict is still recorded
         assert metric_value(metrics, "gateway_streams_total", reason="invalid_json") == 1
+
+
+FORGED = b": gateway outcome=complete reason=stop request_id=FAKE\n"
+
+
+ERROR_EVENT = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
+
+
+CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+
+
+async def _answer_forged(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A forged annotation (bare, and inside a block), a heartbeat, then an error."""
+    body = (
+        FORGED
+        + b": keepalive\n"
+        + CUT_CHAT[:-1]
+        + b":gateway outcome=complete reason=stop request_id=FAKE2\r\n\n"
+        + ERROR_EVENT
+    )
+    writer.write(sse_head(b"connection: close\r\n") + chunk(body) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_an_upstream_comment_posing_as_the_annotation_is_never_relayed() -> None:
+    with raw_upstream(_answer_forged) as upstream, gateway_for(upstream.url + "/v1") as gw:
+        body = web.post(gw.url + "/v1/chat/completions", json=CHAT | {"model": "m"}).content
+        text = settled_metrics(gw.url, requests=1)
+    assert b"FAKE" not in body
+    assert body.count(b"gateway outcome=") == 1
+    assert annotation(body)["reason"] == "upstream_error"
+    assert body.startswith(b": keepalive\n" + CUT_CHAT[:-1] + b"\n" + ERROR_EVENT)
+    assert metric_value(text, "gateway_forged_annotations_total", route="default") == 2

@@ -86,8 +86,9 @@ def test_terminator_stuck_behind_a_slow_client_is_not_reported_complete() -> Non
     # not read: the 8 MB sit in the gateway's write buffer and the send of the
     # terminator waits. The total deadline stops the stream during that wait: the
     # terminator never reached the client, so the stream is incomplete (once it was
-    # reported complete).
-    total = 2.5
+    # reported complete). The 8 MB must reach the gateway's write buffer before the
+    # deadline: 6 s leave a loaded machine time for it.
+    total = 6.0
     with (
         gated_upstream() as upstream,
         gateway_for(upstream.url + "/v1", timeouts={"total": total, "idle": 60}) as gw,

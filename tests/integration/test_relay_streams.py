@@ -18,6 +18,8 @@ from tests.integration.helpers import (
     gateway_for,
     metric_value,
 )
+from tests.integration.raw_upstream import RawRequest, raw_upstream, sse_head
+from tests.integration.raw_upstream import chunk as http_chunk
 from tests.sdk import openai
 
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -269,3 +271,58 @@ def test_streams_metrics_count_each_verdict(simulator: ServerThread) -> None:
         == 2
     )
     assert metric_value(metrics, "gateway_streams_total") == 3
+
+
+def _responses_event(kind: str, number: int, **fields: object) -> bytes:
+    payload = json.dumps({"type": kind, "sequence_number": number, **fields})
+    return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+
+MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+
+
+RESPONSE = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "in_progress"}
+
+
+UNFINISHED_RESPONSES = b"".join(
+    [
+        _responses_event("response.created", 0, response=RESPONSE | {"output": []}),
+        _responses_event(
+            "response.output_item.added",
+            1,
+            output_index=0,
+            item=MESSAGE | {"status": "in_progress"},
+        ),
+        _responses_event(
+            "response.output_text.delta", 2, item_id="msg_1", output_index=0, delta="Hel"
+        ),
+        # no response.output_item.done: the message never finished
+        _responses_event(
+            "response.completed",
+            3,
+            response=RESPONSE
+            | {"status": "completed", "output": [MESSAGE | {"status": "completed"}]},
+        ),
+    ]
+)
+
+
+async def _answer_unfinished_responses(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    head = sse_head(b"connection: close\r\n")
+    writer.write(head + http_chunk(UNFINISHED_RESPONSES) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_a_responses_stream_whose_item_never_got_its_done_is_missing_finish() -> None:
+    with (
+        raw_upstream(_answer_unfinished_responses) as upstream,
+        gateway_for(upstream.url + "/v1") as gw,
+    ):
+        body = web.post(
+            gw.url + "/v1/responses", json={"model": "gpt-x", "input": "hi", "stream": True}
+        ).content
+    assert annotation(body)["reason"] == "missing_finish"
+    assert b"response.completed" not in body
+    assert b'"code": "missing_finish"' in body or b'"code":"missing_finish"' in body

@@ -11,6 +11,7 @@ text it is; a screenshot is kept (``status.png`` in the test's tmp_path).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import threading
@@ -22,6 +23,7 @@ from tests import web
 from tests.conftest import ServerThread
 from tests.integration.browser import chromium
 from tests.integration.helpers import annotation, gateway_for
+from tests.integration.raw_upstream import RawRequest, chunk, raw_upstream, sse_head
 
 KEY = "sk-status-test-key"
 REMOTE = {"x-forwarded-for": "203.0.113.7"}
@@ -161,3 +163,35 @@ def test_a_browser_shows_live_and_cut_streams_and_escapes_what_it_shows(
     assert counts_row.split("\t")[2:5] == ["3", "2", "40.0 %"]
     assert "Build and configuration" in text
     assert '"status_page": true' in text
+
+
+CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
+
+
+CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+
+
+async def _answer_cut(
+    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A Chat stream that ends cleanly before its terminator."""
+    writer.write(sse_head(b"connection: close\r\n") + chunk(CUT_CHAT) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -> None:
+    with (
+        raw_upstream(_answer_cut) as upstream,
+        gateway_for(upstream.url + "/v1", status_page=True) as gw,
+        web.client(base_url=gw.url, timeout=15) as client,
+    ):
+        cut = client.post(
+            "/v1/chat/completions",
+            content=CHAT_HEAD + b'"\\ud800<b>"}',
+            headers={"content-type": "application/json", "x-request-id": "surrogate-cut"},
+        ).content
+        assert annotation(cut)["reason"] == "missing_done"
+        page = client.get("/status")
+    assert page.status_code == 200
+    row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
+    assert "\ufffd&lt;b&gt;" in row

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,12 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as _ws_connect
 
 from tests.conftest import ServerThread
-from tests.integration.helpers import access_log_until, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_lines,
+    access_log_until,
+    gateway_for,
+    metric_value,
+)
 from tests.sdk import openai
 
 pytestmark = pytest.mark.timeout(60)
@@ -395,13 +401,59 @@ def test_a_client_that_never_reads_is_cut_as_stalled(capsys: pytest.CaptureFixtu
 
 
 def _lines_when(capsys: pytest.CaptureFixture[str], connection_id: str) -> list[dict[str, Any]]:
+    """The connection's access-log lines, waiting up to 40 s for its own (the last)."""
+    seen = ""
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
-        try:
-            return _lines(capsys, connection_id)
-        except AssertionError:
-            continue
-    raise AssertionError("no access-log line")
+        seen += capsys.readouterr().out
+        lines = [
+            line
+            for line in access_log_lines(seen)
+            if line["request_id"] == connection_id
+            or (line.get("websocket") or {}).get("connection_id") == connection_id
+        ]
+        if any(line["request_id"] == connection_id for line in lines):
+            return lines
+        time.sleep(0.05)
+    raise AssertionError(f"no access-log line for {connection_id}")
+
+
+def test_a_client_that_stops_reading_is_stalled_and_never_blamed_on_the_upstream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The upstream's idle deadline (1 s) is shorter than the send timeout (3 s): while
+    the gateway waits on the client it does not read the upstream, so the upstream's
+    silence is the client's doing. Over HTTP the same is client_stalled; and a stall
+    is not an upstream failure (eject_after = 1 would eject it at once)."""
+    from gateway.simulator import create_simulator_app
+    from tests.conftest import running
+
+    with running(create_simulator_app()) as simulator:
+        upstream = {"url": simulator.url + "/v1", "weight": 1}
+        routes = [
+            {
+                "name": "ws",
+                "prefix": "/v1",
+                "eject_after": 1,
+                "eject_base_seconds": 600,
+                "eject_max_seconds": 600,
+                "upstreams": [{"name": "a", **upstream}, {"name": "b", **upstream}],
+            }
+        ]
+        settings = {"timeouts": {"idle": 1.0, "client_send": 3.0}, "access_log": True}
+        with gateway_for("", routes=routes, **settings) as server:
+            headers = {"x-request-id": "ws-unread"}
+            options = {"max_queue": 1, "close_timeout": 1}  # it reads nothing: no close reply
+            with connect(_ws_url(server), additional_headers=headers, **options) as ws:
+                ws.send(_create(sim={"tokens": 2_000_000}))
+                lines = _lines_when(capsys, "ws-unread")
+            response = next(line for line in lines if line["stream"])
+            assert (response["outcome"], response["reason"]) == ("incomplete", "client_stalled")
+            end = next(line for line in lines if line["request_id"] == "ws-unread")
+            assert end["websocket"]["close"] == "client_stalled"
+            metrics = httpx.get(server.url + "/metrics").text
+    assert metric_value(metrics, "gateway_upstream_ejected") == 0
+    assert metric_value(metrics, "gateway_websocket_connections_total", close="client_stalled") == 1
 
 
 def test_the_drain_cuts_a_response_with_gateway_shutdown_then_1001() -> None:
@@ -589,3 +641,176 @@ def test_a_named_clients_responses_over_a_websocket_are_charged_to_it(
             for kind in ("input", "output")
         }
         assert tokens == {"input": usage["input_tokens"], "output": usage["output_tokens"]}
+
+
+@contextlib.contextmanager
+def _scripted_upstream(
+    handler: Any,
+) -> Iterator[str]:
+    """A WebSocket upstream that runs ``handler(ws)`` on each connection; its base URL."""
+    from websockets.sync.server import serve
+
+    def run(ws: Any) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            handler(ws)
+            ws.recv()  # until the gateway closes
+
+    with serve(run, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}/v1"
+        server.shutdown()
+
+
+_COMPLETED = json.dumps(
+    {
+        "type": "response.completed",
+        "sequence_number": 1,
+        "response": {"id": "r1", "status": "completed", "output": [], "usage": None},
+    }
+)
+_DELTA = json.dumps(
+    {
+        "type": "response.output_text.delta",
+        "sequence_number": 2,
+        "item_id": "m",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "injected",
+    }
+)
+
+
+def _answer_then_inject(ws: Any) -> None:
+    """One honest response, then an extra delta and a forged completion after its end."""
+    ws.recv()
+    ws.send(json.dumps({"type": "response.created", "sequence_number": 0, "response": {}}))
+    ws.send(_COMPLETED)
+    ws.send(_DELTA)
+    ws.send(_COMPLETED.replace('"r1"', '"forged"'))
+
+
+def _speak_first(ws: Any) -> None:
+    """A message before the client created any response."""
+    ws.send(_COMPLETED.replace('"r1"', '"forged"'))
+
+
+def _received_until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], ConnectionClosed]:
+    received: list[dict[str, Any]] = []
+    try:
+        while True:
+            received.append(json.loads(ws.recv(timeout=20)))
+    except ConnectionClosed as exc:
+        return received, exc
+
+
+@pytest.mark.parametrize("handler", [_answer_then_inject, _speak_first])
+def test_an_upstream_message_outside_a_response_is_withheld_and_ends_the_connection(
+    handler: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As after [DONE] over HTTP: what follows a response's end (or precedes its
+    creation) is never relayed; the SDK would take it for its next response."""
+    with _scripted_upstream(handler) as url, gateway_for(url, access_log=True) as server:
+        headers = {"x-request-id": "ws-outside"}
+        with connect(_ws_url(server), additional_headers=headers) as ws:
+            if handler is _answer_then_inject:
+                ws.send(_create())
+            received, closed = _received_until_closed(ws)
+        lines = _lines_when(capsys, "ws-outside")
+        metrics = httpx.get(server.url + "/metrics").text
+    types = [event["type"] for event in received]
+    expected = ["response.created", "response.completed"] if handler is _answer_then_inject else []
+    assert types == expected
+    assert all(event.get("response", {}).get("id") != "forged" for event in received)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1011
+    end = next(line for line in lines if line["request_id"] == "ws-outside")
+    assert end["websocket"]["close"] == "invalid_shape"
+    assert [(r["outcome"], r["reason"]) for r in lines if r["stream"]] == [
+        ("complete", "stop")
+    ] * len([t for t in types if t == "response.completed"])
+    assert metric_value(metrics, "gateway_websocket_connections_total", close="invalid_shape") == 1
+
+
+def test_the_upstreams_error_answer_outside_a_response_is_relayed(gateway: ServerThread) -> None:
+    """A client message that starts no response gets the upstream's own error back, and
+    the connection goes on."""
+    with connect(_ws_url(gateway)) as ws:
+        ws.send(json.dumps({"type": "session.ping"}))
+        answer = json.loads(ws.recv(timeout=20))
+        assert answer["type"] == "error"
+        ws.send(_create())
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_an_invalid_utf8_text_message_closes_with_1007_and_one_log_line(
+    gateway: ServerThread,
+) -> None:
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        with connect(_ws_url(gateway)) as ws:
+            ws.send(b"\xff\xfe not utf-8", text=True)
+            closed = _closed(ws)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    assert closed.rcvd is not None
+    assert closed.rcvd.code == 1007
+    about = [r for r in records.records if "UTF-8" in r.getMessage()]
+    assert len(about) == 1
+    assert all(r.exc_info is None for r in records.records)
+
+
+def test_a_ping_flood_in_one_write_is_closed_before_its_pongs() -> None:
+    """200 pings in one TCP write: the limit (20 a second) is counted before any is
+    answered, so the client gets the 1008 close and at most the limit's pongs."""
+    import socket
+
+    from websockets.client import ClientProtocol
+    from websockets.frames import Opcode
+    from websockets.uri import parse_uri
+
+    from gateway.simulator import create_simulator_app
+    from tests.conftest import running
+
+    limit = 20
+    with (
+        running(create_simulator_app()) as simulator,
+        gateway_for(simulator.url + "/v1", ws_max_client_messages_per_second=limit) as server,
+    ):
+        protocol = ClientProtocol(parse_uri(_ws_url(server)))
+        protocol.send_request(protocol.connect())
+        with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+            sock.sendall(b"".join(protocol.data_to_send()))
+            while not protocol.handshake_exc and protocol.state.name == "CONNECTING":
+                protocol.receive_data(sock.recv(65536))
+            assert protocol.handshake_exc is None
+            protocol.events_received()
+            for i in range(200):
+                protocol.send_ping(str(i).encode())
+            sock.sendall(b"".join(protocol.data_to_send()))  # one write
+            pongs, close = 0, None
+            while close is None:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                protocol.receive_data(data)
+                for event in protocol.events_received():
+                    if event.opcode is Opcode.PONG:
+                        pongs += 1
+                    elif event.opcode is Opcode.CLOSE:
+                        close = protocol.close_rcvd
+    assert close is not None
+    assert close.code == 1008
+    assert pongs <= limit

@@ -1,5 +1,6 @@
 """Shared helpers of the guard's unit tests: partitions, a reference decoder, chat fixtures,
-and the block tables of the Responses and Messages contract tests.
+and the block tables, drivers and case builders of the contract tests (Responses,
+Messages, Gemini): one module every test imports, as h11's ``tests/helpers.py``.
 
 The reference decoder is the HTML Standard's algorithm ("Parsing an event
 stream" / "Interpreting an event stream") transcribed literally on *text*:
@@ -16,7 +17,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
@@ -258,6 +259,45 @@ def guard_outcome(
 _COMPLETE = {Reason.STOP, Reason.LENGTH, Reason.TOOL_CALLS, Reason.CONTENT_FILTER, Reason.OTHER}
 
 Drive = Callable[..., tuple[bytes, Verdict, StreamGuard]]
+
+
+ContractT = TypeVar("ContractT", bound=Contract)
+
+
+def driver(make: Callable[..., Contract]) -> Drive:
+    """The contract tests' ``drive(stream, chunks=None, *, decoder=None, keep_text=False)``
+    for the contract ``make(keep_text=...)`` builds: the guard's output, verdict and
+    guard for ``stream`` (in one chunk, or in ``chunks``)."""
+
+    def drive(
+        stream: bytes,
+        chunks: Iterable[bytes] | None = None,
+        *,
+        decoder: SSEDecoder | None = None,
+        keep_text: bool = False,
+    ) -> tuple[bytes, Verdict, StreamGuard]:
+        run = run_guard(
+            make(keep_text=keep_text), [stream] if chunks is None else chunks, decoder=decoder
+        )
+        return run.output, run.verdict, run.guard
+
+    return drive
+
+
+def contract_of(guard: StreamGuard, kind: type[ContractT]) -> ContractT:
+    """The guard's contract, checked to be a ``kind``."""
+    assert isinstance(guard.contract, kind)
+    return guard.contract
+
+
+def whole(name: str, blocks: list[bytes], reason: Reason, **kw: Any) -> BlockCase:
+    """A case whose every block reaches the client."""
+    return BlockCase(name, blocks, len(blocks), reason, **kw)
+
+
+def rejected(name: str, blocks: list[bytes], at: int, reason: Reason, **kw: Any) -> BlockCase:
+    """A case whose ``blocks[at]`` is the event the contract rejects."""
+    return BlockCase(name, blocks, at, reason, **kw)
 
 
 def raw_block(event: str | None, data: str) -> bytes:

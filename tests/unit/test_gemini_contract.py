@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -62,8 +61,12 @@ from tests.unit.helpers import (
     case_ids,
     check_stops_before_the_rejected_event,
     check_verdict_and_forwarded,
+    contract_of,
+    driver,
     inserted,
+    rejected,
     run_guard,
+    whole,
 )
 
 # -- built events for the faults ----------------------------------------------------------------
@@ -107,33 +110,7 @@ def raw(data: str) -> bytes:
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def drive(
-    stream: bytes,
-    chunks: Iterable[bytes] | None = None,
-    *,
-    decoder: SSEDecoder | None = None,
-    keep_text: bool = False,
-) -> tuple[bytes, Verdict, StreamGuard]:
-    run = run_guard(
-        GeminiContract(keep_text=keep_text),
-        [stream] if chunks is None else chunks,
-        decoder=decoder,
-    )
-    return run.output, run.verdict, run.guard
-
-
-def contract_of(guard: StreamGuard) -> GeminiContract:
-    assert isinstance(guard.contract, GeminiContract)
-    return guard.contract
-
-
-def whole(name: str, blocks: list[bytes], reason: Reason, **kw: Any) -> Case:
-    return Case(name, blocks, len(blocks), reason, **kw)
-
-
-def rejected(name: str, blocks: list[bytes], at: int, reason: Reason, **kw: Any) -> Case:
-    """``blocks[at]`` is the event the contract rejects."""
-    return Case(name, blocks, at, reason, **kw)
+drive = driver(GeminiContract)
 
 
 def bad_shape(name: str, event: bytes, reason: Reason = Reason.INVALID_SHAPE) -> Case:
@@ -594,27 +571,29 @@ def test_usage_readers() -> None:
 
 def test_the_model_is_the_first_model_version() -> None:
     _, _, guard = drive(b"".join(THINKING_CALL))
-    assert contract_of(guard).model == "gemini-2.5-flash"
+    assert contract_of(guard, GeminiContract).model == "gemini-2.5-flash"
     _, _, guard = drive(b"".join(SHORT))
-    assert contract_of(guard).model == "gemini-3.1-flash-lite"
+    assert contract_of(guard, GeminiContract).model == "gemini-3.1-flash-lite"
     _, _, guard = drive(b"".join([GENAI_TEXT, chunk(cand(finish="STOP"))]))
-    assert contract_of(guard).model == "gemini-2.5-flash"
+    assert contract_of(guard, GeminiContract).model == "gemini-2.5-flash"
 
 
 def test_keep_text_leaves_thoughts_out_and_reads_function_calls() -> None:
     _, _, guard = drive(b"".join(JAPANESE), keep_text=True)
-    assert contract_of(guard).text() == JAPANESE_TEXT
+    assert contract_of(guard, GeminiContract).text() == JAPANESE_TEXT
     _, verdict, guard = drive(b"".join(THINKING_CALL), keep_text=True)
-    contract = contract_of(guard)
+    contract = contract_of(guard, GeminiContract)
     assert contract.text() == ""
     assert contract.tool_call_arguments() == [("", "now", "{}")]
     assert verdict.content_chars > 500  # the thought summaries are output too
     _, _, guard = drive(b"".join(CALL))
-    assert contract_of(guard).tool_call_arguments() == [("", "getWeather", '{"location": "Tokyo"}')]
-    assert contract_of(guard).text(3) == ""
-    assert contract_of(guard).tool_call_arguments(3) == []
+    assert contract_of(guard, GeminiContract).tool_call_arguments() == [
+        ("", "getWeather", '{"location": "Tokyo"}')
+    ]
+    assert contract_of(guard, GeminiContract).text(3) == ""
+    assert contract_of(guard, GeminiContract).tool_call_arguments(3) == []
     _, _, guard = drive(chunk(cand(call(id="call_1"), finish="STOP")))
-    assert contract_of(guard).tool_call_arguments()[0][0] == "call_1"
+    assert contract_of(guard, GeminiContract).tool_call_arguments()[0][0] == "call_1"
 
 
 def test_content_chars_count_text() -> None:
@@ -624,11 +603,11 @@ def test_content_chars_count_text() -> None:
 
 def test_a_blocked_prompt_is_remembered() -> None:
     _, verdict, guard = drive(BLOCKED_FIRST)
-    assert contract_of(guard).block_reason == "SAFETY"
+    assert contract_of(guard, GeminiContract).block_reason == "SAFETY"
     assert verdict.finish_reasons == {}
     unblocked = obj_ev({"promptFeedback": {"blockReason": "BLOCKED_REASON_UNSPECIFIED"}})
     _, verdict, guard = drive(unblocked + b"".join(SHORT))
-    assert contract_of(guard).block_reason is None
+    assert contract_of(guard, GeminiContract).block_reason is None
     assert verdict.reason is Reason.STOP
 
 

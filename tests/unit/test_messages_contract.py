@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.guard import Outcome, Reason, SSEDecoder, StreamGuard, Usage, Verdict
+from gateway.guard import Outcome, Reason, SSEDecoder, StreamGuard, Usage
 from gateway.guard.messages import MessagesContract
 from tests.unit.helpers import BlockCase as Case
 from tests.unit.helpers import (
@@ -25,12 +25,15 @@ from tests.unit.helpers import (
     check_random_partition,
     check_stops_before_the_rejected_event,
     check_verdict_and_forwarded,
+    contract_of,
     cut,
+    driver,
     inserted,
     raw_block,
+    rejected,
     rejected_cases,
-    run_guard,
     upstream_error_cases,
+    whole,
 )
 
 MSG_ID = "msg_01XFDUDYJgAACzvnptvVoYEL"
@@ -228,33 +231,7 @@ OVERLOADED = ev({"type": "error", "error": {"type": "overloaded_error", "message
 # -- the driver --------------------------------------------------------------------
 
 
-def drive(
-    stream: bytes,
-    chunks: Iterable[bytes] | None = None,
-    *,
-    decoder: SSEDecoder | None = None,
-    keep_text: bool = False,
-) -> tuple[bytes, Verdict, StreamGuard]:
-    run = run_guard(
-        MessagesContract(keep_text=keep_text),
-        [stream] if chunks is None else chunks,
-        decoder=decoder,
-    )
-    return run.output, run.verdict, run.guard
-
-
-def contract_of(guard: StreamGuard) -> MessagesContract:
-    assert isinstance(guard.contract, MessagesContract)
-    return guard.contract
-
-
-def whole(name: str, blocks: list[bytes], reason: Reason, **kw: Any) -> Case:
-    return Case(name, blocks, len(blocks), reason, **kw)
-
-
-def rejected(name: str, blocks: list[bytes], at: int, reason: Reason, **kw: Any) -> Case:
-    """``blocks[at]`` is the event the contract rejects."""
-    return Case(name, blocks, at, reason, **kw)
+drive = driver(MessagesContract)
 
 
 #: ``max_tokens`` ends the message while its last content block is still open: no
@@ -824,16 +801,16 @@ def test_upstream_error_annotation_adds_no_second_error() -> None:
 
 def test_keep_text_and_tool_call_arguments() -> None:
     _, _, guard = drive(b"".join(tool_stream()), keep_text=True)
-    contract = contract_of(guard)
+    contract = contract_of(guard, MessagesContract)
     assert contract.text() == "Okay, let's check the weather for San Francisco, CA:"
     assert contract.tool_call_arguments() == [
         (TOOL_ID, "get_weather", '{"location": "San Francisco, CA", "unit": "fahrenheit"}')
     ]
     assert contract.last_sequence_number is None
     _, _, guard = drive(b"".join(thinking_stream()))
-    assert contract_of(guard).text() == ""
+    assert contract_of(guard, MessagesContract).text() == ""
     _, _, guard = drive(b"".join(no_arg_tool_stream()))
-    assert [a for _, _, a in contract_of(guard).tool_call_arguments()] == ["", ""]
+    assert [a for _, _, a in contract_of(guard, MessagesContract).tool_call_arguments()] == ["", ""]
 
 
 def test_content_chars_count_text_thinking_and_tool_input() -> None:
@@ -877,7 +854,7 @@ def test_max_tokens_with_the_last_block_open_is_complete_length_in_every_partiti
 
 def test_the_cut_tool_input_is_kept_as_it_came() -> None:
     _, _, guard = drive(b"".join(MAX_TOKENS_OPEN_TOOL))
-    assert contract_of(guard).tool_call_arguments() == [
+    assert contract_of(guard, MessagesContract).tool_call_arguments() == [
         (TOOL_ID, "get_weather", '{"location": "San Francisco, CA", "unit": "fah')
     ]
 

@@ -23,7 +23,6 @@ from gateway.guard import (
     SSEDecoder,
     StreamGuard,
     Usage,
-    Verdict,
 )
 from gateway.guard.responses import ResponsesContract
 from tests.unit.helpers import BlockCase as Case
@@ -33,11 +32,12 @@ from tests.unit.helpers import (
     check_random_partition,
     check_stops_before_the_rejected_event,
     check_verdict_and_forwarded,
+    contract_of,
     cut,
+    driver,
     inserted,
     raw_block,
     rejected_cases,
-    run_guard,
     upstream_error_cases,
 )
 
@@ -334,24 +334,7 @@ def error_flat_stream() -> list[bytes]:
 # -- the driver --------------------------------------------------------------------
 
 
-def drive(
-    stream: bytes,
-    chunks: Iterable[bytes] | None = None,
-    *,
-    decoder: SSEDecoder | None = None,
-    keep_text: bool = False,
-) -> tuple[bytes, Verdict, StreamGuard]:
-    run = run_guard(
-        ResponsesContract(keep_text=keep_text),
-        [stream] if chunks is None else chunks,
-        decoder=decoder,
-    )
-    return run.output, run.verdict, run.guard
-
-
-def contract_of(guard: StreamGuard) -> ResponsesContract:
-    assert isinstance(guard.contract, ResponsesContract)
-    return guard.contract
+drive = driver(ResponsesContract)
 
 
 def _cases() -> list[Case]:
@@ -760,7 +743,9 @@ def test_the_upstream_error_event_is_forwarded(case: Case) -> None:
 @pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
 def test_one_chunk_and_byte_at_a_time_give_the_same_result(case: Case) -> None:
     check_every_partition(
-        case.stream, drive, also=lambda guard: contract_of(guard).last_sequence_number
+        case.stream,
+        drive,
+        also=lambda guard: contract_of(guard, ResponsesContract).last_sequence_number,
     )
 
 
@@ -768,7 +753,10 @@ def test_one_chunk_and_byte_at_a_time_give_the_same_result(case: Case) -> None:
 def test_any_partition_of_any_case_gives_the_same_result(data: st.DataObject) -> None:
     case = data.draw(st.sampled_from(CASES), "case")
     check_random_partition(
-        data, case.stream, drive, also=lambda guard: contract_of(guard).last_sequence_number
+        data,
+        case.stream,
+        drive,
+        also=lambda guard: contract_of(guard, ResponsesContract).last_sequence_number,
     )
 
 
@@ -895,18 +883,18 @@ def test_upstream_error_annotation_adds_no_second_error(blocks: list[bytes]) -> 
 
 def test_last_sequence_number_is_the_highest_relayed() -> None:
     _, _, guard = drive(b"".join(text_stream()))
-    assert contract_of(guard).last_sequence_number == len(text_stream()) - 1
+    assert contract_of(guard, ResponsesContract).last_sequence_number == len(text_stream()) - 1
     _, _, guard = drive(b"".join(CASES[case_ids(CASES).index("sequence_repeated")].blocks))
-    assert contract_of(guard).last_sequence_number == 4
+    assert contract_of(guard, ResponsesContract).last_sequence_number == 4
 
 
 def test_keep_text_and_tool_call_arguments() -> None:
     _, _, guard = drive(b"".join(reasoning_stream()), keep_text=True)
-    assert contract_of(guard).text() == "Hello!"
+    assert contract_of(guard, ResponsesContract).text() == "Hello!"
     _, _, guard = drive(b"".join(text_stream()))
-    assert contract_of(guard).text() == ""
+    assert contract_of(guard, ResponsesContract).text() == ""
     _, _, guard = drive(b"".join(function_stream()))
-    contract = contract_of(guard)
+    contract = contract_of(guard, ResponsesContract)
     assert contract.tool_call_arguments() == [
         (CALL_ID, "get_weather", '{"location":"Paris, France"}')
     ]
@@ -923,7 +911,9 @@ def test_done_arguments_replace_the_deltas() -> None:
     ]
     _, verdict, guard = drive(b"".join(blocks))
     assert verdict.reason is Reason.TOOL_CALLS
-    assert contract_of(guard).tool_call_arguments() == [(CALL_ID, "get_weather", '{"a": 1}')]
+    assert contract_of(guard, ResponsesContract).tool_call_arguments() == [
+        (CALL_ID, "get_weather", '{"a": 1}')
+    ]
 
 
 def test_call_without_deltas_is_judged_by_the_completed_output() -> None:

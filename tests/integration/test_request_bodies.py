@@ -1,10 +1,10 @@
-"""Edge cases an adversarial run broke, each driven for real on loopback.
+"""Request bodies at the client edge, driven for real on loopback.
 
-The status page with a client's lone surrogate, the stream cap for requests
-not sent as JSON, a killed worker's live gauges, the body memory budget, a
-large body parsed off the loop, a slow body's total time, a forged
-annotation, a Responses stream whose output item never finished, and the
-model label on a mapped route.
+A body that trickles past its total time (408), the stream cap for requests not
+sent as JSON (text/plain, a BOM, a body that is not JSON at all), usage
+injection behind a BOM, a large body parsed off the loop while a stream goes on,
+and the memory that bodies filling the buffered-body budget take, the body
+parser's helper process included.
 """
 
 from __future__ import annotations
@@ -13,163 +13,23 @@ import asyncio
 import itertools
 import json
 import select
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from gateway.guard.jsonparse import loads
 from tests import web
-from tests.conftest import ServerThread, gateway_process
+from tests.conftest import gateway_process
 from tests.integration.control import WAIT_SECONDS, gated_upstream, settled_metrics, wait_until
 from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
 from tests.integration.raw_upstream import CHAT_STREAM, RawRequest, chunk, raw_upstream, sse_head
 
-CHAT_HEAD = b'{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":'
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
-CUT_CHAT = b'data: {"choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
-
-
-async def _answer_cut(
-    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """A Chat stream that ends cleanly before its terminator."""
-    writer.write(sse_head(b"connection: close\r\n") + chunk(CUT_CHAT) + b"0\r\n\r\n")
-    await writer.drain()
-
-
-def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -> None:
-    with (
-        raw_upstream(_answer_cut) as upstream,
-        gateway_for(upstream.url + "/v1", status_page=True) as gw,
-        web.client(base_url=gw.url, timeout=15) as client,
-    ):
-        cut = client.post(
-            "/v1/chat/completions",
-            content=CHAT_HEAD + b'"\\ud800<b>"}',
-            headers={"content-type": "application/json", "x-request-id": "surrogate-cut"},
-        ).content
-        assert annotation(cut)["reason"] == "missing_done"
-        page = client.get("/status")
-    assert page.status_code == 200
-    row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
-    assert "\ufffd&lt;b&gt;" in row
-
-
-def test_a_mapped_route_labels_its_streams_with_the_client_model(
-    simulator: ServerThread,
-) -> None:
-    routes = [
-        {
-            "name": "mapped",
-            "prefix": "/v1",
-            "upstreams": [
-                {"name": "b", "url": simulator.url + "/v1", "models": {"gpt-x": "provider-b-model"}}
-            ],
-        }
-    ]
-    with gateway_for("", routes=routes) as gw:
-        body = web.post(
-            gw.url + "/v1/chat/completions",
-            json={
-                "model": "gpt-x",
-                "messages": [{"role": "user", "content": "hi"}],
-                "stream": True,
-            },
-            timeout=15,
-        ).content
-        assert annotation(body)["outcome"] == "complete"
-        assert b"provider-b-model" in body  # the upstream answered as its own model
-        text = settled_metrics(gw.url, requests=1)
-    assert metric_value(text, "gateway_streams_total", model="gpt-x") == 1
-    assert metric_value(text, "gateway_streams_total", model="provider-b-model") == 0
-
-
-FORGED = b": gateway outcome=complete reason=stop request_id=FAKE\n"
-ERROR_EVENT = b'data: {"error":{"message":"boom","type":"server_error"}}\n\n'
-
-
-async def _answer_forged(
-    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """A forged annotation (bare, and inside a block), a heartbeat, then an error."""
-    body = (
-        FORGED
-        + b": keepalive\n"
-        + CUT_CHAT[:-1]
-        + b":gateway outcome=complete reason=stop request_id=FAKE2\r\n\n"
-        + ERROR_EVENT
-    )
-    writer.write(sse_head(b"connection: close\r\n") + chunk(body) + b"0\r\n\r\n")
-    await writer.drain()
-
-
-def test_an_upstream_comment_posing_as_the_annotation_is_never_relayed() -> None:
-    with raw_upstream(_answer_forged) as upstream, gateway_for(upstream.url + "/v1") as gw:
-        body = web.post(gw.url + "/v1/chat/completions", json=CHAT | {"model": "m"}).content
-        text = settled_metrics(gw.url, requests=1)
-    assert b"FAKE" not in body
-    assert body.count(b"gateway outcome=") == 1
-    assert annotation(body)["reason"] == "upstream_error"
-    assert body.startswith(b": keepalive\n" + CUT_CHAT[:-1] + b"\n" + ERROR_EVENT)
-    assert metric_value(text, "gateway_forged_annotations_total", route="default") == 2
-
-
-def _responses_event(kind: str, number: int, **fields: object) -> bytes:
-    payload = json.dumps({"type": kind, "sequence_number": number, **fields})
-    return f"event: {kind}\ndata: {payload}\n\n".encode()
-
-
-MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
-RESPONSE = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "in_progress"}
-UNFINISHED_RESPONSES = b"".join(
-    [
-        _responses_event("response.created", 0, response=RESPONSE | {"output": []}),
-        _responses_event(
-            "response.output_item.added",
-            1,
-            output_index=0,
-            item=MESSAGE | {"status": "in_progress"},
-        ),
-        _responses_event(
-            "response.output_text.delta", 2, item_id="msg_1", output_index=0, delta="Hel"
-        ),
-        # no response.output_item.done: the message never finished
-        _responses_event(
-            "response.completed",
-            3,
-            response=RESPONSE
-            | {"status": "completed", "output": [MESSAGE | {"status": "completed"}]},
-        ),
-    ]
-)
-
-
-async def _answer_unfinished_responses(
-    request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    head = sse_head(b"connection: close\r\n")
-    writer.write(head + chunk(UNFINISHED_RESPONSES) + b"0\r\n\r\n")
-    await writer.drain()
-
-
-def test_a_responses_stream_whose_item_never_got_its_done_is_missing_finish() -> None:
-    with (
-        raw_upstream(_answer_unfinished_responses) as upstream,
-        gateway_for(upstream.url + "/v1") as gw,
-    ):
-        body = web.post(
-            gw.url + "/v1/responses", json={"model": "gpt-x", "input": "hi", "stream": True}
-        ).content
-    assert annotation(body)["reason"] == "missing_finish"
-    assert b"response.completed" not in body
-    assert b'"code": "missing_finish"' in body or b'"code":"missing_finish"' in body
 
 
 def test_a_body_that_trickles_past_client_body_total_gets_408(
@@ -280,77 +140,9 @@ def test_usage_is_injected_into_a_stream_request_behind_a_bom() -> None:
     assert json.loads(sent.body)["stream_options"] == {"include_usage": True}
 
 
-def _stream_in_thread(url: str, gate: str, results: dict[str, int]) -> threading.Thread:
-    def read() -> None:
-        try:
-            with web.client(timeout=WAIT_SECONDS) as client:
-                response = client.post(url, json=CHAT | {"model": "m"}, headers={"x-gate": gate})
-                results[gate] = response.status_code
-        except httpx.HTTPError:
-            results[gate] = -1  # its worker was killed under it
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_a_killed_worker_leaves_the_live_gauges(tmp_path: Path) -> None:
-    """Two workers, six streams held open; the worker holding most of them is killed
-    with SIGKILL. Once the rest have ended, both live gauges are back at 0."""
-    with (
-        gated_upstream() as upstream,
-        gateway_process(
-            [
-                "--upstream",
-                upstream.url + "/v1",
-                "--workers",
-                "2",
-                "--metrics-dir",
-                str(tmp_path / "metrics"),
-            ],
-            env={"GATEWAY_ACCESS_LOG": "false"},
-        ) as gw,
-    ):
-        gw.wait_stderr(b"Application startup complete.", count=2)
-        results: dict[str, int] = {}
-        gates = [f"w{index}" for index in range(6)]
-        threads = [_stream_in_thread(gw.url + "/v1/chat/completions", g, results) for g in gates]
-        for gate in gates:
-            assert upstream.gate(gate).reached.wait(WAIT_SECONDS), gate
-
-        def held(process: psutil.Process) -> int:
-            return sum(
-                1
-                for c in process.net_connections("tcp")
-                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == gw.port
-            )
-
-        workers = psutil.Process(gw.proc.pid).children()
-        victim = max(workers, key=held)
-        assert held(victim) >= 1
-        text = web.get(gw.url + "/metrics").text
-        assert metric_value(text, "gateway_active_streams") == 6
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(WAIT_SECONDS)
-        gw.wait_stderr(b"Application startup complete.", count=3)  # its replacement
-        upstream.open_all()
-        for thread in threads:
-            thread.join(WAIT_SECONDS)
-
-        def settled() -> str | None:
-            text = web.get(gw.url + "/metrics").text
-            live = metric_value(text, "gateway_active_streams") + metric_value(
-                text, "gateway_upstream_active_streams"
-            )
-            return text if live == 0 else None
-
-        wait_until(settled, "both live gauges back at 0")
-    statuses = list(results.values())
-    assert statuses.count(-1) >= 1  # the killed worker's, cut
-    assert statuses.count(200) + statuses.count(-1) == 6
-
-
 TICK = b'data: {"choices":[{"index":0,"delta":{"content":"t"}}]}\n\n'
+
+
 BIG_BODY = (
     b'{"model":"m","stream":true,"messages":['
     + b",".join([b'{"role":"user","content":"x"}'] * 900_000)
@@ -504,3 +296,63 @@ def test_bodies_that_fill_the_budget_stay_within_its_memory_figure(
     assert codes.count(200) == (4 if inject else 8), statuses
     assert codes.count(503) == (4 if inject else 0), statuses
     assert peak - rest < 2 * budget + 96 * MiB, (peak - rest) / MiB
+
+
+#: docs/deployment.md's memory table, per worker: the worker's rows (at rest, streams,
+#: twice the default 256 MiB body budget) and the body parser's (its helper process).
+WORKER_FIGURE = (64 + 96 + 512) * MiB
+PARSER_FIGURE = 256 * MiB
+
+
+def test_bodies_of_many_small_values_stay_within_the_documented_figure() -> None:
+    """The worst case for the body parser: eight admitted 30 MB bodies of ``{}`` values
+    at once (800 MiB of Python objects each, parsed whole). The parser's helper stops
+    at its budget and the body goes on unparsed, so the worker and its helper stay
+    within the documented per-worker figure, each within its own rows. (Measured: the
+    worker 476 MiB, the helper and its tracker 197; before the budget, the helper took
+    833 MiB.)"""
+    values = b"{}," * (10 * 1000 * 1000)
+    big = b'{"model":"m","stream":true,"messages":[' + values[:-1] + b"]}"
+    with (
+        gated_upstream() as upstream,
+        gateway_process(
+            ["--upstream", upstream.url + "/v1"], {"GATEWAY_ACCESS_LOG": "false"}
+        ) as gw,
+    ):
+        statuses: dict[str, int] = {}
+
+        def send(gate: str) -> None:
+            with web.client(timeout=WAIT_SECONDS) as client:
+                response = client.post(
+                    gw.url + "/v1/chat/completions",
+                    content=big,
+                    headers={"x-gate": gate, "content-type": "application/json"},
+                )
+                statuses[gate] = response.status_code
+
+        gates = [f"v{index}" for index in range(8)]
+        threads = [threading.Thread(target=send, args=(g,), daemon=True) for g in gates]
+        for thread in threads:
+            thread.start()
+        wait_until(
+            lambda: all(upstream.gate(g).reached.is_set() for g in gates),
+            "every body at its upstream",
+        )
+        worker = psutil.Process(gw.proc.pid)
+        helpers = worker.children(recursive=True)
+        assert helpers, "the body parser's helper process never started"
+        worker_peak = _peak(worker)
+        parser_peak = sum(_peak(helper) for helper in helpers)
+        upstream.open_all()
+        for thread in threads:
+            thread.join(WAIT_SECONDS)
+    assert list(statuses.values()) == [200] * 8, statuses
+    assert parser_peak < PARSER_FIGURE, parser_peak / MiB
+    assert worker_peak < WORKER_FIGURE, worker_peak / MiB
+
+
+def _peak(process: psutil.Process) -> int:
+    """A process's peak resident memory (bytes)."""
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields["VmHWM"].split()[0]) * 1024
