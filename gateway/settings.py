@@ -46,7 +46,7 @@ from pydantic_settings import (
 )
 
 from gateway.guard import Protocol
-from gateway.protocols import CredentialStyle
+from gateway.protocols import REGISTRY, CredentialStyle, spec_for
 
 __all__ = [
     "DEFAULT_RETRY_ON",
@@ -386,11 +386,16 @@ class RouteConfig(_Strict):
 
     @model_validator(mode="after")
     def _continued_protocol(self) -> RouteConfig:
-        # Chat, Completions and Messages streams can be continued; the others never are.
-        if self.continue_after_cut and self.protocol in ("responses", "gemini", "ollama", "sse"):
+        # Only a protocol that declares it (ProtocolSpec.continuable) is continued.
+        if (
+            self.continue_after_cut
+            and self.protocol != "auto"
+            and not spec_for(self.protocol).continuable
+        ):
+            names = ", ".join(spec.name for spec in REGISTRY if spec.continuable)
             raise ValueError(
                 f"continue_after_cut: a {self.protocol} stream is never continued "
-                "(Chat Completions, Completions and Messages streams are)"
+                f"(streams of {names} are)"
             )
         return self
 

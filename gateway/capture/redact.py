@@ -1,4 +1,8 @@
-"""Redaction of a captured stream (SSE or NDJSON): no text left, every byte offset kept.
+"""Redaction of a captured stream: no text left, every byte offset kept.
+
+Which rules apply is the protocol's (``ProtocolSpec.redaction``): SSE blocks
+(``stream``), one JSON text per line (``lines``), or a framing of its own
+that masks its events' JSON with ``json``.
 
 The output has exactly the length of the input and its line ends in the same
 places, so the original chunk boundaries still fall where they fell, and the
@@ -26,8 +30,8 @@ and what goes:
   Inside free-form objects (``args``, ``input``, ``metadata``) keys are
   content too and are masked like values, and so are the digits of numbers.
 * Data that is not JSON is replaced whole, except the ``[DONE]`` terminator.
-* NDJSON (``redact(data, "ndjson")``): every line is one event's data, masked
-  as above; line ends and blank lines stay.
+* Lines (``lines``: NDJSON): every line is one event's data, masked as
+  above; line ends and blank lines stay.
 
 Works on the bytes the upstream sent, so text cut mid-character or invalid
 UTF-8 is handled like the guard handles it (as U+FFFD, never an error). The
@@ -39,6 +43,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+
+from gateway.protocols import spec_for
 
 __all__ = ["Redactor", "redact_stream"]
 
@@ -84,9 +90,9 @@ _ESCAPES = {
 _LITERALS = {"t": "true", "f": "false", "n": "null", "N": "NaN", "I": "Infinity"}
 
 
-def redact_stream(data: bytes, framing: str = "sse") -> bytes:
-    """``data`` (an upstream's stream in ``framing``) with every text replaced, same length."""
-    return Redactor().redact(data, framing)
+def redact_stream(data: bytes, protocol: str = "sse") -> bytes:
+    """``data`` (an upstream's stream in ``protocol``) with every text replaced, same length."""
+    return Redactor().redact(data, protocol)
 
 
 @dataclass(slots=True)
@@ -194,13 +200,18 @@ class Redactor:
         self._placeholders: dict[bytes, bytes] = {}
         self._arguments: dict[tuple[object, ...], _ArgumentsMask] = {}
 
-    def redact(self, data: bytes, framing: str) -> bytes:
-        """``data`` redacted by the rules of its framing (a framing's name: ``sse``, ``ndjson``)."""
-        return self.ndjson(data) if framing == "ndjson" else self.stream(data)
+    def redact(self, data: bytes, protocol: str) -> bytes:
+        """``data`` redacted by the rules of its protocol (the registry's; SSE blocks for a
+        name it does not know)."""
+        try:
+            redaction = spec_for(protocol).redaction
+        except ValueError:
+            return self.stream(data)
+        return redaction(self)(data)
 
-    # -- NDJSON -----------------------------------------------------------------------
+    # -- one JSON text per line (NDJSON) ---------------------------------------------
 
-    def ndjson(self, data: bytes) -> bytes:
+    def lines(self, data: bytes) -> bytes:
         out = bytearray(data)
         pos, size = 0, len(data)
         while pos < size:

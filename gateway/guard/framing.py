@@ -15,9 +15,17 @@ from dataclasses import dataclass
 
 from gateway.guard.decoder import Decoder
 from gateway.guard.ndjson import NDJSONDecoder
-from gateway.guard.sse import SSEDecoder
+from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES, SSEDecoder
 
-__all__ = ["NDJSON", "SSE", "Framing"]
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
+    "FRAMINGS",
+    "NDJSON",
+    "SSE",
+    "Framing",
+    "framing_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +62,14 @@ NDJSON = Framing(
     comments=False,
     announced_only=True,
 )
+
+#: Every framing: a media type of one of them is a stream, never one whole JSON text.
+FRAMINGS: tuple[Framing, ...] = (SSE, NDJSON)
+
+
+def framing_of(content_type: str) -> Framing | None:
+    """The framing whose media type ``content_type`` is (None: no stream framing's)."""
+    for framing in FRAMINGS:
+        if framing.is_stream(content_type):
+            return framing
+    return None

@@ -34,7 +34,7 @@ from pydantic import SecretStr
 
 from gateway.policy.pool import EjectionPolicy, Pool
 from gateway.policy.retry import RetryPolicy
-from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
+from gateway.protocols import REGISTRY, CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
@@ -85,10 +85,9 @@ def credential_style(style: str, protocol: str, url: str) -> CredentialStyle:
         return CredentialStyle(style)
     if protocol != "auto":
         return spec_for(protocol).credential
-    if "anthropic" in url:
-        return CredentialStyle.X_API_KEY
-    if "googleapis" in url:
-        return CredentialStyle.X_GOOG_API_KEY
+    for spec in REGISTRY:
+        if any(host in url for host in spec.hosts):
+            return spec.credential
     return CredentialStyle.BEARER
 
 

@@ -15,8 +15,12 @@ from gateway.protocols._spec import (
     ClientRequests,
     ContractOptions,
     CredentialStyle,
+    ErrorShape,
     ProtocolSpec,
+    Redaction,
+    Redactor,
     Tool,
+    openai_error,
 )
 from gateway.protocols.anthropic import MESSAGES
 from gateway.protocols.google import GEMINI
@@ -29,9 +33,13 @@ __all__ = [
     "ClientRequests",
     "ContractOptions",
     "CredentialStyle",
+    "ErrorShape",
     "ProtocolSpec",
+    "Redaction",
+    "Redactor",
     "Tool",
     "detect",
+    "openai_error",
     "spec_for",
 ]
 

@@ -92,6 +92,7 @@ CHAT = ProtocolSpec(
     ),
     genai_operation="chat",
     genai_provider="openai",
+    continuable=True,
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -108,6 +109,7 @@ COMPLETIONS = ProtocolSpec(
     ),
     genai_operation="text_completion",
     genai_provider="openai",
+    continuable=True,
 )
 
 RESPONSES = ProtocolSpec(

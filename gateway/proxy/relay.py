@@ -640,7 +640,7 @@ class Relay:
             end_on_finish=exchange.route.config.termination == "finish",
         )
         contract = exchange.spec.new_contract(options)
-        if exchange.route.config.continue_after_cut and hasattr(contract, "keep_text"):
+        if exchange.route.config.continue_after_cut:
             contract.keep_text = True  # the text sent so far is what a continuation prefills
         guard = StreamGuard(
             contract,
