@@ -47,9 +47,11 @@ from pydantic_settings import (
 
 from gateway.guard import Protocol
 from gateway.protocols import REGISTRY, CredentialStyle, spec_for
+from gateway.protocols.sigv4 import AwsKeys, botocore_available
 
 __all__ = [
     "DEFAULT_RETRY_ON",
+    "AwsSigning",
     "ClientConfig",
     "ClientLimits",
     "Limits",
@@ -209,6 +211,42 @@ DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof"
 _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def _check_signing(credential_env: str | None, style: str, aws: AwsSigning | None) -> None:
+    """An upstream signs with its ``aws`` keys (style ``sigv4`` or ``auto``) or sends
+    its ``credential_env``, never both."""
+    if aws is not None and credential_env is not None:
+        raise ValueError("an upstream has either credential_env or aws (SigV4 keys), not both")
+    if aws is not None and style not in ("auto", CredentialStyle.SIGV4):
+        raise ValueError(f'aws keys sign requests: credential_style "{style}" sends a key')
+    if aws is None and style == CredentialStyle.SIGV4:
+        raise ValueError('credential_style "sigv4" needs the upstream\'s aws table')
+
+
+class AwsSigning(_Strict):
+    """An upstream's own AWS credentials (``credential_style = "sigv4"``, Bedrock): where
+    its keys are in the environment, and its region. Needs the ``bedrock`` extra."""
+
+    region: str = Field(description="The upstream's AWS region, e.g. us-east-1.")
+    access_key_id_env: str = Field(
+        "AWS_ACCESS_KEY_ID", description="Environment variable holding the access key id."
+    )
+    secret_access_key_env: str = Field(
+        "AWS_SECRET_ACCESS_KEY", description="Environment variable holding the secret key."
+    )
+    session_token_env: str | None = Field(
+        None, description="Environment variable holding a session token (temporary keys)."
+    )
+
+    @field_validator("region")
+    @classmethod
+    def _signer_installed(cls, value: str) -> str:
+        if not botocore_available():
+            raise ValueError(
+                "aws: signing needs the bedrock extra: pip install 'llm-stream-gateway[bedrock]'"
+            )
+        return value
+
+
 class UpstreamTimeouts(_Strict):
     """Per-upstream overrides of the route's deadlines for one attempt; unset fields inherit.
 
@@ -229,6 +267,9 @@ class UpstreamConfig(_Strict):
         None, description="Name of an environment variable holding this upstream's credential."
     )
     credential_style: CredentialStyleName = "auto"
+    aws: AwsSigning | None = Field(
+        None, description="AWS keys and region: the upstream's requests are signed (SigV4)."
+    )
     weight: int = Field(1, ge=1, le=10000, description="Share of the load (least outstanding).")
     priority: int = Field(
         0,
@@ -259,6 +300,11 @@ class UpstreamConfig(_Strict):
     @classmethod
     def _url(cls, value: str) -> str:
         return _base_url(value)
+
+    @model_validator(mode="after")
+    def _signing(self) -> UpstreamConfig:
+        _check_signing(self.credential_env, self.credential_style, self.aws)
+        return self
 
     @field_validator("models")
     @classmethod
@@ -305,6 +351,9 @@ class RouteConfig(_Strict):
         None, description="Name of an environment variable holding the upstream credential."
     )
     credential_style: CredentialStyleName = "auto"
+    aws: AwsSigning | None = Field(
+        None, description="AWS keys and region: the upstream's requests are signed (SigV4)."
+    )
     upstreams: list[UpstreamConfig] = Field(
         default_factory=list, description="A pool of upstreams instead of one upstream."
     )
@@ -429,6 +478,11 @@ class RouteConfig(_Strict):
         return value if value is None else _base_url(value)
 
     @model_validator(mode="after")
+    def _signing(self) -> RouteConfig:
+        _check_signing(self.credential_env, self.credential_style, self.aws)
+        return self
+
+    @model_validator(mode="after")
     def _one_form(self) -> RouteConfig:
         """Either ``upstream`` (with its credential keys) or ``upstreams``, never both."""
         if self.upstream is not None and self.upstreams:
@@ -438,10 +492,14 @@ class RouteConfig(_Strict):
             )
         if self.upstream is None and not self.upstreams:
             raise ValueError("a route needs an upstream (a base URL) or upstreams (a pool)")
-        if self.upstreams and (self.credential_env is not None or self.credential_style != "auto"):
+        if self.upstreams and (
+            self.credential_env is not None
+            or self.credential_style != "auto"
+            or self.aws is not None
+        ):
             raise ValueError(
-                "credential_env and credential_style belong to each of the route's upstreams "
-                "when it has upstreams"
+                "credential_env, credential_style and aws belong to each of the route's "
+                "upstreams when it has upstreams"
             )
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
@@ -461,6 +519,7 @@ class RouteConfig(_Strict):
                 url=self.upstream,
                 credential_env=self.credential_env,
                 credential_style=self.credential_style,
+                aws=self.aws,
             )
         ]
 
@@ -1040,6 +1099,10 @@ def _with_credentials(settings: Settings) -> Settings:
     credentials: dict[str, dict[str, SecretStr]] = {}
     for route in settings.effective_routes():
         for upstream in route.pool():
+            if upstream.aws is not None:
+                keys = _aws_keys(settings, route, upstream, upstream.aws)
+                credentials.setdefault(route.name, {})[upstream.name] = keys
+                continue
             if not upstream.credential_env:
                 continue
             value = os.environ.get(upstream.credential_env)
@@ -1051,6 +1114,26 @@ def _with_credentials(settings: Settings) -> Settings:
                 )
             credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
     return settings.model_copy(update={"credentials": credentials})
+
+
+def _aws_keys(
+    settings: Settings, route: RouteConfig, upstream: UpstreamConfig, aws: AwsSigning
+) -> SecretStr:
+    """An upstream's AWS keys from the environment, packed as one secret."""
+    values: list[str] = []
+    for field, name in (
+        ("access_key_id_env", aws.access_key_id_env),
+        ("secret_access_key_env", aws.secret_access_key_env),
+        ("session_token_env", aws.session_token_env),
+    ):
+        value = os.environ.get(name) if name else ""
+        if name and not value:
+            where = _credential_key(settings, route, upstream)
+            raise ValueError(
+                f"{where}.aws.{field}: environment variable {name} is not set or empty"
+            )
+        values.append(value or "")
+    return SecretStr(AwsKeys(values[0], values[1], values[2] or None).packed())
 
 
 def _credential_key(settings: Settings, route: RouteConfig, upstream: UpstreamConfig) -> str:

@@ -20,7 +20,7 @@ and what goes:
   value of a structural key (``type``, ``object``, ``role``, ``status``,
   ``reason`` and the finish/stop reasons) when it is a bare identifier
   (letters, ``_`` and ``.``), which is what the contracts judge by.
-* Tool-call arguments (``arguments``, ``partial_json`` and the Responses
+* Tool-call arguments (``arguments``, ``partial_json``, Bedrock's string ``input`` and the Responses
   API's argument deltas) are JSON text inside a string, sent in pieces: they
   are masked by a small lexer that follows each call across its pieces, so
   every character inside their own strings becomes ``x`` and every non-zero
@@ -67,10 +67,11 @@ STRUCTURAL_KEYS = frozenset(
         "finishReason",
         "blockReason",
         "done_reason",  # Ollama
+        "stopReason",  # Bedrock's Converse
     }
 )
 #: Keys whose string values are JSON text sent in pieces (tool-call arguments).
-ARGUMENT_KEYS = frozenset({"arguments", "partial_json"})
+ARGUMENT_KEYS = frozenset({"arguments", "partial_json", "input"})  # input: Bedrock's toolUse
 #: Responses API events whose ``delta`` string is a piece of tool-call arguments.
 ARGUMENT_DELTA_EVENTS = frozenset({"response.function_call_arguments.delta"})
 #: Objects whose keys are content (tool arguments as an object: Gemini's ``args``,
@@ -402,7 +403,7 @@ def _call_key(frames: list[_Frame], tree: object) -> tuple[object, ...]:
     node = tree
     for frame in frames:
         if isinstance(node, dict):
-            for name in ("index", "output_index"):
+            for name in ("index", "output_index", "contentBlockIndex"):
                 value = node.get(name)
                 if _is_int(value):
                     parts.append((name, value))

@@ -42,6 +42,7 @@ class Protocol(enum.StrEnum):
     MESSAGES = "messages"
     GEMINI = "gemini"
     OLLAMA = "ollama"
+    BEDROCK = "bedrock"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 

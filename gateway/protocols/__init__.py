@@ -23,6 +23,7 @@ from gateway.protocols._spec import (
     openai_error,
 )
 from gateway.protocols.anthropic import MESSAGES
+from gateway.protocols.bedrock import BEDROCK
 from gateway.protocols.google import GEMINI
 from gateway.protocols.ollama import OLLAMA
 from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
@@ -51,6 +52,7 @@ REGISTRY: tuple[ProtocolSpec, ...] = (
     MESSAGES,
     GEMINI,
     OLLAMA,
+    BEDROCK,
     SSE,
 )
 

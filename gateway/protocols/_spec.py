@@ -69,6 +69,9 @@ class CredentialStyle(enum.StrEnum):
     BEARER = "bearer"  # Authorization: Bearer <key>
     X_API_KEY = "x-api-key"  # Anthropic
     X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
+    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
+    #: signed for its host; a client's own signature is never forwarded.
+    SIGV4 = "sigv4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,8 @@ class ProtocolSpec:
     #: Substrings of an upstream URL that mark this provider's host: on a route for any
     #: path with ``credential_style = "auto"``, its credential goes in this spec's style.
     hosts: tuple[str, ...] = ()
+    #: The AWS service a SigV4 signature of its requests names (``credential = SIGV4``).
+    signing_service: str | None = None
 
     @property
     def name(self) -> str:

@@ -404,7 +404,7 @@ class Relay:
             self.upstream.request(
                 exchange.scope["method"],
                 endpoint.url_for(outgoing.target),
-                with_credential(outgoing.headers, endpoint, exchange.spec),
+                _signed_for(exchange, endpoint, outgoing, content),
                 content,
                 timeouts.connect,
             ),
@@ -919,3 +919,18 @@ def _client_left(record: RequestRecord, scope: Scope) -> None:
         record.status = 499
     else:
         record.status, record.rejected = refused
+
+
+def _signed_for(
+    exchange: Exchange, endpoint: Endpoint, outgoing: _Outgoing, content: bytes
+) -> RawHeaders:
+    """The request's headers with ``endpoint``'s credential (a signature, for an upstream
+    that signs: over its method, URL and ``content``)."""
+    return with_credential(
+        outgoing.headers,
+        endpoint,
+        exchange.spec,
+        method=exchange.scope["method"],
+        url=endpoint.url_for(outgoing.target),
+        body=content,
+    )
