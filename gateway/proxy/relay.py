@@ -897,7 +897,7 @@ async def _read_refusal(response: httpx.Response) -> Held:
 def _warn_uncredentialed(settings: Settings, admission: Admission) -> None:
     """Say at start which routes take client keys but send the upstream no credential."""
     for route in settings.effective_routes():
-        bare = [u.name for u in route.pool() if not u.credential_env]
+        bare = [u.name for u in route.pool() if not u.credential_env and u.aws is None]
         if bare and admission.takes_keys(route.name):
             log.warning(
                 "route %s: clients authenticate with gateway keys, which are not forwarded, "
