@@ -79,6 +79,9 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _CLIENT_NAME = re.compile(r"^[a-z0-9_-]{1,40}$")
 #: The client label of requests that no named client made.
 ANONYMOUS = "anonymous"
+#: Where ``Settings.credentials`` keeps the secrets of the AWS keys issued to named clients
+#: (by access key id): no route can have this name.
+ISSUED_AWS_KEYS = "@issued-aws-keys"
 #: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
@@ -539,12 +542,27 @@ class ClientLimits(_Strict):
         return any(v is not None for v in self.model_dump().values())
 
 
+class IssuedAwsKey(_Strict):
+    """An AWS access key pair the gateway issued to a named client: requests it signs
+    (SigV4) are that client's. The secret stays in the environment; never forwarded."""
+
+    access_key_id: str = Field(min_length=16, max_length=128, pattern=r"^[A-Z0-9]+$")
+    secret_access_key_env: str = Field(
+        description="Environment variable holding the pair's secret access key."
+    )
+
+
 class ClientConfig(_Strict):
     """A named client: its keys, the routes it may use, its limits."""
 
     name: str = Field(description="Label in metrics, the access log and traces.")
     key_sha256: list[str] = Field(
         min_length=1, description="SHA-256 hex digests of its keys (several: rotation)."
+    )
+    aws_keys: list[IssuedAwsKey] = Field(
+        default_factory=list,
+        description="AWS key pairs issued to it: a request it signs with one (SigV4, "
+        "Bedrock's clients) is its own, verified and never forwarded.",
     )
     routes: list[str] | None = Field(
         None, description="Routes it may use; default: every route that accepts keys."
@@ -1113,6 +1131,15 @@ def _with_credentials(settings: Settings) -> Settings:
                     f"{upstream.credential_env} is not set or empty"
                 )
             credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
+    for client in settings.clients:
+        for issued in client.aws_keys:
+            secret = os.environ.get(issued.secret_access_key_env)
+            if not secret:
+                raise ValueError(
+                    f"clients[{settings.clients.index(client)}].aws_keys: environment variable "
+                    f"{issued.secret_access_key_env} is not set or empty"
+                )
+            credentials.setdefault(ISSUED_AWS_KEYS, {})[issued.access_key_id] = SecretStr(secret)
     return settings.model_copy(update={"credentials": credentials})
 
 

@@ -15,6 +15,7 @@ go along unsigned, as SigV4 allows, so no hop of the relay can break it.
 from __future__ import annotations
 
 import datetime
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,9 @@ def verify(
     names = [n for n in parts["signed_headers"].split(";") if n]
     if "host" not in names:
         return False
+    declared = values.get(b"x-amz-content-sha256")
+    if declared is not None and declared.decode("latin-1") != hashlib.sha256(body).hexdigest():
+        return False  # a signature over a declared hash (or none): not over this body
     signed: dict[str, Any] = {}
     for name in names:
         value = values.get(name.encode())

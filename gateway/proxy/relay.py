@@ -85,7 +85,7 @@ from gateway.proxy.headers import (
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
 from gateway.proxy.request_body import BodyParser, input_estimate
 from gateway.proxy.upstream import Upstream, close_quietly
-from gateway.settings import ANONYMOUS, Settings
+from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
 
 __all__ = ["Relay"]
 
@@ -139,6 +139,7 @@ class Relay:
             settings.client_key_sha256,
             settings.effective_routes(),
             settings.clients,
+            settings.credentials.get(ISSUED_AWS_KEYS),
         )
         self.bodies = BodyParser(count_input=bool(settings.clients))
         _warn_uncredentialed(settings, self.admission)

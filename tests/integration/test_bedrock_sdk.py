@@ -24,6 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import EventStreamError
 
 from gateway.protocols.sigv4 import AwsKeys
+from gateway.settings import ISSUED_AWS_KEYS
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for, metric_value
@@ -34,6 +35,10 @@ pytestmark = pytest.mark.timeout(120)
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
 KEY = "gateway-key-for-bedrock"
 UPSTREAM_KEYS = AwsKeys("AKIDSIMULATOR", "simulator-secret")
+#: Keys a client signs with that the gateway never issued (dropped with a gateway key).
+CLIENT_OWN = AwsKeys("AKIACLIENTOWNKEY0001", "client-own-secret")
+#: A key pair the gateway issued to team-a: its SigV4 requests are team-a's.
+ISSUED = AwsKeys("AKIAGATEWAYTEAMA0001", "team-a-issued-secret")
 MESSAGES = [{"role": "user", "content": [{"text": "hi"}]}]
 INVOKE_BODY = {
     "anthropic_version": "bedrock-2023-05-31",
@@ -66,15 +71,26 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
         "aws": {"region": "us-east-1"},
         "timeouts": {"idle": 2.0},
     }
-    credentials = {"bedrock": {"bedrock": UPSTREAM_KEYS.packed()}}
-    clients = [{"name": "team-a", "key_sha256": [_sha(KEY)]}]
+    credentials = {
+        "bedrock": {"bedrock": UPSTREAM_KEYS.packed()},
+        ISSUED_AWS_KEYS: {ISSUED.access_key_id: ISSUED.secret_access_key},
+    }
+    issued = {"access_key_id": ISSUED.access_key_id, "secret_access_key_env": "TEAM_A_SECRET"}
+    clients = [{"name": "team-a", "key_sha256": [_sha(KEY)], "aws_keys": [issued]}]
     with gateway_for(
         "", routes=[route], credentials=credentials, clients=clients, access_log=True
     ) as gw:
         yield gw
 
 
-def _client(url: str, fault: str | None = None, *, key: str | None = None) -> Any:
+def _client(
+    url: str,
+    fault: str | None = None,
+    *,
+    key: str | None = None,
+    aws: AwsKeys = CLIENT_OWN,
+    sent: list[dict[str, str]] | None = None,
+) -> Any:
     """A bedrock-runtime client; with ``key``, it authenticates as botocore does with
     ``AWS_BEARER_TOKEN_BEDROCK`` (``Authorization: Bearer``), which botocore itself sends
     only over HTTPS: the hook puts it in the place of the signature on this loopback."""
@@ -82,8 +98,8 @@ def _client(url: str, fault: str | None = None, *, key: str | None = None) -> An
         "bedrock-runtime",
         endpoint_url=url,
         region_name="us-east-1",
-        aws_access_key_id="client-own-key-id",
-        aws_secret_access_key="client-own-secret",
+        aws_access_key_id=aws.access_key_id,
+        aws_secret_access_key=aws.secret_access_key,
         config=Config(retries={"max_attempts": 1}, read_timeout=30),
     )
 
@@ -94,7 +110,12 @@ def _client(url: str, fault: str | None = None, *, key: str | None = None) -> An
         if fault is not None:
             request.headers["x-sim-fault"] = fault
             request.headers["x-sim-stall-seconds"] = "30"
+        if sent is not None:
+            sent.append(
+                {k: v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+            )
 
+    # After signing: a header set here is not part of the signature (nor needs to be).
     client.meta.events.register("before-send.bedrock-runtime.*", headers)
     return client
 
@@ -252,3 +273,39 @@ def test_anthropic_bedrock_reads_a_complete_stream_and_raises_on_a_cut(
     ):
         "".join(stream.text_stream)
     assert "(missing_done)" in str(raised.value)
+
+
+def test_a_client_signing_with_an_issued_key_pair_is_that_client(
+    gateway: ServerThread, simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sent: list[dict[str, str]] = []
+    client = _client(gateway.url + "/bedrock", aws=ISSUED, sent=sent)
+    response = client.converse_stream(modelId=MODEL, messages=MESSAGES)
+    request_id = response["ResponseMetadata"]["HTTPHeaders"]["x-request-id"]
+    text = "".join(
+        e["contentBlockDelta"]["delta"]["text"]
+        for e in response["stream"]
+        if "contentBlockDelta" in e
+    )
+    assert text
+    assert access_log_line(capsys, request_id)["client_name"] == "team-a"
+    # Verified, never forwarded: the upstream got the route's own signature.
+    client_auth = sent[-1]["Authorization"]
+    assert client_auth.startswith(f"AWS4-HMAC-SHA256 Credential={ISSUED.access_key_id}/")
+    upstream = web.get(f"{simulator.url}/_sim/requests/{request_id}").json()["headers"]
+    assert upstream["authorization"]["sha256"] != _sha(client_auth)
+
+
+def test_a_signature_with_a_wrong_secret_or_an_unknown_key_is_refused(
+    gateway: ServerThread,
+) -> None:
+    from botocore.exceptions import ClientError
+
+    for keys in (
+        AwsKeys(ISSUED.access_key_id, "not-the-secret"),
+        AwsKeys("AKIAUNKNOWN000000001", "x"),
+    ):
+        with pytest.raises(ClientError) as raised:
+            _client(gateway.url + "/bedrock", aws=keys).converse(modelId=MODEL, messages=MESSAGES)
+        assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
+        assert raised.value.response["Error"]["Code"] == "AccessDeniedException"
