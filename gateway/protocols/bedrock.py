@@ -143,16 +143,28 @@ def _payload(redactor: Redactor, payload: bytes) -> bytes:
     encoded = tree.get("bytes") if isinstance(tree, dict) else None
     if not isinstance(encoded, str):
         return masked
+    at = payload.find(encoded.encode())
+    if at < 0:
+        return masked
     try:
         inner = base64.b64decode(encoded, validate=True)
-        inner_tree = json.loads(inner)
-    except (ValueError, RecursionError):
-        return masked
-    inner_masked = base64.b64encode(redactor.json(inner, inner_tree))
-    at = payload.find(encoded.encode())
-    if at < 0 or len(inner_masked) != len(encoded):
-        return masked
-    return masked[:at] + inner_masked + masked[at + len(encoded) :]
+    except ValueError:
+        replaced = b"!" * len(encoded)  # not base64 before, not base64 after
+    else:
+        replaced = base64.b64encode(_inner(redactor, inner))
+    return masked[:at] + replaced + masked[at + len(encoded) :]
+
+
+def _inner(redactor: Redactor, inner: bytes) -> bytes:
+    """The model's own event inside a chunk, masked as any event's JSON (not JSON: all
+    of it, still not JSON)."""
+    try:
+        tree: object = json.loads(inner)
+    except RecursionError:
+        tree = None  # nested deeper than json goes: keep the nesting, mask its strings
+    except ValueError:
+        return b"x" * len(inner)
+    return redactor.json(inner, tree)
 
 
 def _redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
