@@ -19,8 +19,9 @@ and what goes:
   ids that must match still match), except the protocol's own vocabulary: the
   value of a structural key (``type``, ``object``, ``role``, ``status``,
   ``reason`` and the finish/stop reasons) when it is a bare identifier
-  (letters, ``_`` and ``.``), which is what the contracts judge by.
-* Tool-call arguments (``arguments``, ``partial_json``, Bedrock's string ``input`` and the Responses
+  (letters, ``_`` and ``.``), which is what the contracts judge by. A
+  protocol's redaction may add its own keys (``Redactor.learn``).
+* Tool-call arguments (``arguments``, ``partial_json`` and the Responses
   API's argument deltas) are JSON text inside a string, sent in pieces: they
   are masked by a small lexer that follows each call across its pieces, so
   every character inside their own strings becomes ``x`` and every non-zero
@@ -67,11 +68,12 @@ STRUCTURAL_KEYS = frozenset(
         "finishReason",
         "blockReason",
         "done_reason",  # Ollama
-        "stopReason",  # Bedrock's Converse
     }
 )
 #: Keys whose string values are JSON text sent in pieces (tool-call arguments).
-ARGUMENT_KEYS = frozenset({"arguments", "partial_json", "input"})  # input: Bedrock's toolUse
+ARGUMENT_KEYS = frozenset({"arguments", "partial_json"})
+#: Members whose integer value tells which tool call a piece of arguments belongs to.
+INDEX_KEYS = ("index", "output_index")
 #: Responses API events whose ``delta`` string is a piece of tool-call arguments.
 ARGUMENT_DELTA_EVENTS = frozenset({"response.function_call_arguments.delta"})
 #: Objects whose keys are content (tool arguments as an object: Gemini's ``args``,
@@ -200,6 +202,23 @@ class Redactor:
     def __init__(self) -> None:
         self._placeholders: dict[bytes, bytes] = {}
         self._arguments: dict[tuple[object, ...], _ArgumentsMask] = {}
+        self.structural_keys: frozenset[str] = STRUCTURAL_KEYS
+        self.argument_keys: frozenset[str] = ARGUMENT_KEYS
+        self.index_keys: tuple[str, ...] = INDEX_KEYS
+
+    def learn(
+        self,
+        *,
+        structural: frozenset[str] = frozenset(),
+        arguments: frozenset[str] = frozenset(),
+        indexes: tuple[str, ...] = (),
+    ) -> None:
+        """A protocol's own vocabulary on top of the common one (its spec's redaction
+        says it): keys whose identifier values stay, keys whose strings are tool-call
+        arguments in pieces, and members that index a tool call."""
+        self.structural_keys = self.structural_keys | structural
+        self.argument_keys = self.argument_keys | arguments
+        self.index_keys = (*self.index_keys, *indexes)
 
     def redact(self, data: bytes, protocol: str) -> bytes:
         """``data`` redacted by the rules of its protocol (the registry's; SSE blocks for a
@@ -349,12 +368,13 @@ class Redactor:
         key = frame.key if frame is not None and frame.is_object else None
         if frame is not None and frame.freeform:
             self._placeholder(out, raw, start, end)
-        elif key in STRUCTURAL_KEYS and _IDENTIFIER.fullmatch(raw, start, end):
+        elif key in self.structural_keys and _IDENTIFIER.fullmatch(raw, start, end):
             return
-        elif key in ARGUMENT_KEYS or (
+        elif key in self.argument_keys or (
             key == "delta" and len(frames) == 1 and top_type in ARGUMENT_DELTA_EVENTS
         ):
-            mask = self._arguments.setdefault(_call_key(frames, tree), _ArgumentsMask())
+            call = _call_key(frames, tree, self.index_keys)
+            mask = self._arguments.setdefault(call, _ArgumentsMask())
             out[start:end] = mask.feed(raw[start:end])
         else:
             self._placeholder(out, raw, start, end)
@@ -391,7 +411,9 @@ def _string_end(raw: bytes, start: int) -> int:
         pos = quote + 1
 
 
-def _call_key(frames: list[_Frame], tree: object) -> tuple[object, ...]:
+def _call_key(
+    frames: list[_Frame], tree: object, index_keys: tuple[str, ...] = INDEX_KEYS
+) -> tuple[object, ...]:
     """Which tool call a piece of arguments belongs to, the same across events.
 
     The path of keys down to the piece, where each object on the way adds its
@@ -403,7 +425,7 @@ def _call_key(frames: list[_Frame], tree: object) -> tuple[object, ...]:
     node = tree
     for frame in frames:
         if isinstance(node, dict):
-            for name in ("index", "output_index", "contentBlockIndex"):
+            for name in index_keys:
                 value = node.get(name)
                 if _is_int(value):
                     parts.append((name, value))

@@ -46,6 +46,14 @@ class Redactor(typing.Protocol):
 
     def json(self, raw: bytes, tree: object) -> bytes: ...
 
+    def learn(
+        self,
+        *,
+        structural: frozenset[str] = ...,
+        arguments: frozenset[str] = ...,
+        indexes: tuple[str, ...] = ...,
+    ) -> None: ...
+
 
 #: How a captured stream of the protocol is redacted: (redactor, the stream's bytes) ->
 #: the same bytes with every text masked, same length, same framing.

@@ -168,6 +168,13 @@ def _inner(redactor: Redactor, inner: bytes) -> bytes:
 
 
 def _redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
+    # Converse's own vocabulary: its stop reason stays, a toolUse's string input is masked
+    # as tool arguments (valid JSON stays valid), indexed by its content block.
+    redactor.learn(
+        structural=frozenset({"stopReason"}),
+        arguments=frozenset({"input"}),
+        indexes=("contentBlockIndex",),
+    )
     return lambda data: redact_eventstream(redactor, data)
 
 
