@@ -10,10 +10,11 @@ A route fixed to a protocol is probed in it. A route with ``protocol =
 without it, it takes the first protocol of the registry that uses the
 route's credential style (``chat`` for a bearer key, ``messages`` for
 ``x-api-key``, ``gemini`` for ``x-goog-api-key``). With the simulator
-(``--simulator``) the probe fronts it by two routes of its own: ``simulator``
-(``/v1``: chat, completions, responses and messages), ``simulator-gemini``
-(``/v1beta``: gemini) and ``simulator-ollama`` (``/api``: ollama), with the
-model ``sim-model``.
+(``--simulator``) the probe fronts it by routes of its own: ``simulator``
+(``/v1``: chat, completions, responses and messages) and one per protocol the
+simulator serves elsewhere (``ClientRequests.simulator_prefix``):
+``simulator-gemini`` (``/v1beta``), ``simulator-ollama`` (``/api``) and
+``simulator-bedrock`` (``/model``), with the model ``sim-model``.
 """
 
 from __future__ import annotations

@@ -26,18 +26,21 @@ import zlib
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, Final
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from gateway.guard import BedrockContract, Protocol
 from gateway.guard.bedrock import bedrock_usage
 from gateway.guard.usage import messages_usage
-from gateway.protocols._spec import CredentialStyle, ProtocolSpec, Redactor
+from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Redactor, Tool
 
 __all__ = ["BEDROCK", "bedrock_error", "redact_eventstream"]
 
 _PATH = re.compile(
     r"/model/([^/]+)/(converse-stream|invoke-with-response-stream|converse|invoke)/?$"
 )
+#: The same below a route whose prefix ends in ``/model`` (the probe's simulator route):
+#: read only once a path is Bedrock's (a fixed route, or ``_PATH`` matched).
+_BELOW = re.compile(r"/([^/]+)/(converse-stream|invoke-with-response-stream|converse|invoke)/?$")
 _STREAMS = frozenset({"converse-stream", "invoke-with-response-stream"})
 
 #: HTTP status -> the Bedrock Runtime exception botocore raises for it.
@@ -64,12 +67,12 @@ def _is_bedrock_path(path: str) -> bool:
 
 
 def _wants_stream(path: str, body: Any) -> bool:
-    match = _PATH.search(path.split("?", 1)[0])
+    match = _BELOW.search(path.split("?", 1)[0])
     return match is not None and match.group(2) in _STREAMS
 
 
 def _path_model(path: str, body: Any) -> str | None:
-    match = _PATH.search(path.split("?", 1)[0])
+    match = _BELOW.search(path.split("?", 1)[0])
     return unquote(match.group(1)) if match else None
 
 
@@ -167,6 +170,37 @@ def _inner(redactor: Redactor, inner: bytes) -> bytes:
     return redactor.json(inner, tree)
 
 
+# -- what `gateway probe` sends (Converse) ------------------------------------------------
+
+
+def _path(model: str, stream: bool) -> str:
+    return (
+        f"/{quote(model, safe='')}/converse-stream"
+        if stream
+        else f"/{quote(model, safe='')}/converse"
+    )
+
+
+def _text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    # The model and whether to stream are in the path.
+    return {
+        "messages": [{"role": "user", "content": [{"text": prompt}]}],
+        "inferenceConfig": {"maxTokens": max_tokens},
+    }
+
+
+def _tool(body: dict[str, Any], tool: Tool) -> None:
+    spec = {
+        "name": tool.name,
+        "description": tool.description,
+        "inputSchema": {"json": tool.parameters},
+    }
+    body["toolConfig"] = {
+        "tools": [{"toolSpec": spec}],
+        "toolChoice": {"tool": {"name": tool.name}},
+    }
+
+
 def _redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
     # Converse's own vocabulary: its stop reason stays, a toolUse's string input is masked
     # as tool arguments (valid JSON stays valid), indexed by its content block.
@@ -191,6 +225,8 @@ BEDROCK = ProtocolSpec(
     continuable=False,
     hosts=("bedrock-runtime",),
     signing_service="bedrock",
+    # The probe's path below a route with prefix ``/model`` (the runtime's paths below it).
+    requests=ClientRequests(path=_path, text=_text, tool=_tool, simulator_prefix="/model"),
     genai_operation="chat",
     genai_provider="aws.bedrock",
 )

@@ -94,7 +94,7 @@ log = logging.getLogger("gateway")
 _REQUEST_DROP = (
     frozenset({b"host", b"content-length", b"x-request-id", b"expect"}) | FORWARDING_HEADERS
 )
-_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id")
+_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
     Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",

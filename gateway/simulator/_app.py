@@ -59,6 +59,14 @@ _STREAM_TYPES: Final = {
 }
 
 
+#: The header that carries a provider's own request id, where it is not ``x-request-id``.
+_ID_HEADERS: Final = {
+    "messages": "request-id",
+    "bedrock_converse": "x-amzn-requestid",
+    "bedrock_invoke": "x-amzn-requestid",
+}
+
+
 class _Simulator:
     def __init__(
         self,
@@ -108,7 +116,7 @@ class _Simulator:
     @staticmethod
     def _id_headers(protocol: str) -> tuple[str, list[tuple[str, str]]]:
         upstream_id = f"req_sim_{uuid.uuid4().hex}"
-        own = "request-id" if protocol == "messages" else "x-request-id"
+        own = _ID_HEADERS.get(protocol, "x-request-id")
         return upstream_id, [("x-upstream-sim-id", upstream_id), (own, upstream_id)]
 
     def _json(

@@ -172,6 +172,7 @@ def test_the_gateway_streams_are_counted_with_their_usage(
     assert line["charged"] == {"input": 15, "output": 20, "source": "reported"}
     assert line["usage"]["output"] == 20
     assert line["model"] == MODEL
+    assert line["upstream_request_id"].startswith("req_sim_")  # Bedrock's x-amzn-requestid
     metrics = web.get(gateway.url + "/metrics").text
     assert (
         metric_value(

@@ -13,8 +13,9 @@ What counts as naming one, read from the source (``ast``):
 - an import of a protocol's contract or a framing's decoder module
   (``gateway.guard.chat``, ``gateway.guard.ndjson``), of a contract class
   (``ChatContract``), or of a framing record (``gateway.guard.framing.SSE``);
-- a protocol's or framing's name as a string compared with something, or as
-  a key of a table (``protocol == "ndjson"``, ``{"messages": ...}``).
+- a protocol's or framing's name as a string compared with something, as
+  a key of a table, or as a ``protocol=`` argument (``protocol == "ndjson"``,
+  ``{"messages": ...}``, ``RouteConfig(protocol="ollama")``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ ALLOWED = ("gateway/protocols/", "gateway/guard/", "gateway/simulator/")
 #: The Responses API's WebSocket mode: a transport that only that protocol has (its
 #: own edge, ``gateway.wsedge``, and relay); not a stream the registry dispatches.
 ONE_PROTOCOLS_TRANSPORT = ("gateway/proxy/websocket.py",)
+#: Lines that may name one, and why: ``serve --simulator`` fronts the simulator's Ollama
+#: API by the route its page documents (``protocol = "ollama"``).
+NAMED_ON_PURPOSE = {("gateway/app.py", 'protocol="ollama"')}
 
 FRAMINGS = {value for value in vars(framing).values() if isinstance(value, framing.Framing)}
 FRAMING_RECORDS = {
@@ -55,6 +59,10 @@ def _modules() -> list[Path]:
     ]
 
 
+def _relative(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _is_name(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value in NAMES
@@ -64,7 +72,8 @@ def _is_name(node: ast.AST) -> bool:
 
 
 def _namings(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), str(path))
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
     found: list[str] = []
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
@@ -87,6 +96,10 @@ def _namings(path: Path) -> list[str]:
         elif isinstance(node, ast.Compare):
             if any(_is_name(side) for side in [node.left, *node.comparators]):
                 found.append(f"{line}: compares with a protocol's or framing's name")
+        elif isinstance(node, ast.keyword) and node.arg == "protocol" and _is_name(node.value):
+            source = ast.get_source_segment(text, node) or ""
+            if (_relative(path), source) not in NAMED_ON_PURPOSE:
+                found.append(f"{line}: {source}")
         elif isinstance(node, ast.Dict) and any(
             key is not None and _is_name(key) for key in node.keys
         ):
@@ -112,8 +125,9 @@ def test_a_naming_is_found(tmp_path: Path) -> None:
         "y = framing == 'ndjson'\n"
         "z = {'gemini': 1}\n"
         "w = p in ('responses', 'other')\n"
+        "v = RouteConfig(protocol='chat')\n"
     )
-    assert len(_namings(source)) == 7
+    assert len(_namings(source)) == 8
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
