@@ -13,6 +13,7 @@ client's key never reaches it. Usage feeds the metrics and the access log.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from collections.abc import Iterator
@@ -23,12 +24,14 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import EventStreamError
 
-from gateway.protocols.sigv4 import AwsKeys
+from gateway.protocols.sigv4 import AwsKeys, verify
 from gateway.settings import ISSUED_AWS_KEYS
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for, metric_value
+from tests.integration.raw_upstream import chunk, raw_upstream
 from tests.sdk import anthropic
+from tests.unit.bedrock_streams import CONVERSE_TEXT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -310,3 +313,44 @@ def test_a_signature_with_a_wrong_secret_or_an_unknown_key_is_refused(
             _client(gateway.url + "/bedrock", aws=keys).converse(modelId=MODEL, messages=MESSAGES)
         assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
         assert raised.value.response["Error"]["Code"] == "AccessDeniedException"
+
+
+def test_the_upstream_signature_verifies_over_what_the_upstream_received() -> None:
+    """The gateway signs what it sends: the raw request (its Host, its path with the
+    model id's quoting, its body) verifies with the route's secret, and only with it."""
+    frames = b"".join(CONVERSE_TEXT)
+
+    async def respond(request: Any, reader: Any, writer: Any) -> None:
+        head = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/vnd.amazon.eventstream\r\n"
+            b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        )
+        writer.write(head + chunk(frames) + b"0\r\n\r\n")
+        await writer.drain()
+
+    with raw_upstream(respond) as upstream:
+        route = {
+            "name": "signed",
+            "prefix": "/signed",
+            "upstream": upstream.url,
+            "protocol": "bedrock",
+            "aws": {"region": "eu-west-1"},
+        }
+        credentials = {"signed": {"signed": UPSTREAM_KEYS.packed()}}
+        with gateway_for("", routes=[route], credentials=credentials) as gw:
+            client = _client(gw.url + "/signed")
+            text, last = _converse_text(client)
+    assert text == "Hello, world"
+    assert "metadata" in last
+    (received,) = upstream.requests
+    method, target, _ = received.request_line.decode().split(" ")
+    url = upstream.url + target
+    now = datetime.datetime.now(datetime.UTC)
+    assert "%3A" in target  # the model id's ":" as botocore quoted it, signed as sent
+    assert verify(
+        UPSTREAM_KEYS.secret_access_key, method, url, received.headers, received.body, now=now
+    )
+    assert not verify("another", method, url, received.headers, received.body, now=now)
+    (auth,) = received.header_values(b"authorization")
+    assert b"Credential=AKIDSIMULATOR/" in auth
+    assert b"/eu-west-1/bedrock/aws4_request" in auth
