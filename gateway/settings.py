@@ -189,8 +189,12 @@ class Limits(_Strict):
         description="Plain 2xx JSON answers up to this Content-Length are read whole first "
         "(a cut or unparseable one becomes a 502); 0: relay every answer as it arrives.",
     )
-    max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
-    max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
+    max_line_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Longest SSE line (an event stream frame's headers)."
+    )
+    max_event_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Largest SSE event data (an event stream frame)."
+    )
     max_concurrent_streams: int | None = Field(
         None, gt=0, description="Global cap on concurrent streams (503 beyond)."
     )

@@ -354,3 +354,19 @@ def test_the_upstream_signature_verifies_over_what_the_upstream_received() -> No
     (auth,) = received.header_values(b"authorization")
     assert b"Credential=AKIDSIMULATOR/" in auth
     assert b"/eu-west-1/bedrock/aws4_request" in auth
+
+
+def test_a_frame_over_the_event_limit_makes_boto3_raise_limit_exceeded(
+    simulator: ServerThread,
+) -> None:
+    route = {"name": "small", "prefix": "/small", "upstream": simulator.url, "protocol": "bedrock"}
+    with gateway_for("", routes=[route], limits={"max_event_bytes": 65536}) as gw:
+        client = _client(gw.url + "/small", "huge_event")
+
+        def bigger(request: Any, **kwargs: Any) -> None:
+            request.headers["x-sim-chunk-bytes"] = "100000"
+
+        client.meta.events.register("before-send.bedrock-runtime.*", bigger)
+        with pytest.raises(EventStreamError) as raised:
+            _converse_text(client)
+    assert "(limit_exceeded)" in str(raised.value)
