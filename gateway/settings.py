@@ -487,6 +487,12 @@ class RouteConfig(_Strict):
     @model_validator(mode="after")
     def _signing(self) -> RouteConfig:
         _check_signing(self.credential_env, self.credential_style, self.aws)
+        signs = self.aws is not None or any(u.aws is not None for u in self.upstreams)
+        if signs and self.protocol != "auto" and spec_for(self.protocol).signing_service is None:
+            raise ValueError(
+                f"aws: a {self.protocol} route's requests are not signed (AWS keys sign the "
+                "requests of a protocol that names its service, bedrock)"
+            )
         return self
 
     @model_validator(mode="after")

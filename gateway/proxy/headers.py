@@ -248,7 +248,8 @@ def with_credential(
         return headers
     headers = [(k, v) for k, v in headers if k not in CREDENTIAL_HEADERS]
     if endpoint.signer is not None:
-        return endpoint.signer.sign(method, url, headers, body)
+        # AWS keys sign, never travel; a request with no URL to sign (none today) gets none.
+        return endpoint.signer.sign(method, url, headers, body) if url else headers
     secret = endpoint.credential.get_secret_value().encode()
     style = endpoint.style_for(spec)
     if style is CredentialStyle.X_API_KEY:

@@ -134,3 +134,17 @@ def test_the_aws_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("UP_SECRET")
     with pytest.raises(ValueError, match="UP_SECRET"):
         load_settings()
+
+
+def test_aws_keys_only_on_a_route_whose_protocol_signs() -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings import RouteConfig
+
+    aws = {"region": "us-east-1"}
+    assert RouteConfig(upstream="http://u.test", protocol="bedrock", aws=aws).aws is not None
+    assert RouteConfig(upstream="http://u.test", aws=aws).aws is not None  # auto
+    with pytest.raises(ValidationError, match="not signed"):
+        RouteConfig(upstream="http://u.test/v1", protocol="chat", aws=aws)
+    with pytest.raises(ValidationError, match="not both"):
+        RouteConfig(upstream="http://u.test", protocol="bedrock", aws=aws, credential_env="K")
