@@ -179,3 +179,80 @@ def test_a_torn_last_frame_is_not_a_clean_end() -> None:
     run = run_guard(BedrockContract(), [data[:-3]])
     assert run.verdict.reason is Reason.MISSING_DONE
     assert run.output == b"".join(CONVERSE_TEXT[:-1])
+
+
+# -- streams the simulator renders, under each of its faults -----------------------------
+
+SIM_FAULTS = (
+    "none",
+    "tool_calls",
+    "length",
+    "choices_2",
+    "drop_before_done",
+    "drop_mid_event",
+    "done_without_finish",
+    "error_event",
+    "invalid_json",
+    "invalid_shape",
+    "content_after_finish",
+    "invalid_tool_arguments",
+)
+
+
+def _simulated(protocol: str, fault: str) -> bytes:
+    """The bytes the simulator writes for one Bedrock stream (its own encoder's frames)."""
+    from gateway.simulator._knobs import read_knobs
+    from gateway.simulator._protocols import make_plan
+    from gateway.simulator._renderers import make_renderer
+    from gateway.simulator._script import Write, stream_steps
+
+    body: dict[str, object] = {"messages": [], "max_tokens": 64}
+    knobs = read_knobs({"x-sim-fault": fault}, body, default_tps=0, default_tokens=12)
+    plan = make_plan(protocol, body, knobs, 100, model="sim-model")  # type: ignore[arg-type]
+    renderer = make_renderer(plan, crlf=False)
+    return b"".join(s.data for s in stream_steps(renderer, knobs) if isinstance(s, Write))
+
+
+SIMULATED = {
+    (protocol, fault): _simulated(protocol, fault)
+    for protocol in ("bedrock_converse", "bedrock_invoke")
+    for fault in SIM_FAULTS
+}
+
+
+@PROPERTY
+@given(key=st.sampled_from(sorted(SIMULATED)), draw=st.data())
+def test_every_partition_of_a_simulated_stream_gives_its_frames_and_verdict(
+    key: tuple[str, str], draw: st.DataObject
+) -> None:
+    data = SIMULATED[key]
+    whole = run_guard(BedrockContract(), [data])
+    chunks = random_partition(draw, data, max_cuts=30)
+    run = run_guard(BedrockContract(), chunks)
+    assert run.verdict == whole.verdict
+    assert run.output == whole.output
+    if key[1] != "invalid_shape":  # botocore reads the same frames (a bad CRC: it raises)
+        decoder = EventStreamDecoder()
+        ours = [e for piece in chunks for e in decoder.feed(piece)]
+        theirs = botocore_frames(data[: decoder.boundary])
+        assert [e.data.encode() for e in ours] == [payload for _, payload in theirs]
+
+
+def test_the_simulated_streams_get_the_verdicts_their_faults_mean() -> None:
+    verdicts = {
+        key: run_guard(BedrockContract(), [data]).verdict for key, data in SIMULATED.items()
+    }
+    for protocol in ("bedrock_converse", "bedrock_invoke"):
+        reasons = {fault: str(verdicts[protocol, fault].reason) for fault in SIM_FAULTS}
+        assert reasons["none"] == "stop"
+        assert reasons["tool_calls"] == "tool_calls"
+        assert reasons["length"] == "length"
+        assert reasons["choices_2"] == "stop"
+        assert reasons["drop_before_done"] == "missing_done"
+        assert reasons["drop_mid_event"] == "missing_done"
+        assert reasons["done_without_finish"] == "missing_finish"
+        assert reasons["error_event"] == "upstream_error"
+        assert reasons["invalid_json"] == "invalid_json"
+        assert reasons["invalid_shape"] == "invalid_shape"
+        assert reasons["content_after_finish"] == "content_after_finish"
+        assert reasons["invalid_tool_arguments"] == "invalid_tool_arguments"
