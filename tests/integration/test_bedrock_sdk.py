@@ -177,6 +177,10 @@ def test_the_gateway_streams_are_counted_with_their_usage(
     assert line["model"] == MODEL
     assert line["upstream_request_id"].startswith("req_sim_")  # Bedrock's x-amzn-requestid
     metrics = web.get(gateway.url + "/metrics").text
+    tokens = metric_value(
+        metrics, "gateway_tokens_total", route="bedrock", type="output", client="team-a"
+    )
+    assert tokens >= 20
     assert (
         metric_value(
             metrics, "gateway_streams_total", route="bedrock", outcome="complete", reason="stop"
@@ -214,6 +218,15 @@ def test_the_upstreams_own_exception_frame_is_forwarded(gateway: ServerThread) -
         _converse_text(_client(gateway.url + "/bedrock", "error_event", key=KEY))
     assert "The system encountered an unexpected error" in str(raised.value)
     assert "request_id" not in str(raised.value)  # the upstream's, not the gateway's
+
+
+def test_a_whole_invoke_answer_is_relayed(gateway: ServerThread) -> None:
+    answer = _client(gateway.url + "/bedrock", key=KEY).invoke_model(
+        modelId=MODEL, body=json.dumps(INVOKE_BODY)
+    )
+    message = json.loads(answer["body"].read())
+    assert message["type"] == "message"
+    assert message["stop_reason"] == "end_turn"
 
 
 def test_a_whole_converse_answer_is_relayed(gateway: ServerThread) -> None:
@@ -269,14 +282,15 @@ def test_anthropic_bedrock_reads_a_complete_stream_and_raises_on_a_cut(
     ) as stream:
         text = "".join(stream.text_stream)
     assert text
-    with (
-        pytest.raises(anthropic.APIError) as raised,
-        client("drop_mid_event").messages.stream(
-            model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}]
-        ) as stream,
-    ):
-        "".join(stream.text_stream)
-    assert "(missing_done)" in str(raised.value)
+    for fault, reason in FAULTS.items():
+        with (
+            pytest.raises(anthropic.APIError) as raised,
+            client(fault).messages.stream(
+                model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+            ) as stream,
+        ):
+            "".join(stream.text_stream)
+        assert f"({reason})" in str(raised.value), fault
 
 
 def test_a_client_signing_with_an_issued_key_pair_is_that_client(

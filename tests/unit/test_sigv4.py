@@ -148,3 +148,14 @@ def test_aws_keys_only_on_a_route_whose_protocol_signs() -> None:
         RouteConfig(upstream="http://u.test/v1", protocol="chat", aws=aws)
     with pytest.raises(ValidationError, match="not both"):
         RouteConfig(upstream="http://u.test", protocol="bedrock", aws=aws, credential_env="K")
+
+
+def test_a_bedrock_stream_is_never_continued() -> None:
+    from pydantic import ValidationError
+
+    from gateway.protocols import spec_for
+    from gateway.settings import RouteConfig
+
+    assert spec_for("bedrock").continuable is False
+    with pytest.raises(ValidationError, match="never continued"):
+        RouteConfig(upstream="http://u.test", protocol="bedrock", continue_after_cut=True)
