@@ -47,10 +47,12 @@ from pydantic_settings import (
 )
 
 from gateway.guard import Protocol
-from gateway.protocols import CredentialStyle
+from gateway.protocols import REGISTRY, CredentialStyle, spec_for
+from gateway.protocols.sigv4 import AwsKeys, botocore_available
 
 __all__ = [
     "DEFAULT_RETRY_ON",
+    "AwsSigning",
     "ClientConfig",
     "ClientLimits",
     "Limits",
@@ -78,6 +80,9 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _CLIENT_NAME = re.compile(r"^[a-z0-9_-]{1,40}$")
 #: The client label of requests that no named client made.
 ANONYMOUS = "anonymous"
+#: Where ``Settings.credentials`` keeps the secrets of the AWS keys issued to named clients
+#: (by access key id): no route can have this name.
+ISSUED_AWS_KEYS = "@issued-aws-keys"
 #: One DNS label, as urlsplit gives it (lower-case); "_" for container service names.
 _HOST_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
@@ -185,8 +190,12 @@ class Limits(_Strict):
         description="Plain 2xx JSON answers up to this Content-Length are read whole first "
         "(a cut or unparseable one becomes a 502); 0: relay every answer as it arrives.",
     )
-    max_line_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Longest SSE line.")
-    max_event_bytes: int = Field(16 * 1024 * 1024, gt=0, description="Largest SSE event data.")
+    max_line_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Longest SSE line (an event stream frame's headers)."
+    )
+    max_event_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="Largest SSE event data (an event stream frame)."
+    )
     max_concurrent_streams: int | None = Field(
         None, gt=0, description="Global cap on concurrent streams (503 beyond)."
     )
@@ -213,6 +222,42 @@ DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof"
 _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def _check_signing(credential_env: str | None, style: str, aws: AwsSigning | None) -> None:
+    """An upstream signs with its ``aws`` keys (style ``sigv4`` or ``auto``) or sends
+    its ``credential_env``, never both."""
+    if aws is not None and credential_env is not None:
+        raise ValueError("an upstream has either credential_env or aws (SigV4 keys), not both")
+    if aws is not None and style not in ("auto", CredentialStyle.SIGV4):
+        raise ValueError(f'aws keys sign requests: credential_style "{style}" sends a key')
+    if aws is None and style == CredentialStyle.SIGV4:
+        raise ValueError('credential_style "sigv4" needs the upstream\'s aws table')
+
+
+class AwsSigning(_Strict):
+    """An upstream's own AWS credentials (``credential_style = "sigv4"``, Bedrock): where
+    its keys are in the environment, and its region. Needs the ``bedrock`` extra."""
+
+    region: str = Field(description="The upstream's AWS region, e.g. us-east-1.")
+    access_key_id_env: str = Field(
+        "AWS_ACCESS_KEY_ID", description="Environment variable holding the access key id."
+    )
+    secret_access_key_env: str = Field(
+        "AWS_SECRET_ACCESS_KEY", description="Environment variable holding the secret key."
+    )
+    session_token_env: str | None = Field(
+        None, description="Environment variable holding a session token (temporary keys)."
+    )
+
+    @field_validator("region")
+    @classmethod
+    def _signer_installed(cls, value: str) -> str:
+        if not botocore_available():
+            raise ValueError(
+                "aws: signing needs the bedrock extra: pip install 'llm-stream-gateway[bedrock]'"
+            )
+        return value
+
+
 class UpstreamTimeouts(_Strict):
     """Per-upstream overrides of the route's deadlines for one attempt; unset fields inherit.
 
@@ -233,6 +278,9 @@ class UpstreamConfig(_Strict):
         None, description="Name of an environment variable holding this upstream's credential."
     )
     credential_style: CredentialStyleName = "auto"
+    aws: AwsSigning | None = Field(
+        None, description="AWS keys and region: the upstream's requests are signed (SigV4)."
+    )
     weight: int = Field(1, ge=1, le=10000, description="Share of the load (least outstanding).")
     priority: int = Field(
         0,
@@ -263,6 +311,11 @@ class UpstreamConfig(_Strict):
     @classmethod
     def _url(cls, value: str) -> str:
         return _base_url(value)
+
+    @model_validator(mode="after")
+    def _signing(self) -> UpstreamConfig:
+        _check_signing(self.credential_env, self.credential_style, self.aws)
+        return self
 
     @field_validator("models")
     @classmethod
@@ -309,6 +362,9 @@ class RouteConfig(_Strict):
         None, description="Name of an environment variable holding the upstream credential."
     )
     credential_style: CredentialStyleName = "auto"
+    aws: AwsSigning | None = Field(
+        None, description="AWS keys and region: the upstream's requests are signed (SigV4)."
+    )
     upstreams: list[UpstreamConfig] = Field(
         default_factory=list, description="A pool of upstreams instead of one upstream."
     )
@@ -390,11 +446,16 @@ class RouteConfig(_Strict):
 
     @model_validator(mode="after")
     def _continued_protocol(self) -> RouteConfig:
-        # Chat, Completions and Messages streams can be continued; the others never are.
-        if self.continue_after_cut and self.protocol in ("responses", "gemini", "ollama", "sse"):
+        # Only a protocol that declares it (ProtocolSpec.continuable) is continued.
+        if (
+            self.continue_after_cut
+            and self.protocol != "auto"
+            and not spec_for(self.protocol).continuable
+        ):
+            names = ", ".join(spec.name for spec in REGISTRY if spec.continuable)
             raise ValueError(
                 f"continue_after_cut: a {self.protocol} stream is never continued "
-                "(Chat Completions, Completions and Messages streams are)"
+                f"(streams of {names} are)"
             )
         return self
 
@@ -428,6 +489,17 @@ class RouteConfig(_Strict):
         return value if value is None else _base_url(value)
 
     @model_validator(mode="after")
+    def _signing(self) -> RouteConfig:
+        _check_signing(self.credential_env, self.credential_style, self.aws)
+        signs = self.aws is not None or any(u.aws is not None for u in self.upstreams)
+        if signs and self.protocol != "auto" and spec_for(self.protocol).signing_service is None:
+            raise ValueError(
+                f"aws: a {self.protocol} route's requests are not signed (AWS keys sign the "
+                "requests of a protocol that names its service, bedrock)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_form(self) -> RouteConfig:
         """Either ``upstream`` (with its credential keys) or ``upstreams``, never both."""
         if self.upstream is not None and self.upstreams:
@@ -437,10 +509,14 @@ class RouteConfig(_Strict):
             )
         if self.upstream is None and not self.upstreams:
             raise ValueError("a route needs an upstream (a base URL) or upstreams (a pool)")
-        if self.upstreams and (self.credential_env is not None or self.credential_style != "auto"):
+        if self.upstreams and (
+            self.credential_env is not None
+            or self.credential_style != "auto"
+            or self.aws is not None
+        ):
             raise ValueError(
-                "credential_env and credential_style belong to each of the route's upstreams "
-                "when it has upstreams"
+                "credential_env, credential_style and aws belong to each of the route's "
+                "upstreams when it has upstreams"
             )
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
@@ -460,6 +536,7 @@ class RouteConfig(_Strict):
                 url=self.upstream,
                 credential_env=self.credential_env,
                 credential_style=self.credential_style,
+                aws=self.aws,
             )
         ]
 
@@ -479,12 +556,27 @@ class ClientLimits(_Strict):
         return any(v is not None for v in self.model_dump().values())
 
 
+class IssuedAwsKey(_Strict):
+    """An AWS access key pair the gateway issued to a named client: requests it signs
+    (SigV4) are that client's. The secret stays in the environment; never forwarded."""
+
+    access_key_id: str = Field(min_length=16, max_length=128, pattern=r"^[A-Z0-9]+$")
+    secret_access_key_env: str = Field(
+        description="Environment variable holding the pair's secret access key."
+    )
+
+
 class ClientConfig(_Strict):
     """A named client: its keys, the routes it may use, its limits."""
 
     name: str = Field(description="Label in metrics, the access log and traces.")
     key_sha256: list[str] = Field(
         min_length=1, description="SHA-256 hex digests of its keys (several: rotation)."
+    )
+    aws_keys: list[IssuedAwsKey] = Field(
+        default_factory=list,
+        description="AWS key pairs issued to it: a request it signs with one (SigV4, "
+        "Bedrock's clients) is its own, verified and never forwarded.",
     )
     routes: list[str] | None = Field(
         None, description="Routes it may use; default: every route that accepts keys."
@@ -1110,6 +1202,10 @@ def _with_credentials(settings: Settings) -> Settings:
     credentials: dict[str, dict[str, SecretStr]] = {}
     for route in settings.effective_routes():
         for upstream in route.pool():
+            if upstream.aws is not None:
+                keys = _aws_keys(settings, route, upstream, upstream.aws)
+                credentials.setdefault(route.name, {})[upstream.name] = keys
+                continue
             if not upstream.credential_env:
                 continue
             value = os.environ.get(upstream.credential_env)
@@ -1120,7 +1216,36 @@ def _with_credentials(settings: Settings) -> Settings:
                     f"{upstream.credential_env} is not set or empty"
                 )
             credentials.setdefault(route.name, {})[upstream.name] = SecretStr(value)
+    for client in settings.clients:
+        for issued in client.aws_keys:
+            secret = os.environ.get(issued.secret_access_key_env)
+            if not secret:
+                raise ValueError(
+                    f"clients[{settings.clients.index(client)}].aws_keys: environment variable "
+                    f"{issued.secret_access_key_env} is not set or empty"
+                )
+            credentials.setdefault(ISSUED_AWS_KEYS, {})[issued.access_key_id] = SecretStr(secret)
     return settings.model_copy(update={"credentials": credentials})
+
+
+def _aws_keys(
+    settings: Settings, route: RouteConfig, upstream: UpstreamConfig, aws: AwsSigning
+) -> SecretStr:
+    """An upstream's AWS keys from the environment, packed as one secret."""
+    values: list[str] = []
+    for field, name in (
+        ("access_key_id_env", aws.access_key_id_env),
+        ("secret_access_key_env", aws.secret_access_key_env),
+        ("session_token_env", aws.session_token_env),
+    ):
+        value = os.environ.get(name) if name else ""
+        if name and not value:
+            where = _credential_key(settings, route, upstream)
+            raise ValueError(
+                f"{where}.aws.{field}: environment variable {name} is not set or empty"
+            )
+        values.append(value or "")
+    return SecretStr(AwsKeys(values[0], values[1], values[2] or None).packed())
 
 
 def _credential_key(settings: Settings, route: RouteConfig, upstream: UpstreamConfig) -> str:

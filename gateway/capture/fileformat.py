@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.guard.framing import SSE
+from gateway.guard import Contract
 
 __all__ = ["FORMAT", "SUFFIX", "Capture", "CaptureError", "dumps", "load", "loads"]
 
@@ -58,7 +58,8 @@ class Capture:
     upstream_request_id: str | None = None
     model: str | None = None
     status: int = 200
-    content_type: str = SSE.media_type  # what captures made before NDJSON all were
+    #: What captures made before NDJSON all were: the default framing's.
+    content_type: str = Contract.framing.media_type
     finish_reasons: dict[str, str] = field(default_factory=dict)
     events: int = 0
     options: dict[str, Any] = field(default_factory=dict)

@@ -1,4 +1,8 @@
-"""Redaction of a captured stream (SSE or NDJSON): no text left, every byte offset kept.
+"""Redaction of a captured stream: no text left, every byte offset kept.
+
+Which rules apply is the protocol's (``ProtocolSpec.redaction``): SSE blocks
+(``stream``), one JSON text per line (``lines``), or a framing of its own
+that masks its events' JSON with ``json``.
 
 The output has exactly the length of the input and its line ends in the same
 places, so the original chunk boundaries still fall where they fell, and the
@@ -15,7 +19,8 @@ and what goes:
   ids that must match still match), except the protocol's own vocabulary: the
   value of a structural key (``type``, ``object``, ``role``, ``status``,
   ``reason`` and the finish/stop reasons) when it is a bare identifier
-  (letters, ``_`` and ``.``), which is what the contracts judge by.
+  (letters, ``_`` and ``.``), which is what the contracts judge by. A
+  protocol's redaction may add its own keys (``Redactor.learn``).
 * Tool-call arguments (``arguments``, ``partial_json`` and the Responses
   API's argument deltas) are JSON text inside a string, sent in pieces: they
   are masked by a small lexer that follows each call across its pieces, so
@@ -26,8 +31,8 @@ and what goes:
   Inside free-form objects (``args``, ``input``, ``metadata``) keys are
   content too and are masked like values, and so are the digits of numbers.
 * Data that is not JSON is replaced whole, except the ``[DONE]`` terminator.
-* NDJSON (``redact(data, "ndjson")``): every line is one event's data, masked
-  as above; line ends and blank lines stay.
+* Lines (``lines``: NDJSON): every line is one event's data, masked as
+  above; line ends and blank lines stay.
 
 Works on the bytes the upstream sent, so text cut mid-character or invalid
 UTF-8 is handled like the guard handles it (as U+FFFD, never an error). The
@@ -39,6 +44,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+
+from gateway.protocols import spec_for
 
 __all__ = ["Redactor", "redact_stream"]
 
@@ -65,6 +72,8 @@ STRUCTURAL_KEYS = frozenset(
 )
 #: Keys whose string values are JSON text sent in pieces (tool-call arguments).
 ARGUMENT_KEYS = frozenset({"arguments", "partial_json"})
+#: Members whose integer value tells which tool call a piece of arguments belongs to.
+INDEX_KEYS = ("index", "output_index")
 #: Responses API events whose ``delta`` string is a piece of tool-call arguments.
 ARGUMENT_DELTA_EVENTS = frozenset({"response.function_call_arguments.delta"})
 #: Objects whose keys are content (tool arguments as an object: Gemini's ``args``,
@@ -84,9 +93,9 @@ _ESCAPES = {
 _LITERALS = {"t": "true", "f": "false", "n": "null", "N": "NaN", "I": "Infinity"}
 
 
-def redact_stream(data: bytes, framing: str = "sse") -> bytes:
-    """``data`` (an upstream's stream in ``framing``) with every text replaced, same length."""
-    return Redactor().redact(data, framing)
+def redact_stream(data: bytes, protocol: str = "sse") -> bytes:
+    """``data`` (an upstream's stream in ``protocol``) with every text replaced, same length."""
+    return Redactor().redact(data, protocol)
 
 
 @dataclass(slots=True)
@@ -193,14 +202,36 @@ class Redactor:
     def __init__(self) -> None:
         self._placeholders: dict[bytes, bytes] = {}
         self._arguments: dict[tuple[object, ...], _ArgumentsMask] = {}
+        self.structural_keys: frozenset[str] = STRUCTURAL_KEYS
+        self.argument_keys: frozenset[str] = ARGUMENT_KEYS
+        self.index_keys: tuple[str, ...] = INDEX_KEYS
 
-    def redact(self, data: bytes, framing: str) -> bytes:
-        """``data`` redacted by the rules of its framing (a framing's name: ``sse``, ``ndjson``)."""
-        return self.ndjson(data) if framing == "ndjson" else self.stream(data)
+    def learn(
+        self,
+        *,
+        structural: frozenset[str] = frozenset(),
+        arguments: frozenset[str] = frozenset(),
+        indexes: tuple[str, ...] = (),
+    ) -> None:
+        """A protocol's own vocabulary on top of the common one (its spec's redaction
+        says it): keys whose identifier values stay, keys whose strings are tool-call
+        arguments in pieces, and members that index a tool call."""
+        self.structural_keys = self.structural_keys | structural
+        self.argument_keys = self.argument_keys | arguments
+        self.index_keys = (*self.index_keys, *indexes)
 
-    # -- NDJSON -----------------------------------------------------------------------
+    def redact(self, data: bytes, protocol: str) -> bytes:
+        """``data`` redacted by the rules of its protocol (the registry's; SSE blocks for a
+        name it does not know)."""
+        try:
+            redaction = spec_for(protocol).redaction
+        except ValueError:
+            return self.stream(data)
+        return redaction(self)(data)
 
-    def ndjson(self, data: bytes) -> bytes:
+    # -- one JSON text per line (NDJSON) ---------------------------------------------
+
+    def lines(self, data: bytes) -> bytes:
         out = bytearray(data)
         pos, size = 0, len(data)
         while pos < size:
@@ -337,12 +368,13 @@ class Redactor:
         key = frame.key if frame is not None and frame.is_object else None
         if frame is not None and frame.freeform:
             self._placeholder(out, raw, start, end)
-        elif key in STRUCTURAL_KEYS and _IDENTIFIER.fullmatch(raw, start, end):
+        elif key in self.structural_keys and _IDENTIFIER.fullmatch(raw, start, end):
             return
-        elif key in ARGUMENT_KEYS or (
+        elif key in self.argument_keys or (
             key == "delta" and len(frames) == 1 and top_type in ARGUMENT_DELTA_EVENTS
         ):
-            mask = self._arguments.setdefault(_call_key(frames, tree), _ArgumentsMask())
+            call = _call_key(frames, tree, self.index_keys)
+            mask = self._arguments.setdefault(call, _ArgumentsMask())
             out[start:end] = mask.feed(raw[start:end])
         else:
             self._placeholder(out, raw, start, end)
@@ -379,7 +411,9 @@ def _string_end(raw: bytes, start: int) -> int:
         pos = quote + 1
 
 
-def _call_key(frames: list[_Frame], tree: object) -> tuple[object, ...]:
+def _call_key(
+    frames: list[_Frame], tree: object, index_keys: tuple[str, ...] = INDEX_KEYS
+) -> tuple[object, ...]:
     """Which tool call a piece of arguments belongs to, the same across events.
 
     The path of keys down to the piece, where each object on the way adds its
@@ -391,7 +425,7 @@ def _call_key(frames: list[_Frame], tree: object) -> tuple[object, ...]:
     node = tree
     for frame in frames:
         if isinstance(node, dict):
-            for name in ("index", "output_index"):
+            for name in index_keys:
                 value = node.get(name)
                 if _is_int(value):
                     parts.append((name, value))

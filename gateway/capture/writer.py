@@ -32,7 +32,6 @@ from gateway.logsetup import LogGate
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
 from gateway.observe.writer_thread import WriterThread
-from gateway.protocols import spec_for
 from gateway.settings import Limits, RouteConfig, Settings
 
 __all__ = ["QUEUE_SIZE", "CaptureWriter"]
@@ -161,9 +160,7 @@ class CaptureWriter:
     def _write(job: _Job) -> None:
         capture = job.capture
         redactor = Redactor()
-        redacted = redactor.redact(
-            b"".join(data for _, data in capture.chunks), _framing(capture.protocol)
-        )
+        redacted = redactor.redact(b"".join(data for _, data in capture.chunks), capture.protocol)
         chunks, offset = [], 0
         for at, data in capture.chunks:
             chunks.append((at, redacted[offset : offset + len(data)]))
@@ -178,14 +175,6 @@ class CaptureWriter:
         temporary.write_text(text, encoding="ascii")
         os.replace(temporary, directory / name)
         _evict(directory, job.max_files)
-
-
-def _framing(protocol: str) -> str:
-    """The framing of a captured protocol's stream (the registry's; SSE if unknown)."""
-    try:
-        return spec_for(protocol).framing.name
-    except ValueError:
-        return "sse"
 
 
 def _utc_now() -> str:

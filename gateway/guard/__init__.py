@@ -1,12 +1,13 @@
 """The sans-IO core: bytes in, events and a verdict out.
 
 Nothing in this package does I/O, reads a clock or imports the rest of the
-gateway. A framing's decoder (``sse``, ``ndjson``) decodes the stream, one
+gateway. A framing's decoder (``sse``, ``ndjson``, ``eventstream``) decodes the stream, one
 contract per protocol family judges it, ``StreamGuard`` decides which bytes may be forwarded, and
 ``annotation`` renders the trailer that tells the client the truth.
 """
 
 from gateway.guard.annotation import render_annotation
+from gateway.guard.bedrock import BedrockContract
 from gateway.guard.chat import ChatContract, CompletionsContract
 from gateway.guard.contract import Action, Contract, FramingOnly, Protocol
 from gateway.guard.decoder import Decoder
@@ -23,6 +24,7 @@ from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_fin
 
 __all__ = [
     "Action",
+    "BedrockContract",
     "BudgetExceeded",
     "ChatContract",
     "CompletionsContract",

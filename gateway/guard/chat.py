@@ -19,9 +19,10 @@ from gateway.guard.contract import (
     parse_json_object,
     valid_tool_arguments,
 )
+from gateway.guard.joint import ChatJoint, Joint
 from gateway.guard.sse import Event
 from gateway.guard.usage import chat_usage
-from gateway.guard.verdict import ERROR_FINISHES, Reason
+from gateway.guard.verdict import ERROR_FINISHES, Reason, Usage
 
 __all__ = ["ChatContract", "CompletionsContract"]
 
@@ -172,6 +173,10 @@ class ChatContract(Contract):
             return self._complete(Reason.OTHER)
         lowest = min(self.finish_reasons)
         return self._complete(self.normalize(self.finish_reasons[lowest]))
+
+    def joint(self, cut: Usage) -> Joint | None:
+        """Chat's joint: a continuation's chunks take this stream's first ids."""
+        return ChatJoint(dict(self.first_ids), cut)
 
     def continuable(self) -> bool:
         """Whether the answer so far can be continued by another request: one choice,

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from gateway.guard.decoder import Event
 from gateway.guard.framing import SSE, Framing
+from gateway.guard.joint import Joint
 from gateway.guard.jsonparse import loads
 from gateway.guard.verdict import FINISH_REASONS, Outcome, Reason, Usage, Verdict
 
@@ -41,6 +42,7 @@ class Protocol(enum.StrEnum):
     MESSAGES = "messages"
     GEMINI = "gemini"
     OLLAMA = "ollama"
+    BEDROCK = "bedrock"
     SSE = "sse"  # unknown path: SSE framing only, no completion contract
 
 
@@ -218,6 +220,29 @@ class Contract(abc.ABC):
     @property
     def tool_calls(self) -> int:
         return 0
+
+    # -- continuation: a declared capability (none by default) ---------------------------
+
+    #: Set by the relay on a route that continues cut streams: keep the answer's text.
+    keep_text: bool = False
+
+    def text(self) -> str:
+        """The text relayed so far (only with ``keep_text``; "" where none is kept)."""
+        return ""
+
+    def continuable(self) -> bool:
+        """Whether the answer so far can be continued by another request (never, unless
+        the protocol's contract says how)."""
+        return False
+
+    def joint(self, cut: Usage) -> Joint | None:
+        """The joint a continuation of this stream goes on through (None: not continued)."""
+        return None
+
+    def next_joint(self, joint: Joint, cut: Usage) -> Joint:
+        """The joint for a continuation of this stream, itself a continuation that broke
+        (``joint`` the one it went on through)."""
+        return joint.following(0, cut)
 
     @property
     def last_sequence_number(self) -> int | None:

@@ -78,3 +78,8 @@ class Decoder:
     def close(self) -> list[Event]:
         """The body ended: the events only its end completes (an unfinished one is dropped)."""
         raise NotImplementedError
+
+    def clean_end(self, held: bytes) -> bool:
+        """Whether a body that ended with ``held`` unforwarded ended between events (line
+        framings: nothing but whitespace is left over)."""
+        return not held.strip()

@@ -3,7 +3,8 @@
 A framing names its media type, builds its decoder from the two byte
 budgets, and says whether it has comment lines (the SSE trailer's
 ``: gateway outcome=...`` line; NDJSON has none, so its trailer is the error
-line alone, and a complete stream gets nothing). Every protocol contract
+line alone, and a complete stream gets nothing; AWS's binary event stream has
+none either). Every protocol contract
 names its framing (``Contract.framing``), so the relay, captures, replay and
 the probe pick the decoder and media type from it and never name one.
 """
@@ -14,10 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.guard.decoder import Decoder
+from gateway.guard.eventstream import EventStreamDecoder
 from gateway.guard.ndjson import NDJSONDecoder
-from gateway.guard.sse import SSEDecoder
+from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES, SSEDecoder
 
-__all__ = ["NDJSON", "SSE", "Framing"]
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
+    "EVENTSTREAM",
+    "FRAMINGS",
+    "NDJSON",
+    "SSE",
+    "Framing",
+    "framing_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +65,22 @@ NDJSON = Framing(
     comments=False,
     announced_only=True,
 )
+#: AWS's binary event stream (Bedrock Runtime): frames with lengths and CRCs; no comments.
+EVENTSTREAM = Framing(
+    name="eventstream",
+    media_type="application/vnd.amazon.eventstream",
+    new_decoder=EventStreamDecoder,
+    comments=False,
+    announced_only=False,
+)
+
+#: Every framing: a media type of one of them is a stream, never one whole JSON text.
+FRAMINGS: tuple[Framing, ...] = (SSE, NDJSON, EVENTSTREAM)
+
+
+def framing_of(content_type: str) -> Framing | None:
+    """The framing whose media type ``content_type`` is (None: no stream framing's)."""
+    for framing in FRAMINGS:
+        if framing.is_stream(content_type):
+            return framing
+    return None

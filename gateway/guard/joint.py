@@ -52,6 +52,12 @@ class Joint:
         self.cut_usage = cut_usage
         self._skip = skip
 
+    def following(self, shift: int, cut_usage: Usage) -> Joint:
+        """The joint for a continuation of a continuation: the same ids, ``shift`` more
+        blocks (the open block of the continuation that broke), every cut so far."""
+        self.cut_usage = cut_usage
+        return self
+
     def skip_text(self, skip: str) -> None:
         """The text the next continuation repeats at its start (taken off once)."""
         self._skip = skip
@@ -149,6 +155,9 @@ class MessagesJoint(Joint):
         super().__init__(cut_usage, skip)
         self.shift = open_block
         self._first_block: int | None = None
+
+    def following(self, shift: int, cut_usage: Usage) -> Joint:
+        return MessagesJoint(self.shift + shift, cut_usage)
 
     def _event(self, event: str, data: str) -> bytes | None:
         try:

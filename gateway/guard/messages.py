@@ -40,9 +40,10 @@ from gateway.guard.contract import (
     parse_json_object,
     valid_tool_arguments,
 )
+from gateway.guard.joint import Joint, MessagesJoint
 from gateway.guard.sse import Event
 from gateway.guard.usage import messages_usage
-from gateway.guard.verdict import Reason
+from gateway.guard.verdict import Reason, Usage
 
 __all__ = ["MessagesContract"]
 
@@ -135,6 +136,13 @@ class MessagesContract(Contract):
             and self._blocks[last].open
             and all(block.type == "text" for block in self._blocks.values())
         )
+
+    def joint(self, cut: Usage) -> Joint | None:
+        """Messages' joint: a continuation goes on in the open text block."""
+        return MessagesJoint(self.open_block, cut)
+
+    def next_joint(self, joint: Joint, cut: Usage) -> Joint:
+        return joint.following(self.open_block, cut)
 
     @property
     def open_block(self) -> int:

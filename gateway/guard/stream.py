@@ -7,7 +7,8 @@ protocol contract and does the byte bookkeeping of the wire contract
 always whole blocks and whole comment lines (NDJSON: whole lines),
 never a fragment of an event, never an event the contract rejected or
 withheld, never an upstream comment line that begins with the annotation's
-prefix (``: gateway``; counted in ``forged_comments``): the annotation is the
+prefix (``: gateway``; counted in ``forged_comments``, and only in a framing
+with comment lines: a binary frame is never filtered): the annotation is the
 gateway's word alone. It holds at most one chunk plus one unfinished event.
 
 Sans-IO: the relay owns sockets and clocks and tells the guard when the
@@ -49,6 +50,9 @@ class StreamGuard:
         max_stream_bytes: int | None = None,
     ) -> None:
         self.contract = contract
+        #: Only a framing with comment lines can carry a forged annotation line; the
+        #: bytes of any other (NDJSON lines, binary frames) are never filtered.
+        self._comments = contract.framing.comments
         self.decoder = (
             decoder
             if decoder is not None
@@ -147,7 +151,9 @@ class StreamGuard:
         if error is not None:
             self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
         data = out[0] if len(out) == 1 else b"".join(out)
-        if _MARK in data:  # rare: a C search per judged read, the filter only on a hit
+        # Rare: a C search per judged read, the filter only on a hit (and only where a
+        # comment line can be).
+        if self._comments and _MARK in data:
             data = self._drop_forged(data)
         self.forwarded_bytes += len(data)
         return data
@@ -177,7 +183,7 @@ class StreamGuard:
                 events = []
             if events:
                 self.final = self._judge(events, self._held, None)
-        clean = not self._held.strip()  # no unfinished event left over
+        clean = self.decoder.clean_end(self._held)  # no unfinished event left over
         self._held = b""
         return self.contract.on_eof(clean=clean)
 

@@ -34,8 +34,9 @@ from pydantic import SecretStr
 
 from gateway.policy.pool import EjectionPolicy, Pool
 from gateway.policy.retry import RetryPolicy
-from gateway.protocols import CredentialStyle, ProtocolSpec, detect, spec_for
+from gateway.protocols import REGISTRY, CredentialStyle, ProtocolSpec, detect, spec_for
 from gateway.protocols.continuation import ContinuationStyle
+from gateway.protocols.sigv4 import AwsKeys, Signer
 from gateway.settings import RouteConfig, Timeouts, UpstreamConfig
 
 __all__ = [
@@ -85,10 +86,9 @@ def credential_style(style: str, protocol: str, url: str) -> CredentialStyle:
         return CredentialStyle(style)
     if protocol != "auto":
         return spec_for(protocol).credential
-    if "anthropic" in url:
-        return CredentialStyle.X_API_KEY
-    if "googleapis" in url:
-        return CredentialStyle.X_GOOG_API_KEY
+    for spec in REGISTRY:
+        if any(host in url for host in spec.hosts):
+            return spec.credential
     return CredentialStyle.BEARER
 
 
@@ -107,6 +107,8 @@ class Endpoint:
     style_by_protocol: bool = False
     priority: int = 0
     continuation: ContinuationStyle = ContinuationStyle.NONE
+    #: Signs each request (SigV4) with the upstream's own AWS keys (its ``aws`` table).
+    signer: Signer | None = None
     origin: str = field(init=False)  # scheme://host[:port]
     base_path: str = field(init=False)  # the URL's path, no trailing slash
     base_query: str = field(init=False)  # the URL's query ("" when none)
@@ -181,7 +183,20 @@ def _endpoint(
         style_by_protocol=config.credential_style == "auto" and route.protocol == "auto",
         priority=config.priority,
         continuation=ContinuationStyle(config.continuation),
+        signer=_signer(config, route, secret),
     )
+
+
+def _signer(config: UpstreamConfig, route: RouteConfig, secret: SecretStr | None) -> Signer | None:
+    """The upstream's SigV4 signer, for the service its route's protocol names (a route for
+    any path: the first protocol that signs)."""
+    if config.aws is None or secret is None:
+        return None
+    specs = [spec_for(route.protocol)] if route.protocol != "auto" else list(REGISTRY)
+    service = next((s.signing_service for s in specs if s.signing_service), None)
+    if service is None:
+        return None
+    return Signer(AwsKeys.unpack(secret.get_secret_value()), config.aws.region, service)
 
 
 @dataclass(slots=True)

@@ -22,9 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gateway.guard import Framing, Outcome, Reason
-from gateway.guard.framing import SSE
-from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
+from gateway.guard import Contract, Framing, Outcome, Reason
+from gateway.guard.framing import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.observe import RequestRecord
 from gateway.protocols import ProtocolSpec, Tool
 
@@ -191,7 +190,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def usage_position(body: bytes, framing: Framing = SSE) -> str:
+def usage_position(body: bytes, framing: Framing = Contract.framing) -> str:
     """Where a Chat stream carried its usage: ``after_finish`` (a chunk of its own
     after every finish, as OpenAI sends it), ``with_finish``, ``before_finish``,
     ``several_chunks``, or ``absent``."""

@@ -10,10 +10,11 @@ A route fixed to a protocol is probed in it. A route with ``protocol =
 without it, it takes the first protocol of the registry that uses the
 route's credential style (``chat`` for a bearer key, ``messages`` for
 ``x-api-key``, ``gemini`` for ``x-goog-api-key``). With the simulator
-(``--simulator``) the probe fronts it by two routes of its own: ``simulator``
-(``/v1``: chat, completions, responses and messages), ``simulator-gemini``
-(``/v1beta``: gemini) and ``simulator-ollama`` (``/api``: ollama), with the
-model ``sim-model``.
+(``--simulator``) the probe fronts it by routes of its own: ``simulator``
+(``/v1``: chat, completions, responses and messages) and one per protocol the
+simulator serves elsewhere (``ClientRequests.simulator_prefix``):
+``simulator-gemini`` (``/v1beta``), ``simulator-ollama`` (``/api``) and
+``simulator-bedrock`` (``/model``), with the model ``sim-model``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gateway.guard import Protocol
 from gateway.policy.routing import credential_style
 from gateway.probe.checks import CHECKS, Target, checks_for
 from gateway.protocols import REGISTRY, ProtocolSpec, spec_for
@@ -38,13 +38,8 @@ __all__ = [
 ]
 
 SIMULATOR_MODEL: Final = "sim-model"
-#: What the simulator's ``/v1`` route speaks (Gemini has its own prefix).
-_SIMULATOR_PROTOCOLS: Final = (
-    Protocol.CHAT,
-    Protocol.COMPLETIONS,
-    Protocol.RESPONSES,
-    Protocol.MESSAGES,
-)
+#: What the simulator's ``/v1`` route speaks (the others have routes of their own).
+_ANY_PATH: Final = "/v1"
 #: With the simulator, the interrupted check asks for a paced answer, so that the
 #: probe's leaving is seen before the answer is whole.
 _SIMULATOR_HEADERS: Final = {"interrupted": {"x-sim-tps": "50"}}
@@ -66,22 +61,22 @@ class Plan:
 
 
 def simulator_routes(base_url: str) -> list[RouteConfig]:
-    """The probe's routes in front of a simulator at ``base_url`` (``http://host:port``)."""
-    return [
-        RouteConfig(name="simulator", prefix="/v1", upstream=base_url + "/v1"),
-        RouteConfig(
-            name="simulator-gemini",
-            prefix="/v1beta",
-            upstream=base_url + "/v1beta",
-            protocol=Protocol.GEMINI,
-        ),
-        RouteConfig(
-            name="simulator-ollama",
-            prefix="/api",
-            upstream=base_url + "/api",
-            protocol=Protocol.OLLAMA,
-        ),
-    ]
+    """The probe's routes in front of a simulator at ``base_url`` (``http://host:port``):
+    ``simulator`` for any path below ``/v1``, and one fixed to each protocol the
+    simulator serves elsewhere (``ClientRequests.simulator_prefix``)."""
+    routes = [RouteConfig(name="simulator", prefix=_ANY_PATH, upstream=base_url + _ANY_PATH)]
+    for spec in REGISTRY:
+        prefix = spec.requests.simulator_prefix if spec.requests is not None else _ANY_PATH
+        if prefix != _ANY_PATH:
+            routes.append(
+                RouteConfig(
+                    name=f"simulator-{spec.name}",
+                    prefix=prefix,
+                    upstream=base_url + prefix,
+                    protocol=spec.protocol,
+                )
+            )
+    return routes
 
 
 def parse_inject(values: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -151,7 +146,11 @@ def make_plan(
             if asked and specs[0] not in asked:
                 continue
         elif simulator:  # the simulator's /v1 route: what it speaks, as asked
-            specs = [spec_for(p) for p in _SIMULATOR_PROTOCOLS]
+            specs = [
+                s
+                for s in REGISTRY
+                if s.requests is not None and s.requests.simulator_prefix == _ANY_PATH
+            ]
             specs = [spec for spec in specs if not asked or spec in asked]
         elif asked:
             specs = asked

@@ -15,10 +15,15 @@ from gateway.protocols._spec import (
     ClientRequests,
     ContractOptions,
     CredentialStyle,
+    ErrorShape,
     ProtocolSpec,
+    Redaction,
+    Redactor,
     Tool,
+    openai_error,
 )
 from gateway.protocols.anthropic import MESSAGES
+from gateway.protocols.bedrock import BEDROCK
 from gateway.protocols.google import GEMINI
 from gateway.protocols.ollama import OLLAMA
 from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
@@ -29,9 +34,13 @@ __all__ = [
     "ClientRequests",
     "ContractOptions",
     "CredentialStyle",
+    "ErrorShape",
     "ProtocolSpec",
+    "Redaction",
+    "Redactor",
     "Tool",
     "detect",
+    "openai_error",
     "spec_for",
 ]
 
@@ -43,6 +52,7 @@ REGISTRY: tuple[ProtocolSpec, ...] = (
     MESSAGES,
     GEMINI,
     OLLAMA,
+    BEDROCK,
     SSE,
 )
 

@@ -10,6 +10,7 @@ model from a non-streamed answer, and how the upstream expects its credential.
 from __future__ import annotations
 
 import enum
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,12 +21,54 @@ __all__ = [
     "ClientRequests",
     "ContractOptions",
     "CredentialStyle",
+    "ErrorShape",
     "ProtocolSpec",
+    "Redaction",
     "Tool",
     "body_says_stream",
+    "openai_error",
 ]
 
 Json = dict[str, Any]
+
+#: The JSON body of an error of the gateway's own: (status, message, OpenAI ``type``,
+#: code, request id) -> body, in the shape the protocol's SDKs read as their own.
+ErrorShape = Callable[[int, str, str, str, str], Json]
+
+
+class Redactor(typing.Protocol):
+    """What a capture's redactor offers a protocol (``gateway.capture.redact.Redactor``):
+    masking of SSE blocks, of one JSON text per line, and of one JSON text."""
+
+    def stream(self, data: bytes) -> bytes: ...
+
+    def lines(self, data: bytes) -> bytes: ...
+
+    def json(self, raw: bytes, tree: object) -> bytes: ...
+
+    def learn(
+        self,
+        *,
+        structural: frozenset[str] = ...,
+        arguments: frozenset[str] = ...,
+        indexes: tuple[str, ...] = ...,
+    ) -> None: ...
+
+
+#: How a captured stream of the protocol is redacted: (redactor, the stream's bytes) ->
+#: the same bytes with every text masked, same length, same framing.
+Redaction = Callable[[Redactor], Callable[[bytes], bytes]]
+
+
+def openai_error(status: int, message: str, type_: str, code: str, request_id: str) -> Json:
+    """OpenAI's ``{"error": {"message", "type", "code", "param": null}}`` (the default,
+    and the shape of an error with no route)."""
+    text = f"{message} (request_id={request_id})"
+    return {"error": {"message": text, "type": type_, "code": code, "param": None}}
+
+
+def _sse_redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
+    return redactor.stream
 
 
 class CredentialStyle(enum.StrEnum):
@@ -34,6 +77,9 @@ class CredentialStyle(enum.StrEnum):
     BEARER = "bearer"  # Authorization: Bearer <key>
     X_API_KEY = "x-api-key"  # Anthropic
     X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
+    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
+    #: signed for its host; a client's own signature is never forwarded.
+    SIGV4 = "sigv4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +120,9 @@ class ClientRequests:
     tool: Callable[[Json, Tool], None] | None = None
     #: Ask a body for ``n`` answers.
     choices: Callable[[Json, int], None] | None = None
+    #: Where the simulator serves the protocol, for ``gateway probe --simulator``: below
+    #: ``/v1`` (its route for any path) or on a route of its own fixed to the protocol.
+    simulator_prefix: str = "/v1"
 
 
 def body_says_stream(path: str, body: Json | None) -> bool:
@@ -128,6 +177,20 @@ class ProtocolSpec:
     #: ``gen_ai.provider.name``: the provider whose API this is (an OpenAI-compatible
     #: server speaks ``openai``'s; the conventions name no better value for it).
     genai_provider: str | None = None
+    #: The shape of the gateway's own JSON errors on a route of this protocol.
+    error_shape: ErrorShape = openai_error
+    #: How a capture of one of its streams is redacted (by its framing's rules).
+    redaction: Redaction = _sse_redaction
+    #: Whether a cut stream may be continued by another request (``continue_after_cut``),
+    #: the way httpx's ``Auth`` declares ``requires_request_body``: the contract then
+    #: keeps the text (``keep_text``), says when it is ``continuable()`` and gives the
+    #: ``joint``, and ``gateway.protocols.continuation`` builds the request.
+    continuable: bool = False
+    #: Substrings of an upstream URL that mark this provider's host: on a route for any
+    #: path with ``credential_style = "auto"``, its credential goes in this spec's style.
+    hosts: tuple[str, ...] = ()
+    #: The AWS service a SigV4 signature of its requests names (``credential = SIGV4``).
+    signing_service: str | None = None
 
     @property
     def name(self) -> str:

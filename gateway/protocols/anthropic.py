@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from gateway.guard import MessagesContract, Protocol
 from gateway.guard.usage import messages_usage
@@ -14,7 +15,38 @@ from gateway.protocols._spec import (
     body_says_stream,
 )
 
-__all__ = ["MESSAGES"]
+__all__ = ["MESSAGES", "anthropic_error"]
+
+#: HTTP status -> Anthropic's error type (its "HTTP errors" table; 503 and 504 as
+#: the API's overload and timeout).
+_ANTHROPIC_TYPES: Final = MappingProxyType(
+    {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        402: "billing_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        500: "api_error",
+        502: "api_error",
+        503: "overloaded_error",
+        504: "timeout_error",
+        529: "overloaded_error",
+    }
+)
+
+
+def anthropic_error(
+    status: int, message: str, type_: str, code: str, request_id: str
+) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message", "details": {"error_code"}},
+    "request_id"}``, the type named from the status as Anthropic names it (401
+    ``authentication_error``, 529 ``overloaded_error``)."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    text = f"{message} (request_id={request_id})"
+    error = {"type": kind, "message": text, "details": {"error_code": code}}
+    return {"type": "error", "error": error, "request_id": request_id}
 
 
 def _text(model: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
@@ -49,4 +81,7 @@ MESSAGES = ProtocolSpec(
     output_limit=("max_tokens",),
     genai_operation="chat",
     genai_provider="anthropic",
+    error_shape=anthropic_error,
+    continuable=True,
+    hosts=("anthropic",),
 )

@@ -7,14 +7,48 @@ counted (and capped) as a stream at admission like any other.
 from __future__ import annotations
 
 import re
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 from urllib.parse import unquote
 
 from gateway.guard import GeminiContract, Protocol
-from gateway.guard.gemini import gemini_answer_usage, gemini_wants_stream, is_gemini_path
+from gateway.guard.gemini import (
+    gemini_answer_usage,
+    gemini_wants_stream,
+    google_error,
+    is_gemini_path,
+)
 from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
 
 __all__ = ["GEMINI"]
+
+#: HTTP status -> the canonical ``google.rpc.Code`` name Google's errors carry
+#: (502 has no code of its own: a failed upstream is ``UNAVAILABLE``).
+_GOOGLE_STATUS: Final = MappingProxyType(
+    {
+        400: "INVALID_ARGUMENT",
+        401: "UNAUTHENTICATED",
+        403: "PERMISSION_DENIED",
+        404: "NOT_FOUND",
+        409: "ABORTED",
+        413: "INVALID_ARGUMENT",
+        429: "RESOURCE_EXHAUSTED",
+        499: "CANCELLED",
+        500: "INTERNAL",
+        501: "NOT_IMPLEMENTED",
+        502: "UNAVAILABLE",
+        503: "UNAVAILABLE",
+        504: "DEADLINE_EXCEEDED",
+    }
+)
+
+
+def _error(status: int, message: str, type_: str, code: str, request_id: str) -> dict[str, Any]:
+    """Google's ``{"error": {"code", "message", "status", "details"}}``, the canonical
+    ``google.rpc.Code`` name from the status, the code in a ``google.rpc.ErrorInfo``
+    as the gateway's stream errors carry it."""
+    name = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+    return google_error(status, name, f"{message} (request_id={request_id})", code, request_id)
 
 
 #: ``.../models/{model}:generateContent``: the model is in the path (an SDK quotes it).
@@ -67,8 +101,10 @@ GEMINI = ProtocolSpec(
     answer_model=_model_version,
     request_model=_path_model,
     credential=CredentialStyle.X_GOOG_API_KEY,
-    requests=ClientRequests(path=_path, text=_text, tool=_tool),
+    requests=ClientRequests(path=_path, text=_text, tool=_tool, simulator_prefix="/v1beta"),
     output_limit=("generationConfig.maxOutputTokens", "generation_config.max_output_tokens"),
     genai_operation="generate_content",
     genai_provider="gcp.gemini",
+    error_shape=_error,
+    hosts=("googleapis",),
 )

@@ -13,11 +13,12 @@ whose upstream is the server's root (``/ollama`` in front of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gateway.guard import OllamaContract, Protocol
 from gateway.guard.ollama import is_ollama_path, ollama_usage, ollama_wants_stream
-from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool
+from gateway.protocols._spec import ClientRequests, ProtocolSpec, Redactor, Tool
 
 __all__ = ["OLLAMA"]
 
@@ -36,6 +37,15 @@ def _tool(body: dict[str, Any], tool: Tool) -> None:
     body["tools"] = [{"type": "function", "function": function}]
 
 
+def _error(status: int, message: str, type_: str, code: str, request_id: str) -> dict[str, Any]:
+    """``{"error": "<message>"}``: a string, which the ollama client shows."""
+    return {"error": f"{message} ({code}) (request_id={request_id})"}
+
+
+def _redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
+    return redactor.lines  # NDJSON: one JSON text per line
+
+
 OLLAMA = ProtocolSpec(
     protocol=Protocol.OLLAMA,
     contract=OllamaContract,
@@ -44,8 +54,12 @@ OLLAMA = ProtocolSpec(
     answer_usage=ollama_usage,
     make_contract=lambda o: OllamaContract(require_finish_reason=o.require_finish_reason),
     # The probe's path below a route with prefix ``/api``.
-    requests=ClientRequests(path=lambda model, stream: "/chat", text=_text, tool=_tool),
+    requests=ClientRequests(
+        path=lambda model, stream: "/chat", text=_text, tool=_tool, simulator_prefix="/api"
+    ),
     output_limit=("options.num_predict",),
     genai_operation="chat",
     genai_provider="ollama",
+    error_shape=_error,
+    redaction=_redaction,
 )

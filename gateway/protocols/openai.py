@@ -93,6 +93,7 @@ CHAT = ProtocolSpec(
     output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
     genai_provider="openai",
+    continuable=True,
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -110,6 +111,7 @@ COMPLETIONS = ProtocolSpec(
     output_limit=("max_tokens",),
     genai_operation="text_completion",
     genai_provider="openai",
+    continuable=True,
 )
 
 RESPONSES = ProtocolSpec(

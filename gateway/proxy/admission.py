@@ -18,21 +18,29 @@ Named clients (``[[clients]]``): each one's keys are accepted on the routes
 it lists (default: every route that does not set ``client_key_sha256 = []``),
 and a request that presents one is that client's (``Caller.name``); every
 other request is ``anonymous``. ``Caller.keyed`` says a gateway key
-authenticated it: that credential is never forwarded upstream.
+authenticated it: that credential is never forwarded upstream. A named
+client may also hold AWS key pairs the gateway issued (``aws_keys``): a
+request signed with one (SigV4, as Bedrock's clients sign) is that client's
+once its signature verifies over the whole body (``gateway.protocols.sigv4``),
+on the same routes as its keys; an unknown key id is 401 before the body is
+read, a signature that does not verify 401 after.
 A refusal is an ``Refused`` with the status, the metric label and the
 message the client gets; nothing has been sent upstream at that point.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from pydantic import SecretStr
 from starlette.types import Receive, Scope
 
 from gateway.policy.routing import PathRejected, Route, Target, request_target
+from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import ANONYMOUS, ClientConfig, Limits, RouteConfig
 
@@ -94,9 +102,24 @@ class Admission:
         client_key_sha256: list[str],
         routes: Iterable[RouteConfig] = (),
         clients: Iterable[ClientConfig] = (),
+        issued_aws_keys: Mapping[str, SecretStr] | None = None,
     ) -> None:
         self.limits = limits
         routes = list(routes)
+        clients = list(clients)
+        #: access key id -> (secret, the client, the routes it may use; None: every one)
+        self._aws_keys: dict[str, tuple[SecretStr, Caller, frozenset[str]]] = {}
+        for client in clients:
+            allowed = frozenset(
+                r.name
+                for r in routes
+                if r.client_key_sha256 != [] and (client.routes is None or r.name in client.routes)
+            )
+            for issued in client.aws_keys:
+                secret = (issued_aws_keys or {}).get(issued.access_key_id)
+                if secret is not None:
+                    caller = Caller(client.name, True)
+                    self._aws_keys[issued.access_key_id] = (secret, caller, allowed)
         self._global_keys = _digests(client_key_sha256)
         global_accepted = tuple((d, _KEYED_ANONYMOUS) for d in self._global_keys)
         self._route_keys: dict[str, _Accepted] = {
@@ -145,8 +168,45 @@ class Admission:
             )
         target = self.target_of(route, scope)
         headers = scope["headers"]
-        caller = self.check_key(route, headers)
-        return target, await self._read_body(headers, receive, body_weight(route)), caller
+        signed = self._signed_by(route, headers)
+        if signed is None:
+            caller = self.check_key(route, headers)
+            return target, await self._read_body(headers, receive, body_weight(route)), caller
+        secret, caller = signed
+        body = await self._read_body(headers, receive, body_weight(route))
+        if not _signature_holds(scope, secret, body):
+            self.release(body_weight(route) * len(body))
+            raise Refused(
+                401,
+                "unauthorized",
+                "The request signature does not match.",
+                "authentication_error",
+            )
+        return target, body, caller
+
+    def _signed_by(
+        self, route: Route, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[SecretStr, Caller] | None:
+        """The secret and client of the AWS key a SigV4-signed request names, on a route
+        that takes keys; None for a request that is not signed so (Refused: a key id the
+        gateway did not issue, or one not allowed here)."""
+        auth = get_header(headers, b"authorization")
+        if auth is None or not auth.startswith(b"AWS4-HMAC-SHA256 ") or not self._aws_keys:
+            return None
+        if not self._route_keys.get(route.name, self._default_keys):
+            return None  # a route that takes no keys: the signature is dropped, unread
+        parts = parse_authorization(auth.decode("latin-1"))
+        issued = self._aws_keys.get(parts["access_key_id"]) if parts else None
+        if issued is None:
+            raise Refused(
+                401, "unauthorized", "Missing or invalid API key.", "authentication_error"
+            )
+        secret, caller, allowed = issued
+        if route.name not in allowed:
+            raise Refused(
+                403, "forbidden", "This API key is not allowed on this route.", "permission_error"
+            )
+        return secret, caller
 
     @staticmethod
     def target_of(route: Route, scope: Scope) -> Target:
@@ -276,7 +336,26 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     auth = get_header(headers, b"authorization")
     if key is None and auth is not None and auth[:7].lower() == b"bearer ":
         key = auth[7:].strip()
+    elif key is None and auth is not None and auth.startswith(b"AWS4-HMAC-SHA256 "):
+        key = auth  # a SigV4 signature: the whole header, never forwarded either
     return key
+
+
+def _signature_holds(scope: Scope, secret: SecretStr, body: bytes) -> bool:
+    """Whether the request's SigV4 signature was made with ``secret`` over this request."""
+    headers = scope["headers"]
+    host = (get_header(headers, b"host") or b"").decode("latin-1")
+    path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    query = scope.get("query_string", b"").decode("latin-1")
+    url = f"http://{host}{path}" + (f"?{query}" if query else "")
+    return verify(
+        secret.get_secret_value(),
+        scope["method"],
+        url,
+        headers,
+        body,
+        now=datetime.datetime.now(datetime.UTC),
+    )
 
 
 def _over_budget() -> Refused:

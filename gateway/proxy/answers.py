@@ -33,6 +33,7 @@ import httpx
 
 from gateway.capture.tap import Tap
 from gateway.guard import Reason, StreamGuard, Usage
+from gateway.guard.framing import framing_of
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
 from gateway.policy.errors import RequestError
@@ -265,8 +266,9 @@ async def _resume(held: Held) -> AsyncIterator[bytes]:
 
 
 def _one_json_text(content_type: str) -> bool:
-    """A JSON media type of one JSON text (NDJSON is many: never parsed whole)."""
-    return "json" in content_type and "ndjson" not in content_type
+    """A JSON media type of one JSON text (a stream framing's, NDJSON, is many: never
+    parsed whole)."""
+    return "json" in content_type and framing_of(content_type) is None
 
 
 def _read_answer(exchange: Exchange, body: bytes) -> None:

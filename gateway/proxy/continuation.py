@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from gateway.guard import Protocol, Reason, StreamGuard, Usage
-from gateway.guard.joint import ChatJoint, Joint, MessagesJoint
+from gateway.guard import Reason, StreamGuard, Usage
+from gateway.guard.joint import Joint
 from gateway.observe import Attempt, Metrics
 from gateway.policy.failover import AttemptFailure, Result, result_of_failure, result_of_status
 from gateway.policy.pool import Health, Lease
@@ -58,7 +58,6 @@ BLAMES_UPSTREAM = frozenset(
         Reason.UPSTREAM_ERROR,
     }
 )
-_CONTINUED = frozenset({Protocol.CHAT, Protocol.COMPLETIONS, Protocol.MESSAGES})
 #: Stops the continuation answers (the watchdog's): any other stop (the client, the drain,
 #: the total deadline) ends the request as before.
 _ANSWERED_STOPS = frozenset({None, Reason.IDLE_TIMEOUT})
@@ -147,11 +146,8 @@ class Rescuer:
         exchange.stop_reason = None  # answered: the exchange can be stopped again
         cut = self._cut = _billed(guard, self.body_size, self._cut)
         text = _text(guard)
-        joint: Joint = (
-            MessagesJoint(getattr(contract, "open_block", 0), cut)
-            if exchange.spec.protocol is Protocol.MESSAGES
-            else ChatJoint(dict(getattr(contract, "first_ids", {})), cut)
-        )
+        joint = contract.joint(cut)
+        assert joint is not None  # a continuable contract declares its joint
         try:
             return await self._continue(guard, text, joint, cut)
         except asyncio.CancelledError:
@@ -165,13 +161,12 @@ class Rescuer:
 
     def _continuable(self, guard: StreamGuard) -> bool:
         exchange = self.exchange
-        if exchange.spec.protocol not in _CONTINUED:
+        if not exchange.spec.continuable:
             return False
         n = self.request_json.get("n")
         if n is not None and n != 1:
             return False
-        check = getattr(guard.contract, "continuable", None)
-        return bool(check is not None and check())
+        return guard.contract.continuable()
 
     async def _continue(
         self, original: StreamGuard, text: str, joint: Joint, cut: Usage
@@ -394,8 +389,7 @@ _RNG = random.Random()
 
 
 def _text(guard: StreamGuard) -> str:
-    text: Callable[[], str] | None = getattr(guard.contract, "text", None)
-    return text() if text is not None else ""
+    return guard.contract.text()
 
 
 def _billed(guard: StreamGuard, body_size: int, before: Usage) -> Usage:
@@ -416,11 +410,7 @@ def _billed(guard: StreamGuard, body_size: int, before: Usage) -> Usage:
 def _next_joint(joint: Joint, guard: StreamGuard, cut: Usage) -> Joint:
     """The joint for a continuation of a continuation: the same ids, the blocks shifted on,
     the usage of every cut attempt so far."""
-    if isinstance(joint, MessagesJoint):
-        shift = joint.shift + getattr(guard.contract, "open_block", 0)
-        return MessagesJoint(shift, cut)
-    joint.cut_usage = cut
-    return joint
+    return guard.contract.next_joint(joint, cut)
 
 
 async def _nothing() -> bytes:

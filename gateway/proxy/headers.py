@@ -232,12 +232,24 @@ def without_key(headers: RawHeaders, key: bytes | None) -> RawHeaders:
     ]
 
 
-def with_credential(headers: RawHeaders, endpoint: Endpoint, spec: ProtocolSpec) -> RawHeaders:
+def with_credential(
+    headers: RawHeaders,
+    endpoint: Endpoint,
+    spec: ProtocolSpec,
+    *,
+    method: str = "POST",
+    url: str = "",
+    body: bytes = b"",
+) -> RawHeaders:
     """``headers`` for ``endpoint``: its own credential instead of the client's, if it has
-    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``)."""
+    one, in the style of the request's protocol ``spec`` (``Endpoint.style_for``); an
+    upstream with AWS keys gets the request (``method url`` with ``body``) signed."""
     if endpoint.credential is None:
         return headers
     headers = [(k, v) for k, v in headers if k not in CREDENTIAL_HEADERS]
+    if endpoint.signer is not None:
+        # AWS keys sign, never travel; a request with no URL to sign (none today) gets none.
+        return endpoint.signer.sign(method, url, headers, body) if url else headers
     secret = endpoint.credential.get_secret_value().encode()
     style = endpoint.style_for(spec)
     if style is CredentialStyle.X_API_KEY:

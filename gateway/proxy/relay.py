@@ -85,7 +85,7 @@ from gateway.proxy.headers import (
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
 from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
 from gateway.proxy.upstream import Upstream, close_quietly
-from gateway.settings import ANONYMOUS, Settings
+from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
 
 __all__ = ["Relay"]
 
@@ -94,7 +94,7 @@ log = logging.getLogger("gateway")
 _REQUEST_DROP = (
     frozenset({b"host", b"content-length", b"x-request-id", b"expect"}) | FORWARDING_HEADERS
 )
-_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id")
+_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
     Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
@@ -139,6 +139,7 @@ class Relay:
             settings.client_key_sha256,
             settings.effective_routes(),
             settings.clients,
+            settings.credentials.get(ISSUED_AWS_KEYS),
         )
         self.bodies = BodyParser(count_input=bool(settings.clients))
         _warn_uncredentialed(settings, self.admission)
@@ -424,7 +425,7 @@ class Relay:
             self.upstream.request(
                 exchange.scope["method"],
                 endpoint.url_for(outgoing.target),
-                with_credential(outgoing.headers, endpoint, exchange.spec),
+                _signed_for(exchange, endpoint, outgoing, content),
                 content,
                 timeouts.connect,
             ),
@@ -660,7 +661,7 @@ class Relay:
             end_on_finish=exchange.route.config.termination == "finish",
         )
         contract = exchange.spec.new_contract(options)
-        if exchange.route.config.continue_after_cut and hasattr(contract, "keep_text"):
+        if exchange.route.config.continue_after_cut:
             contract.keep_text = True  # the text sent so far is what a continuation prefills
         guard = StreamGuard(
             contract,
@@ -917,7 +918,7 @@ async def _read_refusal(response: httpx.Response) -> Held:
 def _warn_uncredentialed(settings: Settings, admission: Admission) -> None:
     """Say at start which routes take client keys but send the upstream no credential."""
     for route in settings.effective_routes():
-        bare = [u.name for u in route.pool() if not u.credential_env]
+        bare = [u.name for u in route.pool() if not u.credential_env and u.aws is None]
         if bare and admission.takes_keys(route.name):
             log.warning(
                 "route %s: clients authenticate with gateway keys, which are not forwarded, "
@@ -939,3 +940,18 @@ def _client_left(record: RequestRecord, scope: Scope) -> None:
         record.status = 499
     else:
         record.status, record.rejected = refused
+
+
+def _signed_for(
+    exchange: Exchange, endpoint: Endpoint, outgoing: _Outgoing, content: bytes
+) -> RawHeaders:
+    """The request's headers with ``endpoint``'s credential (a signature, for an upstream
+    that signs: over its method, URL and ``content``)."""
+    return with_credential(
+        outgoing.headers,
+        endpoint,
+        exchange.spec,
+        method=exchange.scope["method"],
+        url=endpoint.url_for(outgoing.target),
+        body=content,
+    )

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from gateway.simulator._bedrock import EVENTSTREAM_TYPE
 from gateway.simulator._continuation import (
     Refusal,
     continuation_of,
@@ -53,6 +54,16 @@ _DEFAULT_LIST_LIMIT: Final = 100
 _STREAM_TYPES: Final = {
     "ollama": "application/x-ndjson",
     "ollama_generate": "application/x-ndjson",
+    "bedrock_converse": EVENTSTREAM_TYPE,
+    "bedrock_invoke": EVENTSTREAM_TYPE,
+}
+
+
+#: The header that carries a provider's own request id, where it is not ``x-request-id``.
+_ID_HEADERS: Final = {
+    "messages": "request-id",
+    "bedrock_converse": "x-amzn-requestid",
+    "bedrock_invoke": "x-amzn-requestid",
 }
 
 
@@ -105,7 +116,7 @@ class _Simulator:
     @staticmethod
     def _id_headers(protocol: str) -> tuple[str, list[tuple[str, str]]]:
         upstream_id = f"req_sim_{uuid.uuid4().hex}"
-        own = "request-id" if protocol == "messages" else "x-request-id"
+        own = _ID_HEADERS.get(protocol, "x-request-id")
         return upstream_id, [("x-upstream-sim-id", upstream_id), (own, upstream_id)]
 
     def _json(
@@ -280,6 +291,22 @@ class _Simulator:
         stream = not isinstance(body, dict) or body.get("stream") is not False
         return await self._generate(request, protocol, stream=stream)
 
+    async def bedrock_converse_stream(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        return await self._generate(request, "bedrock_converse", stream=True, model=model)
+
+    async def bedrock_converse(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        return await self._generate(request, "bedrock_converse", stream=False, model=model)
+
+    async def bedrock_invoke_stream(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        return await self._generate(request, "bedrock_invoke", stream=True, model=model)
+
+    async def bedrock_invoke(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        return await self._generate(request, "bedrock_invoke", stream=False, model=model)
+
     async def ollama_tags(self, request: Request) -> Response:
         _, id_headers = self._id_headers("ollama")
         return self._json(200, ollama_tags_body(), id_headers)
@@ -396,6 +423,15 @@ def create_simulator_app(
         Route("/api/chat", sim.ollama_chat, methods=["POST"]),
         Route("/api/generate", sim.ollama_generate, methods=["POST"]),
         Route("/api/tags", sim.ollama_tags, methods=["GET"]),
+        # Bedrock Runtime, at the root as on AWS: model ids hold ":" (quoted by botocore).
+        Route("/model/{model}/converse-stream", sim.bedrock_converse_stream, methods=["POST"]),
+        Route("/model/{model}/converse", sim.bedrock_converse, methods=["POST"]),
+        Route(
+            "/model/{model}/invoke-with-response-stream",
+            sim.bedrock_invoke_stream,
+            methods=["POST"],
+        ),
+        Route("/model/{model}/invoke", sim.bedrock_invoke, methods=["POST"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),

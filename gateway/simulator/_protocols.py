@@ -50,7 +50,15 @@ __all__ = [
 ]
 
 ProtocolName = Literal[
-    "chat", "completions", "responses", "messages", "gemini", "ollama", "ollama_generate"
+    "chat",
+    "completions",
+    "responses",
+    "messages",
+    "gemini",
+    "ollama",
+    "ollama_generate",
+    "bedrock_converse",
+    "bedrock_invoke",
 ]
 PROTOCOLS: Final[tuple[ProtocolName, ...]] = (
     "chat",
@@ -60,6 +68,8 @@ PROTOCOLS: Final[tuple[ProtocolName, ...]] = (
     "gemini",
     "ollama",
     "ollama_generate",
+    "bedrock_converse",
+    "bedrock_invoke",
 )
 #: Ollama's native API: ``/api/chat`` and ``/api/generate``.
 OLLAMA: Final = ("ollama", "ollama_generate")
@@ -136,6 +146,10 @@ def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
             for declaration in declarations if isinstance(declarations, list) else []:
                 if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
                     return str(declaration["name"])
+        elif protocol == "bedrock_converse":
+            spec = tool.get("toolSpec")
+            if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+                return str(spec["name"])
         elif protocol == "chat" or protocol in OLLAMA:
             function = tool.get("function")
             if isinstance(function, dict) and isinstance(function.get("name"), str):
@@ -203,6 +217,10 @@ def make_plan(
         max_tokens = _int_or_none(gemini_config.get("maxOutputTokens"))
     elif protocol in OLLAMA:
         max_tokens = _int_or_none(_object(body.get("options")).get("num_predict"))
+    elif protocol == "bedrock_converse":
+        max_tokens = _int_or_none(_object(body.get("inferenceConfig")).get("maxTokens"))
+        tools_raw = _object(body.get("toolConfig")).get("tools")
+        tools = tools_raw if isinstance(tools_raw, list) else []
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+from gateway.simulator._bedrock import BedrockConverseRenderer, BedrockInvokeRenderer
 from gateway.simulator._gemini import GeminiRenderer
 from gateway.simulator._ollama import OllamaChatRenderer, OllamaGenerateRenderer
 from gateway.simulator._protocols import (
@@ -30,6 +31,8 @@ RENDERERS: Final[Mapping[ProtocolName, type[Renderer]]] = MappingProxyType(
         "gemini": GeminiRenderer,
         "ollama": OllamaChatRenderer,
         "ollama_generate": OllamaGenerateRenderer,
+        "bedrock_converse": BedrockConverseRenderer,
+        "bedrock_invoke": BedrockInvokeRenderer,
     }
 )
 

@@ -247,6 +247,12 @@ PROTOCOL_PATHS = {
     "messages": ("/v1/messages", {"messages": [], "max_tokens": 64, "stream": True}),
     "gemini": ("/v1beta/models/sim-model:streamGenerateContent?alt=sse", {"contents": []}),
     "ollama": ("/api/chat", {"messages": []}),  # NDJSON: redacted and replayed by its framing
+    # AWS event stream frames: redacted frame by frame (CRCs recomputed), replayed by them
+    "bedrock": ("/bedrock/model/sim-model/converse-stream", {"messages": []}),
+    "bedrock.invoke": (
+        "/bedrock/model/sim-model/invoke-with-response-stream",
+        {"messages": [], "max_tokens": 64},
+    ),
 }
 
 
@@ -258,7 +264,10 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
         _route("v1", "/v1", simulator.url + "/v1", tmp_path, capture="all"),
         _route("gem", "/v1beta", simulator.url + "/v1beta", tmp_path, capture="all"),
         _route("oll", "/api", simulator.url + "/api", tmp_path, capture="all", protocol="ollama"),
+        _route("bed", "/bedrock", simulator.url, tmp_path, capture="all", protocol="bedrock"),
     ]
+    for route in routes:  # one directory for all: room for every protocol's every fault
+        route["capture_max_files"] = 1000
     count = 0
     with gateway_for("", routes=routes) as gw:
         for protocol, (path, body) in PROTOCOL_PATHS.items():
@@ -271,7 +280,7 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
                 }
                 web.post(gw.url + path, json={"model": "sim-model", **body}, headers=headers)
                 count += 1
-        _eventually(lambda: sum(_written(gw, r) for r in ("v1", "gem", "oll")) == count)
+        _eventually(lambda: sum(_written(gw, r) for r in ("v1", "gem", "oll", "bed")) == count)
     reasons, protocols = set(), set()
     for path in _files(tmp_path):
         capture = load(path)
@@ -281,7 +290,7 @@ def test_every_protocols_faults_replay_to_the_verdict_reached_live(
         reasons.add(capture.reason)
         protocols.add(capture.protocol)
     assert len(_files(tmp_path)) == count
-    assert protocols == set(PROTOCOL_PATHS)
+    assert protocols == {name.split(".")[0] for name in PROTOCOL_PATHS}
     assert reasons >= {
         "stop",
         "tool_calls",

@@ -55,7 +55,11 @@ def _run(settings: Settings, **narrowing: Any) -> Matrix:
 # ------------------------------------------------------------------ the simulator
 
 
-_SIMULATOR_ROUTES = {"gemini": "simulator-gemini", "ollama": "simulator-ollama"}
+_SIMULATOR_ROUTES = {
+    "gemini": "simulator-gemini",
+    "ollama": "simulator-ollama",
+    "bedrock": "simulator-bedrock",
+}
 
 
 def test_probe_simulator_passes_every_check_of_every_protocol_and_writes_both_reports(

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.guard import Outcome, Protocol, Reason, Verdict, render_annotation
 from gateway.guard.annotation import error_event, incomplete_message
+from gateway.guard.eventstream import EventStreamDecoder
 from gateway.guard.verdict import COMPLETE_REASONS, INCOMPLETE_REASONS
 
 RENDERED = sorted(INCOMPLETE_REASONS)
@@ -28,6 +29,7 @@ FOREIGN: dict[Protocol, tuple[str, ...]] = {
     Protocol.GEMINI: ("choice", "output item", "content block", "stop reason"),
     Protocol.OLLAMA: ("choice", "output item", "content block", "stop reason", "event"),
     Protocol.SSE: ("choice", "finish reason", "output item", "content block"),
+    Protocol.BEDROCK: ("choice", "finish reason", "output item"),
 }
 #: A client that looks for its terminator by substring must not find one in our error.
 TERMINATORS = (
@@ -40,7 +42,15 @@ TERMINATORS = (
 
 
 def parse(event: bytes) -> tuple[str | None, dict[str, Any]]:
-    """(event name or None, JSON payload) of one rendered error event (SSE or NDJSON)."""
+    """(event name or None, JSON payload) of one rendered error event (SSE, NDJSON or one
+    event stream frame: its exception type)."""
+    if event[:1] == b"\x00":  # a binary frame: exactly one
+        (frame,) = EventStreamDecoder().feed(event)
+        assert frame.end == len(event)
+        assert frame.id == "exception"
+        payload = json.loads(frame.data)
+        assert isinstance(payload, dict)
+        return frame.event, payload
     if not event.startswith((b"data: ", b"event: ")):  # NDJSON: exactly one line
         assert event.endswith(b"\n")
         assert event.count(b"\n") == 1
@@ -68,15 +78,19 @@ def machine_reason(protocol: Protocol, payload: dict[str, Any]) -> set[str]:
     if protocol is Protocol.GEMINI:  # google.rpc.ErrorInfo, as Google APIs carry a reason
         (info,) = (d for d in payload["error"]["details"] if d["@type"].endswith("ErrorInfo"))
         return {info["metadata"]["reason"], info["reason"].lower()}
-    if protocol is Protocol.OLLAMA:
+    if protocol in (Protocol.OLLAMA, Protocol.BEDROCK):
         return {payload["gateway"]["reason"]}
     return {payload["error"]["code"]}
 
 
 def shown_message(protocol: Protocol, payload: dict[str, Any]) -> str:
     """The human-readable message the client's SDK raises with."""
-    # the ollama client raises ResponseError(line["error"])
-    message = payload["error"] if protocol is Protocol.OLLAMA else payload["error"]["message"]
+    # the ollama client raises ResponseError(line["error"]); botocore an EventStreamError
+    # with the exception's message
+    if protocol is Protocol.BEDROCK:
+        message = payload["message"]
+    else:
+        message = payload["error"] if protocol is Protocol.OLLAMA else payload["error"]["message"]
     assert isinstance(message, str)
     return message
 
@@ -106,6 +120,9 @@ def test_every_error_event_carries_the_reason_in_a_field(
         assert name is None  # google-genai reads only data: lines
         assert isinstance(payload["error"]["code"], int)  # it raises only on an integer code
         assert next(iter(payload)) == "error"  # ... of an event that starts with "error"
+    elif protocol is Protocol.BEDROCK:
+        assert name == "modelStreamErrorException"  # botocore raises EventStreamError on it
+        assert payload["request_id"] == "rid-1"
     elif protocol is Protocol.OLLAMA:
         assert isinstance(payload["error"], str)  # ollama raises ResponseError on it
         assert payload["gateway"]["outcome"] == "incomplete"
@@ -166,7 +183,7 @@ def test_the_annotation_is_the_error_event_then_the_comment(protocol: Protocol) 
     verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.CLIENT_STALLED)
     trailer = render_annotation(protocol, verdict, "q-1", last_sequence_number=None)
     event = error_event(protocol, Reason.CLIENT_STALLED, "q-1")
-    if protocol is Protocol.OLLAMA:  # NDJSON has no comment line: the error line alone
+    if protocol in (Protocol.OLLAMA, Protocol.BEDROCK):  # no comment line: the error alone
         assert trailer == event
         return
     assert trailer == event + b": gateway outcome=incomplete reason=client_stalled request_id=q-1\n"
@@ -179,7 +196,7 @@ def test_a_complete_stream_gets_the_comment_unless_its_sdk_rejects_comments(
     verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
     trailer = render_annotation(protocol, verdict, "q-2")
     # google-genai raises on any line that is not data:, and NDJSON (ollama) has no comment
-    if protocol in (Protocol.GEMINI, Protocol.OLLAMA):
+    if protocol in (Protocol.GEMINI, Protocol.OLLAMA, Protocol.BEDROCK):
         assert trailer == b""
     else:
         assert trailer == b": gateway outcome=complete reason=stop request_id=q-2\n"

@@ -287,7 +287,7 @@ def test_an_ndjson_stream_keeps_its_lines_and_verdict_and_loses_its_text() -> No
         + _line({"message": {"role": "assistant", "content": "", "tool_calls": [call]}}, b"\r\n")
         + _line({"done": True, "done_reason": "stop", "eval_count": 12})
     )
-    redacted = redact_stream(stream, "ndjson")
+    redacted = redact_stream(stream, "ollama")
     assert len(redacted) == len(stream)
     assert [i for i, b in enumerate(redacted) if b in b"\r\n"] == [
         i for i, b in enumerate(stream) if b in b"\r\n"
@@ -302,7 +302,7 @@ def test_an_ndjson_stream_keeps_its_lines_and_verdict_and_loses_its_text() -> No
 
 def test_a_line_that_is_not_json_is_replaced_whole() -> None:
     stream = b'{"message": {"content": "' + SECRETS[1].encode() + b'"\n'
-    redacted = redact_stream(stream, "ndjson")
+    redacted = redact_stream(stream, "ollama")
     assert len(redacted) == len(stream)
     assert SECRETS[1].encode() not in redacted
     assert redacted.endswith(b"\n")

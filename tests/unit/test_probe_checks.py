@@ -50,6 +50,7 @@ def test_every_protocol_a_client_speaks_is_probed() -> None:
         "messages",
         "gemini",
         "ollama",
+        "bedrock",
     ]
 
 
@@ -65,6 +66,8 @@ def test_each_request_is_what_its_check_says(spec: ProtocolSpec, check: str) -> 
     rest = request.path[len("/prefix") :]
     if spec.name == "ollama":  # probed below its documented route: prefix /api, fixed protocol
         assert detect("/api" + rest) is spec
+    elif spec.name == "bedrock":  # below a prefix that ends in /model, as the runtime's paths
+        assert detect("/model" + rest) is spec
     else:
         assert detect(rest) is spec
     assert spec.wants_stream(rest.split("?")[0], request.body) == (check != "plain")

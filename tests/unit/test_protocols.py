@@ -49,8 +49,11 @@ def test_route_settings_take_their_names_from_the_registry() -> None:
     for spec in REGISTRY:
         assert RouteConfig(upstream="http://u.test/v1", protocol=spec.name).protocol == spec.name
     for style in CredentialStyle:
-        config = RouteConfig(upstream="http://u.test/v1", credential_style=style.value)
+        signs = {"aws": {"region": "us-east-1"}} if style is CredentialStyle.SIGV4 else {}
+        config = RouteConfig(upstream="http://u.test/v1", credential_style=style.value, **signs)
         assert config.credential_style == style
+    with pytest.raises(ValidationError, match="aws"):
+        RouteConfig(upstream="http://u.test/v1", credential_style="sigv4")
     with pytest.raises(ValidationError, match="protocol"):
         RouteConfig(upstream="http://u.test/v1", protocol="grpc")
     reference = (DOCS / "configuration.md").read_text()
@@ -72,6 +75,10 @@ def test_route_settings_take_their_names_from_the_registry() -> None:
         ("/models/gemini-2.5-flash:generateContent", "gemini", False),
         ("/api/chat", "ollama", True),
         ("/api/generate", "ollama", True),
+        ("/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream", "bedrock", True),
+        ("/model/us.amazon.nova-lite-v1:0/invoke-with-response-stream", "bedrock", True),
+        ("/model/m/converse", "bedrock", False),
+        ("/model/m/invoke", "bedrock", False),
         ("/api/tags", "sse", False),
         ("/models", "sse", False),
         ("/embeddings/", "sse", False),
@@ -81,7 +88,8 @@ def test_paths_find_their_protocol(path: str, name: str, stream_by_url: bool) ->
     spec = detect(path)
     assert spec.name == name
     assert spec.wants_stream(path, None) is stream_by_url
-    assert spec.wants_stream(path, {"stream": True}) is (name != "gemini" or stream_by_url)
+    by_url = name in ("gemini", "bedrock")
+    assert spec.wants_stream(path, {"stream": True}) is (not by_url or stream_by_url)
 
 
 def test_the_gemini_recipe_works_while_make_run_serves() -> None:

@@ -58,3 +58,12 @@ def test_the_documented_continued_trailer_is_what_the_guard_renders() -> None:
     rendered = render_annotation(Protocol.CHAT, verdict, "7f3a2c9e", continued=1)
     assert rendered.decode() in DOC
     assert b"continued" not in render_annotation(Protocol.CHAT, verdict, "7f3a2c9e")
+
+
+def test_the_documented_bedrock_exception_payload_is_what_the_guard_renders() -> None:
+    from gateway.guard.eventstream import EventStreamDecoder
+
+    verdict = Verdict(outcome=Outcome.INCOMPLETE, reason=Reason.MISSING_DONE)
+    (frame,) = EventStreamDecoder().feed(render_annotation(Protocol.BEDROCK, verdict, "req-7f3a"))
+    assert (frame.id, frame.event) == ("exception", "modelStreamErrorException")
+    assert frame.data in DOC
