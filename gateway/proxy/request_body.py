@@ -36,10 +36,21 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from gateway.guard import Protocol
+from gateway.guard.joint import dumps_utf8
 from gateway.guard.jsonparse import loads
 from gateway.policy.limits import estimate_input
+from gateway.protocols.continuation import ContinuationStyle, continuation_request
 
-__all__ = ["OFF_LOOP_BYTES", "BodyParser", "Summary", "input_estimate", "rewrite", "summary"]
+__all__ = [
+    "OFF_LOOP_BYTES",
+    "BodyParser",
+    "Summary",
+    "continuation_body",
+    "input_estimate",
+    "rewrite",
+    "summary",
+]
 
 log = logging.getLogger("gateway")
 
@@ -118,6 +129,28 @@ def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def continuation_body(
+    body: bytes,
+    protocol: Protocol,
+    style: ContinuationStyle,
+    partial: str,
+    model: str | None,
+) -> tuple[bytes, str] | None:
+    """A continuation request's bytes (``gateway.protocols.continuation``) and the text
+    its answer repeats at the start, built from a fresh parse of the admitted body
+    (changed in place: never a copy), ``model`` set when the upstream maps it; None
+    when the body cannot be continued."""
+    doc = _document(body)
+    if doc is None:
+        return None
+    if model is not None:
+        doc["model"] = model
+    request = continuation_request(protocol, style, doc, partial, fresh=True)
+    if request is None:
+        return None
+    return dumps_utf8(request.body), request.skip
+
+
 def input_estimate(request: dict[str, Any] | None, body_size: int) -> int:
     """A request's input tokens: the estimate its summary made of the whole document,
     else (not JSON, or made without) ``estimate_input`` of what there is."""
@@ -143,9 +176,23 @@ class BodyParser:
         return await self._run(rewrite, body, changes)
 
     async def document(self, body: bytes) -> dict[str, Any] | None:
-        """The whole JSON object body (a continuation's prefill needs its messages);
-        parsed again when asked, never kept by the relay."""
+        """The whole JSON object body, parsed again when asked, never kept by the relay."""
         return await self._run(_document, body)
+
+    async def continuation(
+        self,
+        body: bytes,
+        protocol: Protocol,
+        style: ContinuationStyle,
+        partial: str,
+        model: str | None,
+    ) -> tuple[bytes, str] | None:
+        """``continuation_body``, in the helper process for a large body: the document is
+        parsed, changed and written there, and only bytes come back to the loop. A
+        ``regenerate`` request without a model to map is the body itself, unparsed."""
+        if style is ContinuationStyle.REGENERATE and model is None and partial:
+            return body, ""
+        return await self._run(continuation_body, body, protocol, style, partial, model)
 
     async def _run(self, work: Callable[..., T], body: bytes, *args: Any) -> T:
         if len(body) <= self.off_loop_bytes:

@@ -195,7 +195,7 @@ class _Simulator:
             payload = error_body(protocol, 400, prefill.message, upstream_id)
             return self._json(400, payload, id_headers)
         plan = make_plan(protocol, body, knobs, size, model=model)
-        if prefill is not None and not continue_plan(plan, knobs, prefill):
+        if prefill is not None and not continue_plan(plan, knobs, prefill, self.continuation):
             message = "The prefill is not a prefix of the simulator's scripted answer."
             return self._json(400, error_body(protocol, 400, message, upstream_id), id_headers)
         if protocol == "completions" and self.continuation != "reject":
@@ -363,7 +363,9 @@ def create_simulator_app(
     the answer is the rest of the scripted one after that text, exactly. Which
     continuation requests are taken (``continuation``): ``any`` (a plain
     prefill, ``continue_final_message`` or ``"prefix": true``), one of those
-    styles only, or ``reject`` (a 400, as a model that rejects prefill).
+    styles only, or ``reject`` (a 400, as a model that rejects prefill);
+    ``restart`` takes a prefill and answers from the start all the same (an
+    upstream that ignores it), ``empty`` answers it with a finish and no text.
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")

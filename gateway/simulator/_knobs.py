@@ -76,6 +76,8 @@ class Knobs:
     chunk_bytes: int = 0
     stall_seconds: float = DEFAULT_STALL_SECONDS
     status: int = 500
+    #: Every third delta starts with a lone surrogate (``x-sim-surrogate: 1``).
+    surrogate: bool = False
 
 
 def knob_header(name: str) -> str:
@@ -181,6 +183,8 @@ def read_knobs(
     )
     raw = _pick(headers, sim, "status")
     status = default_status if raw is None else _as_int("status", raw, 300, 599)
+    raw = _pick(headers, sim, "surrogate")
+    surrogate = False if raw is None else _as_bool("surrogate", raw)
 
     return Knobs(
         fault=fault,
@@ -192,4 +196,5 @@ def read_knobs(
         chunk_bytes=chunk_bytes,
         stall_seconds=stall,
         status=status,
+        surrogate=surrogate,
     )
