@@ -74,6 +74,7 @@ class Check(enum.Enum):
     HONOURED = "honoured"  # it goes on from the cut
     RESTARTED = "restarted"  # it repeats the head of the answer: not honoured
     EMPTY = "empty"  # it ended with no new content: not honoured
+    OVERRUN = "overrun"  # text after an answer that had finished: not honoured
     DIVERGED = "diverged"  # a regenerated answer that is not what the client has
 
 
@@ -93,9 +94,12 @@ class JointCheck:
 
     HEAD = 32
 
-    def __init__(self, before: str, *, regenerate: bool = False) -> None:
+    def __init__(self, before: str, *, regenerate: bool = False, finished: bool = False) -> None:
         self.before = before
         self.regenerate = regenerate
+        #: The cut answer had its finish (only its end was missing): the continuation
+        #: must add nothing.
+        self.finished = finished
         self.state = Check.PENDING
         self._head = min(self.HEAD, len(before))
         self._seen = ""  # the continuation's first characters (prefilled)
@@ -104,6 +108,9 @@ class JointCheck:
     def text(self, piece: str) -> str:
         if self.state is not Check.PENDING or not piece:
             return piece if self.state is not Check.DIVERGED else ""
+        if self.finished and not self.regenerate:
+            self.state = Check.OVERRUN
+            return piece
         if self.regenerate:
             want = self.before[self._covered :]
             n = min(len(want), len(piece))
@@ -127,8 +134,10 @@ class JointCheck:
         if self.state is Check.PENDING:
             if self.regenerate:
                 self.state = Check.DIVERGED  # it ended short of what the client has
+            elif self.finished or (not self._seen and had_content):
+                self.state = Check.HONOURED
             elif not self._seen:
-                self.state = Check.HONOURED if had_content else Check.EMPTY
+                self.state = Check.EMPTY
             elif self.before.startswith(self._seen):
                 self.state = Check.RESTARTED
             else:

@@ -138,6 +138,8 @@ class Rescuer:
         #: with both.
         self._cut = Usage(input_tokens=0, output_tokens=0)
         self._live: StreamGuard | None = None
+        #: The cut answer had its finish (only its end was missing).
+        self._finished = False
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -200,6 +202,7 @@ class Rescuer:
             self.settle = None
         cut = self._cut = _billed(guard, self.body_size, self._cut)
         text = _text(guard)
+        self._finished = bool(contract.finish_reasons)
         joint: Joint = (
             MessagesJoint(getattr(contract, "open_block", 0), cut)
             if exchange.spec.protocol is Protocol.MESSAGES
@@ -322,7 +325,8 @@ class Rescuer:
                     continue
                 content, skip = request
                 regenerate = endpoint.continuation is ContinuationStyle.REGENERATE
-                joint.expect(JointCheck(text, regenerate=regenerate), skip)
+                check = JointCheck(text, regenerate=regenerate, finished=self._finished)
+                joint.expect(check, skip)
                 started = time.monotonic()
                 self.metrics.upstream_started(exchange.route.name, endpoint.name)
                 counted = True
