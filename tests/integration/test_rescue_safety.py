@@ -278,9 +278,9 @@ def _gaps_around(
             web.client(timeout=120) as client,
             client.stream(
                 "POST",
-                gw_url + "/v1/chat/completions",
+                gw_url + "/paced/chat/completions",
                 json=CHAT,
-                headers={"x-sim-fault": "none", "x-sim-tokens": "1500", "x-sim-tps": "50"},
+                headers={"x-sim-tokens": "1500", "x-sim-tps": "50"},
             ) as response,
         ):
             for _ in response.iter_raw():
@@ -321,9 +321,11 @@ def test_a_30_mb_conversation_is_continued_off_the_loop_within_its_deadline(
     with (
         simulator_process("--fault", "drop_after_text") as primary,
         simulator_process() as fallback,
+        simulator_process() as paced,  # not one of those that parse the 30 MB
     ):
         config = tmp_path / "gateway.toml"
         config.write_text(
+            f'[[routes]]\nname = "paced"\nprefix = "/paced"\nupstream = "{paced}/v1"\n'
             '[[routes]]\nname = "chat"\nprefix = "/v1"\ncontinue_after_cut = true\n'
             f"[routes.timeouts]\ntotal = {total}\n"
             f'[[routes.upstreams]]\nname = "primary"\nurl = "{primary}/v1"\n'
