@@ -8,7 +8,8 @@ Keeping the parsed document for the life of the request cost more memory
 than the body itself (a string as large again; many small objects several
 times its size), so ``summary`` keeps only the small members: scalars,
 short strings, and small objects of those (``Summary``); lists (``messages``,
-``input``, ``tools``) never. ``rewrite`` parses the body again and changes
+``input``, ``tools``) never; a string ``model`` always, whatever its length.
+``rewrite`` parses the body again and changes
 top-level members (an object member is merged into the client's, so a
 ``stream_options`` the summary left out keeps its other keys).
 
@@ -111,7 +112,13 @@ def summary(body: bytes, count_input: bool = False) -> Summary | None:
     if doc is None:
         return None
     tokens = estimate_input(doc, len(body)) if count_input else None
-    return Summary({key: value for key, value in doc.items() if _small(value)}, tokens)
+    members = {key: value for key, value in doc.items() if _small(value)}
+    model = doc.get("model")
+    if isinstance(model, str):
+        # Whatever its length: the model map, the per-model cool-down and the log need it
+        # (the log and the labels cut it, ``observe``).
+        members["model"] = model
+    return Summary(members, tokens)
 
 
 def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:

@@ -419,3 +419,14 @@ def test_the_recipe_rescues_a_messages_stream_for_the_anthropic_sdk(
             )
             assert final.usage.input_tokens > start["message"]["usage"]["input_tokens"]
         assert len(arrivals(fallback)) == 1
+
+
+def test_a_stall_is_continued_when_the_route_sets_only_a_total_deadline() -> None:
+    with sim(default_fault="stall_mid_stream") as primary, sim() as fallback:
+        routes = recipe(primary.url, fallback.url)
+        del routes[0]["timeouts"]["idle"]  # the default idle (120 s) is past the total
+        with gateway_for("", routes=routes) as gw:
+            assert sdk_text(gw, {"x-sim-stall-seconds": str(60 * SCALE)}) == TEXT
+            text = metrics(gw)
+        assert metric_value(text, "gateway_continuations_total", result="ok") == 1
+        assert len(arrivals(fallback)) == 1
