@@ -55,7 +55,8 @@ def test_the_recipe_sets_idle_below_total_and_brings_a_primary_back_within_30_s(
     route = Route(config, settings.route_timeouts(config))
     primary, fallback = route.endpoints
     total = route.timeouts.total
-    assert primary.timeouts.idle < total and fallback.timeouts.idle < total
+    assert primary.timeouts.idle < total
+    assert fallback.timeouts.idle < total
     assert config.eject_max_seconds < 30.0  # the longest ejection, then the probe
     assert config.max_attempts >= 3
 
