@@ -430,3 +430,23 @@ def test_a_stall_is_continued_when_the_route_sets_only_a_total_deadline() -> Non
             text = metrics(gw)
         assert metric_value(text, "gateway_continuations_total", result="ok") == 1
         assert len(arrivals(fallback)) == 1
+
+
+def test_a_regenerated_answer_that_diverges_is_rejected_with_the_original_reason() -> None:
+    # The fallback answers the same request with another text (another seed): nothing of
+    # it reaches the client, never a second copy of the answer.
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim(continuation="reject", default_seed=7) as fallback,
+    ):
+        routes = recipe(primary.url, fallback.url, continuation="regenerate")
+        routes[0]["upstreams"][0]["continuation"] = "none"
+        with gateway_for("", routes=routes) as gw:
+            response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            note = annotation(response.content)
+            assert (note["outcome"], note["reason"]) == ("incomplete", "missing_done")
+            assert "continued" not in note
+            assert chat_text(response.content) == expected_text(3)
+            text = metrics(gw)
+            assert metric_value(text, "gateway_continuations_total", result="rejected") == 1
+        assert len(arrivals(fallback)) == 1
