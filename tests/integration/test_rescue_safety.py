@@ -370,3 +370,38 @@ def test_a_30_mb_conversation_is_continued_off_the_loop_within_its_deadline(
         max(health_within),
         parse,
     )
+
+
+def test_the_continuation_request_is_built_once_for_every_candidate_of_a_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    build = BodyParser.continuation
+
+    async def counted(self: BodyParser, body: bytes, *args: Any) -> Any:
+        calls.append(len(body))
+        return await build(self, body, *args)
+
+    monkeypatch.setattr(BodyParser, "continuation", counted)
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as primary,
+        sim(continuation="reject") as first,
+        sim(continuation="reject") as second,
+    ):
+        routes = continuing(primary, first)
+        routes[0]["upstreams"].append(
+            {
+                "name": "second",
+                "url": second.url + "/v1",
+                "priority": 1,
+                "continuation": "assistant_prefill",
+            }
+        )
+        with gateway_for("", routes=routes) as gw:
+            response = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert chat_text(response.content) == TEXT
+            text = metrics(gw)
+    # three upstreams asked (two refused, the primary continued it), one request built
+    assert metric_value(text, "gateway_continuations_total", result="rejected") == 2
+    assert metric_value(text, "gateway_continuations_total", result="ok") == 1
+    assert len(calls) == 1
