@@ -7,6 +7,7 @@ a 30 MB conversation cut and continued leaves a concurrent stream and /healthz o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -30,6 +31,7 @@ from tests import web
 from tests.conftest import ServerThread, free_port, gateway_process, running
 from tests.integration.control import WAIT_SECONDS
 from tests.integration.helpers import access_log_until, annotation, gateway_for, metric_value
+from tests.integration.raw_upstream import chunk, raw_upstream, sse_head
 from tests.integration.test_failover import CHAT, chat_text, metrics
 from tests.sdk import anthropic, openai
 
@@ -405,3 +407,46 @@ def test_the_continuation_request_is_built_once_for_every_candidate_of_a_round(
     assert metric_value(text, "gateway_continuations_total", result="rejected") == 2
     assert metric_value(text, "gateway_continuations_total", result="ok") == 1
     assert len(calls) == 1
+
+
+async def _text_and_error_in_one_read(
+    request: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """A first event and the upstream's own error event, in one write (one first read)."""
+    events = (
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}\n\n'
+        b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n'
+    )
+    writer.write(sse_head(b"connection: close\r\n") + chunk(events) + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def test_a_first_read_that_holds_the_fatal_event_is_retried_by_its_real_cause(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with raw_upstream(_text_and_error_in_one_read) as bad, sim() as fallback:
+        routes = [
+            {
+                "name": "chat",
+                "prefix": "/v1",
+                "max_attempts": 3,
+                "upstreams": [
+                    {"name": "primary", "url": bad.url + "/v1"},
+                    {"name": "fallback", "url": fallback.url + "/v1", "priority": 1},
+                ],
+            }
+        ]
+        with gateway_for("", routes=routes, access_log=True) as gw:
+            response = web.post(
+                gw.url + "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-request-id": "fatal-first-read"},
+                timeout=30,
+            )
+            assert chat_text(response.content) == TEXT  # nothing of the primary's
+            line = access_log_until(capsys, "fatal-first-read")[-1]
+    assert [(a["upstream"], a["result"], a.get("retry_cause")) for a in line["attempts"]] == [
+        ("primary", "early_eof", "upstream_error"),
+        ("fallback", "ok", None),
+    ]
