@@ -174,7 +174,11 @@ class Rescuer:
             self.metrics.continuation(route.name, cut_at, ContinuationResult.FAILED)
             if not self.continued:
                 return None
-            return Rescued(guard, _nothing, self.continued, billed=self._billed_so_far())
+            try:
+                billed: Usage | None = self._billed_so_far()
+            except Exception:  # what failed may be the estimate itself
+                billed = None
+            return Rescued(guard, _nothing, self.continued, billed=billed)
 
     async def _rescue(self, guard: StreamGuard) -> Rescued | None:
         exchange, route = self.exchange, self.exchange.route
