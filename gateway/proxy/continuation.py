@@ -80,7 +80,8 @@ class ContinuationResult(StrEnum):
 
     OK = "ok"  # the continuation ended the answer complete
     REJECTED = "rejected"  # the upstream refused the continuation request (a 4xx)
-    FAILED = "failed"  # it failed before its first content event, or broke in turn
+    #: it failed before its first content event, or broke in turn (or this path failed)
+    FAILED = "failed"
     NOT_CONTINUABLE = "not_continuable"  # what was sent cannot be continued
     #: it answered, but did not continue: it restarted the answer, or ended with nothing
     NOT_HONOURED = "not_honoured"
@@ -474,9 +475,6 @@ _LATE = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_
 _REFUSED = {
     ContinuationResult.REJECTED: (Result.STATUS_4XX, Health.OK),
     ContinuationResult.NOT_HONOURED: (Result.INCOMPLETE, Health.OK),
-    ContinuationResult.FAILED: (Result.INCOMPLETE, Health.FAILED),
-    ContinuationResult.NOT_CONTINUABLE: (Result.INCOMPLETE, Health.NEUTRAL),
-    ContinuationResult.OK: (Result.OK, Health.OK),
 }
 _RNG = random.Random()
 

@@ -881,7 +881,8 @@ class _Outgoing(NamedTuple):
 
 
 class _Tally:
-    """What one attempt came to, filled in as it goes and read once at its end."""
+    """What one attempt came to, filled in as it goes and read once: when it failed (before
+    its retry is chosen) or at its end."""
 
     __slots__ = (
         "answered",
