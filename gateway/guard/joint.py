@@ -46,7 +46,7 @@ __all__ = ["ChatJoint", "Check", "Joint", "JointCheck", "MessagesJoint", "dumps_
 
 _BIG = 1 << 30
 #: A lone UTF-16 surrogate (valid JSON as ``"\\ud83d"``, no UTF-8 form).
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # re's escapes: mypyc takes no surrogate literal
 
 
 def _escape(match: re.Match[str]) -> str:
