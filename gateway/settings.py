@@ -288,7 +288,9 @@ class UpstreamConfig(_Strict):
         le=100,
         description="Tier: traffic goes to the lowest tier with an available upstream.",
     )
-    continuation: Literal["none", "assistant_prefill", "continue_final_message", "prefix"] = Field(
+    continuation: Literal[
+        "none", "assistant_prefill", "continue_final_message", "prefix", "regenerate"
+    ] = Field(
         "none",
         description="How this upstream continues a partial answer after a cut "
         "(routes with continue_after_cut).",

@@ -180,14 +180,15 @@ class ChatContract(Contract):
 
     def continuable(self) -> bool:
         """Whether the answer so far can be continued by another request: one choice,
-        only text (no tool call, refusal, reasoning or audio), not finished. Reads what
-        the contract keeps with ``keep_text``."""
+        only text (no tool call, refusal, reasoning or audio), not finished, or finished
+        with ``stop`` (its text is whole, only its end is missing: a continuation with
+        nothing more proves it). Reads what the contract keeps with ``keep_text``."""
         choice = self._choices.get(0)
         return (
             self.keep_text
             and len(self._choices) == 1
             and choice is not None
-            and choice.finish is None
+            and choice.finish in (None, "stop")
             and not choice.tools
             and not self.other_content
             and bool(choice.text)

@@ -17,6 +17,16 @@ before the cut plus the rest, nothing repeated, nothing lost:
 A text the continuation repeats at its start (``skip``: the prefill lost its
 trailing whitespace, which Anthropic refuses in a prefill) is taken off once.
 
+The joint is checked (``JointCheck``): a continuation whose text starts again
+from the answer's beginning (it repeats the head of what the client has), or
+that ends with no new content at all, is not honoured; a regenerated answer
+(``regenerate``: the whole answer asked again) must repeat exactly what the
+client has before anything of it goes on, and diverges otherwise. What cannot
+be checked: that text after the joint is the right continuation of it (a
+continuation that starts somewhere else than the answer's head, or repeats a
+middle part, passes), nor anything of a regenerated answer after the part the
+client already has.
+
 Sans-IO: whole events in (a guard's forwarded bytes), bytes out; no state but
 the joint's own. Each event is parsed and written again, so this runs only on
 a continued stream, never on the happy path.
@@ -24,19 +34,115 @@ a continued stream, never on the happy path.
 
 from __future__ import annotations
 
+import enum
 import json
+import re
 from typing import Any
 
 from gateway.guard.sse import SSEDecoder
 from gateway.guard.verdict import Usage
 
-__all__ = ["ChatJoint", "Joint", "MessagesJoint"]
+__all__ = ["ChatJoint", "Check", "Joint", "JointCheck", "MessagesJoint", "dumps_utf8"]
 
 _BIG = 1 << 30
+#: A lone UTF-16 surrogate (valid JSON as ``"\\ud83d"``, no UTF-8 form).
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # re's escapes: mypyc takes no surrogate literal
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def dumps_utf8(obj: object) -> bytes:
+    """Compact JSON as UTF-8, non-ASCII characters as they are; a lone surrogate, which
+    has no UTF-8 form, as its ``\\u`` escape (where JSON text carried it in)."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_escape, text).encode()
 
 
 def _dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return dumps_utf8(obj).decode()
+
+
+class Check(enum.Enum):
+    """Where a continuation's joint check stands."""
+
+    PENDING = "pending"  # not enough of its text seen yet
+    HONOURED = "honoured"  # it goes on from the cut
+    RESTARTED = "restarted"  # it repeats the head of the answer: not honoured
+    EMPTY = "empty"  # it ended with no new content: not honoured
+    OVERRUN = "overrun"  # text after an answer that had finished: not honoured
+    DIVERGED = "diverged"  # a regenerated answer that is not what the client has
+
+
+class JointCheck:
+    """Whether a continuation continues the answer ``before`` (what the client has).
+
+    ``text`` is fed each piece of the continuation's text (after the joint's
+    ``skip``) and returns what of it is new to the client: all of it for a
+    prefilled continuation; for a regenerated answer (``regenerate``), only
+    what comes after the part that repeats ``before`` exactly. A prefilled
+    continuation is honoured at its first character that is not the answer's
+    own at that place, and restarted once its first ``HEAD`` characters (or
+    all of ``before``, if shorter) are the answer's first ones: it is held
+    only while it looks like a restart. ``end`` decides what is still pending
+    when the continuation ends.
+    """
+
+    HEAD = 32
+
+    def __init__(self, before: str, *, regenerate: bool = False, finished: bool = False) -> None:
+        self.before = before
+        self.regenerate = regenerate
+        #: The cut answer had its finish (only its end was missing): the continuation
+        #: must add nothing.
+        self.finished = finished
+        self.state = Check.PENDING
+        self._head = min(self.HEAD, len(before))
+        self._seen = ""  # the continuation's first characters (prefilled)
+        self._covered = 0  # characters of ``before`` repeated so far (regenerated)
+
+    def text(self, piece: str) -> str:
+        if self.state is not Check.PENDING or not piece:
+            return piece if self.state is not Check.DIVERGED else ""
+        if self.finished and not self.regenerate:
+            self.state = Check.OVERRUN
+            return piece
+        if self.regenerate:
+            want = self.before[self._covered :]
+            n = min(len(want), len(piece))
+            if piece[:n] != want[:n]:
+                self.state = Check.DIVERGED
+                return ""
+            self._covered += n
+            if self._covered < len(self.before):
+                return ""
+            self.state = Check.HONOURED
+            return piece[n:]
+        seen = self._seen = self._seen + piece[: self._head - len(self._seen)]
+        if not self.before.startswith(seen):
+            self.state = Check.HONOURED  # it goes on elsewhere than the answer's head
+        elif len(seen) >= self._head:
+            self.state = Check.RESTARTED
+        return piece
+
+    def end(self, had_content: bool) -> Check:
+        """The continuation reached its verdict (``had_content``: any content event)."""
+        if self.state is Check.PENDING:
+            if self.regenerate:
+                self.state = Check.DIVERGED  # it ended short of what the client has
+            elif self.finished or (not self._seen and had_content):
+                self.state = Check.HONOURED
+            elif not self._seen:
+                self.state = Check.EMPTY
+            elif self.before.startswith(self._seen):
+                self.state = Check.RESTARTED
+            else:
+                self.state = Check.HONOURED
+        return self.state
 
 
 def _render(event: str, data: str) -> bytes:
@@ -51,6 +157,8 @@ class Joint:
         self._decoder = SSEDecoder(_BIG, _BIG)
         self.cut_usage = cut_usage
         self._skip = skip
+        #: The check of the continuation being read (``expect``), if any.
+        self.check: JointCheck | None = None
 
     def following(self, shift: int, cut_usage: Usage) -> Joint:
         """The joint for a continuation of a continuation: the same ids, ``shift`` more
@@ -61,6 +169,12 @@ class Joint:
     def skip_text(self, skip: str) -> None:
         """The text the next continuation repeats at its start (taken off once)."""
         self._skip = skip
+
+    def expect(self, check: JointCheck, skip: str = "") -> None:
+        """The next continuation starts: a fresh decoder, its skip and its check."""
+        self._decoder = SSEDecoder(_BIG, _BIG)
+        self._skip = skip
+        self.check = check
 
     def rewrite(self, data: bytes) -> bytes:
         out: list[bytes] = []
@@ -76,13 +190,14 @@ class Joint:
     def _take_skip(self, text: str) -> str:
         """``text`` without what the continuation repeats of the cut text's end."""
         skip = self._skip
-        if not skip or not text:
-            return text
-        common = 0
-        while common < len(skip) and common < len(text) and skip[common] == text[common]:
-            common += 1
-        self._skip = skip[common:] if common == len(text) else ""
-        return text[common:]
+        if skip and text:
+            common = 0
+            while common < len(skip) and common < len(text) and skip[common] == text[common]:
+                common += 1
+            self._skip = skip[common:] if common == len(text) else ""
+            text = text[common:]
+        check = self.check
+        return check.text(text) if check is not None else text
 
 
 def _add(value: object, more: int | None) -> object:
@@ -155,6 +270,13 @@ class MessagesJoint(Joint):
         super().__init__(cut_usage, skip)
         self.shift = open_block
         self._first_block: int | None = None
+        #: The continuation's own input tokens (its swallowed ``message_start``'s).
+        self._input: int | None = None
+
+    def expect(self, check: JointCheck, skip: str = "") -> None:
+        super().expect(check, skip)
+        self._first_block = None
+        self._input = None
 
     def following(self, shift: int, cut_usage: Usage) -> Joint:
         return MessagesJoint(self.shift + shift, cut_usage)
@@ -168,6 +290,11 @@ class MessagesJoint(Joint):
             return _render(event, data)
         kind = obj.get("type")
         if kind == "message_start":
+            message = obj.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                self._input = tokens
             return None
         index = obj.get("index")
         before = b""
@@ -197,6 +324,11 @@ class MessagesJoint(Joint):
             if isinstance(usage, dict):
                 cut = self.cut_usage
                 usage["output_tokens"] = _add(usage.get("output_tokens"), cut.output_tokens)
-                if "input_tokens" in usage:
-                    usage["input_tokens"] = _add(usage.get("input_tokens"), cut.input_tokens)
+                # The client saw the first attempt's message_start only: the billed input
+                # of every attempt goes here (the SDKs take message_delta's input_tokens).
+                own = usage.get("input_tokens")
+                if not isinstance(own, int) or isinstance(own, bool) or own == 0:
+                    own = self._input
+                if isinstance(own, int) and cut.input_tokens is not None:
+                    usage["input_tokens"] = own + cut.input_tokens
         return before + _render(event, _dumps(obj))

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import orjson
 
 from gateway.logsetup import LogGate, utc_timestamp
-from gateway.observe.record import RequestRecord
+from gateway.observe.record import Attempt, RequestRecord
 from gateway.observe.writer_thread import WriterThread
 
 # json.dumps with options builds a new encoder per call; one encoder serves every line.
@@ -128,10 +128,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         },
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
-        "attempts": [
-            {"upstream": a.upstream, "result": a.result, "duration_ms": _ms(a.duration)}
-            for a in record.attempts
-        ],
+        "attempts": [_attempt(a) for a in record.attempts],
         "rejected": record.rejected,
         "error": record.error,
         "continued": record.continued > 0,
@@ -139,6 +136,17 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     }
     if record.websocket is not None:
         fields["websocket"] = record.websocket
+    return fields
+
+
+def _attempt(a: Attempt) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "upstream": a.upstream,
+        "result": a.result,
+        "duration_ms": _ms(a.duration),
+    }
+    if a.cause is not None:
+        fields["retry_cause"] = a.cause
     return fields
 
 

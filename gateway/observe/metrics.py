@@ -433,7 +433,8 @@ class Metrics:
         self._child(self.upstream_ejected, route, upstream).set(1 if out else 0)
 
     def continuation(self, route: str, upstream: str, result: str) -> None:
-        """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_continuable``."""
+        """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_honoured``,
+        ``not_continuable``."""
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:

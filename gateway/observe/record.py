@@ -22,6 +22,10 @@ class Attempt:
     upstream: str  # the upstream's configured name
     result: str  # ok, connect_error, timeout, status_429, status_5xx, status_4xx, ...
     duration: float  # seconds, from sending the request to the end of this attempt
+    #: Why an attempt that failed before anything reached the client failed (the
+    #: stream's reason, e.g. ``idle_timeout`` behind ``early_eof``): the log's
+    #: ``retry_cause``. None for an answer relayed to the client.
+    cause: str | None = None
 
 
 @dataclass(slots=True)

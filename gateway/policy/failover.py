@@ -27,6 +27,7 @@ from gateway.policy.errors import RequestError
 from gateway.policy.pool import Health
 
 __all__ = [
+    "BROKE_ANSWER",
     "AttemptFailure",
     "Result",
     "health_of",
@@ -86,6 +87,19 @@ _BLAMELESS = frozenset(
     }
 )
 _TIMEOUTS = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
+#: Reasons a stream ends for that blame the upstream's own answer (it stalled, sent
+#: garbage, an error, or cut it): its retry or continuation goes first to another
+#: upstream, and to the same one only when no other can take it.
+BROKE_ANSWER = frozenset(
+    {
+        Reason.MISSING_DONE,
+        Reason.UPSTREAM_DISCONNECT,
+        Reason.IDLE_TIMEOUT,
+        Reason.INVALID_JSON,
+        Reason.INVALID_SHAPE,
+        Reason.UPSTREAM_ERROR,
+    }
+)
 
 
 _CONNECT_ERRORS = frozenset({RequestError.CONNECT_ERROR, RequestError.CONNECT_TIMEOUT})

@@ -15,6 +15,11 @@ result the route retries (``retry_on``):
 ``context_length`` (a 400 saying the prompt is too long) skips 1 and 2: the
 same tier would say the same; only a higher tier (a larger model) may not.
 
+An answer the upstream itself broke before anything reached the client
+(``broke``: it stalled, sent garbage or an error event, or cut its body;
+``failover.BROKE_ANSWER``) swaps 2 and 3: the same upstream would likely do it
+again, so it is asked once more only when no other upstream can be.
+
 Pure: the pool is handed in, time left and chance too.
 """
 
@@ -71,13 +76,15 @@ def next_attempt(
     time_left: float,
     retry_after: float | None = None,
     silent: bool = False,
+    broke: bool = False,
     rng: random.Random | None = None,
 ) -> Retry | None:
     """Where the retry of the attempt on ``tried[-1]`` that ended as ``result`` goes.
 
     ``retry_after``: the answer's wait (seconds), if it had one; ``silent``: the
     attempt failed by a timeout (no connection in time) even if ``result`` does
-    not say so. None: no retry (the client gets this attempt's answer).
+    not say so; ``broke``: the upstream broke its answer (the same upstream comes after
+    the next tier). None: no retry (the client gets this attempt's answer).
     """
     if (
         len(tried) >= policy.max_attempts
@@ -91,13 +98,20 @@ def next_attempt(
         lease = pool.pick(tried, panic=False, model=model, tier=tier)
         if lease is not None:
             return Retry(lease)
-        same = _same_upstream(
+        if not broke:
+            same = _same_upstream(
+                pool, policy, result, tried, model, time_left, retry_after, silent, rng or _RANDOM
+            )
+            if same is not None:
+                return same
+    lease = pool.pick(tried, panic=False, model=model, above=tier)
+    if lease is not None:
+        return Retry(lease)
+    if broke and result is not Result.CONTEXT_LENGTH:
+        return _same_upstream(
             pool, policy, result, tried, model, time_left, retry_after, silent, rng or _RANDOM
         )
-        if same is not None:
-            return same
-    lease = pool.pick(tried, panic=False, model=model, above=tier)
-    return Retry(lease) if lease is not None else None
+    return None
 
 
 def _same_upstream(

@@ -172,6 +172,11 @@ def _endpoint(
     config: UpstreamConfig, route: RouteConfig, timeouts: Timeouts, secret: SecretStr | None
 ) -> Endpoint:
     overrides = {k: v for k, v in config.timeouts.model_dump().items() if v is not None}
+    idle = overrides.get("idle", timeouts.idle)
+    if route.continue_after_cut and idle >= timeouts.total:
+        # A stall would only end at the total deadline, with no time left to continue
+        # it: on a route that continues, an idle deadline not below the total is half it.
+        overrides["idle"] = timeouts.total / 2
     return Endpoint(
         name=config.name,
         url=config.url,

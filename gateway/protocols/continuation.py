@@ -8,7 +8,10 @@ partial answer, in the style that upstream understands (its ``continuation`` key
   and ``add_generation_prompt: false`` (vLLM);
 - ``prefix``: the assistant message gets ``"prefix": true`` (DeepSeek, Mistral);
 - legacy Completions (any style but ``none``): the partial text appended to
-  the prompt.
+  the prompt;
+- ``regenerate``: the original request unchanged, for upstreams that refuse a
+  prefill: the whole answer is asked again and the gateway holds it until it
+  has repeated exactly what the client has (``gateway.guard.joint.JointCheck``).
 
 The Responses API and Gemini are not continued. A client's own final
 assistant message (its own prefill) is extended, not repeated. Anthropic
@@ -38,6 +41,7 @@ class ContinuationStyle(enum.StrEnum):
     ASSISTANT_PREFILL = "assistant_prefill"
     CONTINUE_FINAL_MESSAGE = "continue_final_message"
     PREFIX = "prefix"
+    REGENERATE = "regenerate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +53,23 @@ class Continuation:
 
 
 def continuation_request(
-    protocol: Protocol, style: ContinuationStyle, request: dict[str, Any], partial: str
+    protocol: Protocol,
+    style: ContinuationStyle,
+    request: dict[str, Any],
+    partial: str,
+    *,
+    fresh: bool = False,
 ) -> Continuation | None:
     """The request that asks for the rest after ``partial``, or None (not continuable
-    here: no style, a protocol that is not continued, a request of an unknown shape)."""
+    here: no style, a protocol that is not continued, a request of an unknown shape).
+    ``fresh``: ``request`` is a parse of its own, changed in place (no copy)."""
     if style is ContinuationStyle.NONE or not partial:
         return None
-    body = copy.deepcopy(request)
+    if protocol not in (Protocol.CHAT, Protocol.MESSAGES, Protocol.COMPLETIONS):
+        return None
+    body = request if fresh else copy.deepcopy(request)
+    if style is ContinuationStyle.REGENERATE:
+        return Continuation(body)
     if protocol is Protocol.COMPLETIONS:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

@@ -6,23 +6,35 @@ ends incomplete for a reason that blames the upstream (``BLAMES_UPSTREAM``)
 after content went out, and what was sent is only the text of one answer
 (the contract's ``continuable``), the gateway sends the original request
 with that text as a prefill (``gateway.protocols.continuation``) to the
-upstreams that can continue, in the retry order: the tier's other members,
-the same upstream after the backoff, then the next tiers. Each answer is
-checked by its own contract and held until its first content event; one
-that fails before that (a 400 because the model rejects prefill, a 5xx, a
-timeout) hands over to the next upstream. Once it starts, its events go out
-through the joint (``gateway.guard.joint``): the client's text is the text
-before the cut plus the continuation, nothing repeated, nothing lost.
+upstreams that can continue: first those that did not just break it (the
+tier's other members, then the next tiers, then any other), and the same
+upstream, after the backoff, only when no other can. Each answer is checked
+by its own contract and held until its joint is checked (``JointCheck``:
+its first text is not the answer's head again, it is not empty; a
+``regenerate`` answer has repeated exactly what the client has); one that
+fails before that (a 400 because the model rejects prefill, a 5xx, a
+timeout, a joint that is not honoured) hands over to the next upstream.
+Once it starts, its events go out through the joint (``gateway.guard.joint``):
+the client's text is the text before the cut plus the continuation,
+nothing repeated, nothing lost.
+
+The continuation request is built once a round for each style and model
+(``BodyParser.continuation``): in the helper process for a large body, so
+that the loop never copies or writes a large conversation, and within the
+request's total deadline.
 
 At most ``max_continuations`` per request. When none succeeds, the client
 gets the original failure's annotation (its reason, never the prefill's 400).
-The annotation of a continued stream says ``continued=N``.
+The annotation of a continued stream says ``continued=N``. Whatever fails
+inside this path (a bug, a value nothing expected), the stream still ends
+with the original verdict: the error event, the annotation, the metrics and
+the access-log line.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,13 +44,19 @@ from typing import Any
 import httpx
 
 from gateway.guard import Reason, StreamGuard, Usage
-from gateway.guard.joint import Joint
+from gateway.guard.joint import Check, Joint, JointCheck
 from gateway.observe import Attempt, Metrics
-from gateway.policy.failover import AttemptFailure, Result, result_of_failure, result_of_status
+from gateway.policy.failover import (
+    BROKE_ANSWER,
+    AttemptFailure,
+    Result,
+    result_of_failure,
+    result_of_status,
+)
 from gateway.policy.pool import Health, Lease
 from gateway.policy.retry import backoff
 from gateway.policy.routing import Endpoint, Target
-from gateway.protocols.continuation import ContinuationStyle, continuation_request
+from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.answers import Rescued, drop_stalled_client
 from gateway.proxy.attempt import attempt
 from gateway.proxy.exchange import Exchange
@@ -47,17 +65,10 @@ from gateway.proxy.upstream import ReadChunk, Upstream, chunk_reader, close_quie
 
 __all__ = ["BLAMES_UPSTREAM", "ContinuationResult", "Rescuer"]
 
+log = logging.getLogger("gateway")
+
 #: Why a stream may be continued: reasons that blame the upstream.
-BLAMES_UPSTREAM = frozenset(
-    {
-        Reason.MISSING_DONE,
-        Reason.UPSTREAM_DISCONNECT,
-        Reason.IDLE_TIMEOUT,
-        Reason.INVALID_JSON,
-        Reason.INVALID_SHAPE,
-        Reason.UPSTREAM_ERROR,
-    }
-)
+BLAMES_UPSTREAM = BROKE_ANSWER
 #: Stops the continuation answers (the watchdog's): any other stop (the client, the drain,
 #: the total deadline) ends the request as before.
 _ANSWERED_STOPS = frozenset({None, Reason.IDLE_TIMEOUT})
@@ -68,12 +79,20 @@ class ContinuationResult(StrEnum):
 
     OK = "ok"  # the continuation ended the answer complete
     REJECTED = "rejected"  # the upstream refused the continuation request (a 4xx)
-    FAILED = "failed"  # it failed before its first content event, or broke in turn
+    #: it failed before its first content event, or broke in turn (or this path failed)
+    FAILED = "failed"
     NOT_CONTINUABLE = "not_continuable"  # what was sent cannot be continued
+    #: it answered, but did not continue: it restarted the answer, or ended with nothing
+    NOT_HONOURED = "not_honoured"
 
 
 NewGuard = Callable[[httpx.Response], StreamGuard | None]
 Done = Callable[[Endpoint, Lease, Health], None]
+#: Builds a continuation request's bytes (``BodyParser.continuation`` on the admitted
+#: body): style, the text so far, the model the upstream maps the client's to.
+Build = Callable[[ContinuationStyle, str, str | None], Awaitable[tuple[bytes, str] | None]]
+#: Records the cut attempt (its reason) before a candidate is chosen.
+Settle = Callable[[Reason], None]
 
 
 class Rescuer:
@@ -89,10 +108,11 @@ class Rescuer:
         target: Target,
         headers: Callable[[Endpoint], RawHeaders],
         request_json: dict[str, Any],
-        document: Callable[[], Awaitable[dict[str, Any] | None]],
+        build: Build,
         body_size: int,
         new_guard: NewGuard,
         done: Done,
+        settle: Settle | None = None,
     ) -> None:
         self.exchange = exchange
         self.upstream = upstream
@@ -102,11 +122,12 @@ class Rescuer:
         self.headers = headers
         #: The request's small top-level members (``request_body.summary``).
         self.request_json = request_json
-        #: Parses the whole request body again: only a continuation needs its messages.
-        self.document = document
+        #: Builds a continuation request from the admitted body (off the loop when large).
+        self.build = build
         self.body_size = body_size
         self.new_guard = new_guard
         self.done = done
+        self.settle = settle
         self.continued = 0
         #: The cut attempt's reason, once a continuation was relayed.
         self.original: Reason | None = None
@@ -117,6 +138,8 @@ class Rescuer:
         #: with both.
         self._cut = Usage(input_tokens=0, output_tokens=0)
         self._live: StreamGuard | None = None
+        #: The cut answer had its finish (only its end was missing).
+        self._finished = False
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -126,6 +149,38 @@ class Rescuer:
     # -- whether and what ---------------------------------------------------------------
 
     async def rescue(self, guard: StreamGuard) -> Rescued | None:
+        """Continue ``guard``'s cut stream, or None; never raises but to be cancelled."""
+        try:
+            return await self._rescue(guard)
+        except asyncio.CancelledError:
+            exchange = self.exchange
+            if not exchange.claim_stop():
+                raise
+            assert exchange.stop_reason is not None
+            guard.abort(exchange.stop_reason, force=True)
+            if not self.continued:
+                return None
+            return Rescued(guard, _nothing, self.continued, billed=self._billed_so_far())
+        except Exception:
+            # A bug or an unexpected value: the original verdict still ends the stream.
+            route = self.exchange.route
+            log.exception(
+                "route %s: the continuation of request %s failed; the stream ends with "
+                "its original reason",
+                route.name,
+                self.exchange.record.request_id,
+            )
+            cut_at = route.endpoints[self.index].name
+            self.metrics.continuation(route.name, cut_at, ContinuationResult.FAILED)
+            if not self.continued:
+                return None
+            try:
+                billed: Usage | None = self._billed_so_far()
+            except Exception:  # what failed may be the estimate itself
+                billed = None
+            return Rescued(guard, _nothing, self.continued, billed=billed)
+
+    async def _rescue(self, guard: StreamGuard) -> Rescued | None:
         exchange, route = self.exchange, self.exchange.route
         verdict = guard.verdict
         contract = guard.contract
@@ -144,20 +199,17 @@ class Rescuer:
             self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
             return None
         exchange.stop_reason = None  # answered: the exchange can be stopped again
+        if self.settle is not None:
+            # The cut is recorded before a candidate is chosen: the upstream that broke is
+            # asked again only when it is still in the pool.
+            self.settle(verdict.reason)
+            self.settle = None
         cut = self._cut = _billed(guard, self.body_size, self._cut)
         text = _text(guard)
+        self._finished = bool(contract.finish_reasons)
         joint = contract.joint(cut)
         assert joint is not None  # a continuable contract declares its joint
-        try:
-            return await self._continue(guard, text, joint, cut)
-        except asyncio.CancelledError:
-            if not exchange.claim_stop():
-                raise
-            assert exchange.stop_reason is not None
-            guard.abort(exchange.stop_reason, force=True)
-            if not self.continued:
-                return None
-            return Rescued(guard, _nothing, self.continued, billed=self._billed_so_far())
+        return await self._continue(guard, text, joint, cut)
 
     def _continuable(self, guard: StreamGuard) -> bool:
         exchange = self.exchange
@@ -174,11 +226,12 @@ class Rescuer:
         exchange, route = self.exchange, self.exchange.route
         assert original.verdict is not None
         self._cut_reason = original.verdict.reason
+        broke = self.index
         while self.continued < route.config.max_continuations:
-            got = await self._one(text, joint)
+            got = await self._one(text, joint, broke)
             if got is None:
                 break
-            guard, read, name = got
+            guard, read, name, index = got
             verdict = guard.verdict
             assert verdict is not None
             if verdict.complete:
@@ -202,6 +255,7 @@ class Rescuer:
             cut = self._cut = _billed(guard, self.body_size, cut)
             self._live = None
             joint = _next_joint(joint, guard, cut)
+            broke = index
         if not self.continued:
             return None
         # The whole answer is the original's failure: its reason, said once at the end.
@@ -215,53 +269,72 @@ class Rescuer:
 
     # -- one continuation ---------------------------------------------------------------
 
-    def _candidates(self) -> Iterator[tuple[Lease, float]]:
-        """The upstreams that can continue, claimed one at a time, in the retry order."""
+    def _candidates(self, broke: int) -> Iterator[tuple[Lease, float]]:
+        """The upstreams that can continue, claimed one at a time: those that did not
+        break the stream (its tier's others, the tiers above, any other), then the one
+        that broke it, after the backoff, only when no other can."""
         route, model = self.exchange.route, self.exchange.record.model
         pool = route.pool
         unable = {
             i for i, e in enumerate(route.endpoints) if e.continuation is ContinuationStyle.NONE
         }
-        used = {self.index}
-        tier = pool.tier(self.index)
-        while (lease := pool.pick(unable | used, panic=False, model=model, tier=tier)) is not None:
-            used.add(lease.index)
-            yield lease, 0.0
-        if self.index not in unable and (lease := pool.claim(self.index)) is not None:
+        used = {broke}
+        tier = pool.tier(broke)
+        for scope in ({"tier": tier}, {"above": tier}, {}):
+            while (
+                lease := pool.pick(unable | used, panic=False, model=model, **scope)
+            ) is not None:
+                used.add(lease.index)
+                yield lease, 0.0
+        if broke not in unable and (lease := pool.claim(broke)) is not None:
             yield lease, backoff(route.retry.backoff_seconds, 1, _RNG)
-        while (lease := pool.pick(unable | used, panic=False, model=model, above=tier)) is not None:
-            used.add(lease.index)
-            yield lease, 0.0
 
-    async def _one(self, text: str, joint: Joint) -> tuple[StreamGuard, ReadChunk, str] | None:
+    async def _request(
+        self, endpoint: Endpoint, text: str, built: dict[tuple[str, str | None], Any]
+    ) -> tuple[bytes, str] | None:
+        """The continuation request for ``endpoint``: built once a round for each style
+        and mapped model, within the total deadline."""
+        model = self.request_json.get("model")
+        models = endpoint.models
+        mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
+        key = (str(endpoint.continuation), mapped)
+        if key not in built:
+            try:
+                async with asyncio.timeout_at(self.exchange.total_deadline):
+                    built[key] = await self.build(endpoint.continuation, text, mapped)
+            except TimeoutError:
+                built[key] = None
+        request: tuple[bytes, str] | None = built[key]
+        return request
+
+    async def _one(
+        self, text: str, joint: Joint, broke: int
+    ) -> tuple[StreamGuard, ReadChunk, str, int] | None:
         """Ask the candidates in turn; the first whose answer starts is relayed to its end."""
         exchange = self.exchange
         loop = asyncio.get_running_loop()
-        document = await self.document()
-        if document is None:
-            return None
-        for lease, wait in self._candidates():
+        built: dict[tuple[str, str | None], Any] = {}
+        for lease, wait in self._candidates(broke):
             endpoint = exchange.route.endpoints[lease.index]
-            request = continuation_request(
-                exchange.spec.protocol,
-                endpoint.continuation,
-                self._body_for(endpoint, document),
-                text,
-            )
-            if request is None or loop.time() + wait >= exchange.total_deadline:
-                self.done(endpoint, lease, Health.NEUTRAL)
-                continue
-            joint.skip_text(request.skip)
-            started = time.monotonic()
-            self.metrics.upstream_started(exchange.route.name, endpoint.name)
             result, health = Result.INCOMPLETE, Health.NEUTRAL
+            started = time.monotonic()
+            counted = False
             try:
+                request = await self._request(endpoint, text, built)
+                if request is None or loop.time() + wait >= exchange.total_deadline:
+                    continue
+                content, skip = request
+                regenerate = endpoint.continuation is ContinuationStyle.REGENERATE
+                check = JointCheck(text, regenerate=regenerate, finished=self._finished)
+                joint.expect(check, skip)
+                started = time.monotonic()
+                self.metrics.upstream_started(exchange.route.name, endpoint.name)
+                counted = True
                 if wait:
                     await asyncio.sleep(wait)
-                got = await self._try(endpoint, request.body, joint)
+                got = await self._try(endpoint, content, joint)
                 if isinstance(got, ContinuationResult):
-                    result = Result.STATUS_4XX if got is ContinuationResult.REJECTED else result
-                    health = Health.OK if got is ContinuationResult.REJECTED else Health.FAILED
+                    result, health = _REFUSED[got]
                     self.metrics.continuation(exchange.route.name, endpoint.name, got)
                     continue
                 if isinstance(got, Result):
@@ -275,28 +348,24 @@ class Rescuer:
                 assert verdict is not None
                 result = Result.OK if verdict.complete else Result.INCOMPLETE
                 health = Health.OK if verdict.complete else Health.FAILED
-                return guard, read, endpoint.name
+                return guard, read, endpoint.name, lease.index
             finally:
-                exchange.record.attempts.append(
-                    Attempt(endpoint.name, result, time.monotonic() - started)
-                )
-                self.done(endpoint, lease, health)
+                if counted:
+                    exchange.record.attempts.append(
+                        Attempt(endpoint.name, result, time.monotonic() - started)
+                    )
+                    self.done(endpoint, lease, health)
+                else:
+                    self.exchange.route.pool.done(lease, Health.NEUTRAL)
         return None
 
-    def _body_for(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
-        model = body.get("model")
-        models = endpoint.models
-        mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
-        return {**body, "model": mapped} if mapped is not None else body
-
     async def _try(
-        self, endpoint: Endpoint, body: dict[str, Any], joint: Joint
+        self, endpoint: Endpoint, content: bytes, joint: Joint
     ) -> tuple[StreamGuard, ReadChunk] | ContinuationResult | Result:
         """One continuation request: its guard and reader once relayed to its verdict, or
-        why it did not start (a refusal, or the attempt's result)."""
+        why it did not start (a refusal, a joint not honoured, or the attempt's result)."""
         exchange = self.exchange
         timeouts = endpoint.timeouts
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         exchange.record.bytes_in += len(content)
         outcome = await attempt(
             self.upstream,
@@ -321,13 +390,21 @@ class Rescuer:
         if guard is None:
             return Result.EARLY_EOF
         read = chunk_reader(outcome)
-        first = await self._hold(guard, read, timeouts.first_byte, timeouts.idle)
+        first = await self._hold(guard, read, joint, timeouts.first_byte, timeouts.idle)
         verdict = guard.verdict
-        if guard.contract.content_events == 0 and (verdict is None or not verdict.complete):
-            late = verdict is not None and verdict.reason in _LATE
-            return Result.TIMEOUT if late else Result.EARLY_EOF
+        check = joint.check
+        assert check is not None
+        if check.state is Check.PENDING:
+            if verdict is None or not verdict.complete:
+                late = verdict is not None and verdict.reason in _LATE
+                return Result.TIMEOUT if late else Result.EARLY_EOF
+            check.end(guard.contract.content_events > 0)
+        if check.state is Check.DIVERGED:
+            return ContinuationResult.REJECTED
+        if check.state is not Check.HONOURED:
+            return ContinuationResult.NOT_HONOURED
         self._relaying(guard)
-        await self._send(joint.rewrite(first))
+        await self._send(first)
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite(data))
@@ -342,13 +419,16 @@ class Rescuer:
         self.original = self._cut_reason
 
     async def _hold(
-        self, guard: StreamGuard, read: ReadChunk, first_byte: float, idle: float
+        self, guard: StreamGuard, read: ReadChunk, joint: Joint, first_byte: float, idle: float
     ) -> bytes:
-        """Read into ``guard`` until its first content event, its end or a failure."""
+        """Read into ``guard`` until its joint is checked, its end or a failure; the
+        joint's output so far (nothing of it is sent yet)."""
         out: list[bytes] = []
         limit = first_byte
-        while guard.verdict is None and guard.contract.content_events == 0:
-            out.append(await self._read(guard, read, limit))
+        check = joint.check
+        assert check is not None
+        while guard.verdict is None and check.state is Check.PENDING:
+            out.append(joint.rewrite(await self._read(guard, read, limit)))
             limit = idle
         return b"".join(out)
 
@@ -385,6 +465,12 @@ class Rescuer:
 
 
 _LATE = frozenset({Reason.FIRST_BYTE_TIMEOUT, Reason.IDLE_TIMEOUT, Reason.TOTAL_TIMEOUT})
+#: A continuation that answered but did not go on: its attempt's result and health (it
+#: answered; what it answered is a capability of its model, not a failure of the upstream).
+_REFUSED = {
+    ContinuationResult.REJECTED: (Result.STATUS_4XX, Health.OK),
+    ContinuationResult.NOT_HONOURED: (Result.INCOMPLETE, Health.OK),
+}
 _RNG = random.Random()
 
 

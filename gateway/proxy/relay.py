@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 import httpx
@@ -42,6 +42,7 @@ from gateway.logsetup import LogGate
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
+    BROKE_ANSWER,
     AttemptFailure,
     Result,
     health_of,
@@ -58,6 +59,7 @@ from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import ContractOptions
+from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.admission import (
     Admission,
     Caller,
@@ -397,7 +399,7 @@ class Relay:
         self.metrics.upstream_started(route.name, endpoint.name)
         # uvloop's loop.time() counts whole milliseconds; the position keeps the access
         # log's attempts in the order they started (a continuation's ends first).
-        tally = _Tally(time.monotonic(), len(exchange.record.attempts))
+        tally = _Tally(time.monotonic(), len(exchange.record.attempts), endpoint, lease)
         try:
             outgoing = _Outgoing(target, headers, body, request_json)
             return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
@@ -405,7 +407,7 @@ class Relay:
             tally.stopped()
             raise
         finally:
-            self._account(exchange, endpoint, lease, tally)
+            self._settle(exchange, tally)
 
     async def _exchange(
         self,
@@ -435,7 +437,7 @@ class Relay:
         if isinstance(outcome, AttemptFailure):
             tally.result, tally.reason = result_of_failure(outcome), outcome.reason
             silent = outcome.error is RequestError.CONNECT_TIMEOUT
-            retry = self._retry(exchange, tally.result, tried, silent=silent)
+            retry = self._retry(exchange, tally, tried, silent=silent)
             if retry is None:
                 await self._fail_before_response(exchange, outcome)
             return retry
@@ -465,14 +467,14 @@ class Relay:
         held: Held | None = None
         if result is Result.STATUS_429 or result is Result.STATUS_5XX:
             wait = self._cool_down(exchange, tried[-1], response)
-            retry = self._retry(exchange, result, tried, retry_after=wait)
+            retry = self._retry(exchange, tally, tried, retry_after=wait)
             if retry is not None:
                 return retry
         elif response.status_code == 400 and "context_length" in exchange.route.retry_on:
             held = await _read_refusal(response)
             if held.failure is None and is_context_length(held.out):
                 tally.result = Result.CONTEXT_LENGTH
-                retry = self._retry(exchange, Result.CONTEXT_LENGTH, tried)
+                retry = self._retry(exchange, tally, tried)
                 if retry is not None:
                     return retry
         guard = self._stream_guard(exchange, response)
@@ -485,7 +487,7 @@ class Relay:
                 )
             if held.failure is not None:
                 tally.result, tally.reason = result_of_held(held.failure), held.failure
-                retry = self._retry(exchange, tally.result, tried)
+                retry = self._retry(exchange, tally, tried, broke=held.failure in BROKE_ANSWER)
                 if retry is not None:
                     return retry
                 if guard is None and not held.whole:  # a whole one: its 502 is relay_plain's
@@ -496,7 +498,7 @@ class Relay:
             return None  # refused: the stream cap is full (the upstream is closed)
         exchange.record.upstream = endpoint.name
         tally.answered = held is None or held.failure is None  # else: its result stands
-        rescuer = self._rescuer(exchange, tried[-1], outgoing) if guard is not None else None
+        rescuer = self._rescuer(exchange, tally, outgoing) if guard is not None else None
         try:
             await self._answer(exchange, response, guard, held, rescuer)
         finally:
@@ -508,28 +510,47 @@ class Relay:
             tally.result, tally.reason = Result.INCOMPLETE, rescuer.original
         return None
 
-    def _rescuer(self, exchange: Exchange, index: int, outgoing: _Outgoing) -> Rescuer | None:
+    def _rescuer(self, exchange: Exchange, tally: _Tally, outgoing: _Outgoing) -> Rescuer | None:
         """A continuation helper for a route that continues cut streams, else None."""
         if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
             return None
         route = exchange.route
+        protocol = exchange.spec.protocol
 
         def done(endpoint: Endpoint, lease: Lease, health: Health) -> None:
             self._attempt_done(route, endpoint, lease, health)
+
+        def settle(reason: Reason) -> None:  # the cut attempt, before any candidate
+            tally.answered = False
+            tally.result, tally.reason = Result.INCOMPLETE, reason
+            self._settle(exchange, tally)
+
+        def build(
+            style: ContinuationStyle, text: str, model: str | None
+        ) -> Awaitable[tuple[bytes, str] | None]:
+            return self.bodies.continuation(outgoing.body, protocol, style, text, model)
 
         return Rescuer(
             exchange=exchange,
             upstream=self.upstream,
             metrics=self.metrics,
-            index=index,
+            index=tally.lease.index,
             target=outgoing.target,
             headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
             request_json=outgoing.request_json,
-            document=lambda: self.bodies.document(outgoing.body),
+            build=build,
             body_size=len(outgoing.body),
             new_guard=lambda response: self._stream_guard(exchange, response),
             done=done,
+            settle=settle,
         )
+
+    def _settle(self, exchange: Exchange, tally: _Tally) -> None:
+        """Account for an attempt once: as soon as it failed (before its retry is chosen,
+        so that the retry sees its upstream's health), else when it ends."""
+        if not tally.settled:
+            tally.settled = True
+            self._account(exchange, tally.endpoint, tally.lease, tally)
 
     def _account(self, exchange: Exchange, endpoint: Endpoint, lease: Lease, tally: _Tally) -> None:
         """An attempt ended: its result (an answer's is read off the record), its
@@ -545,31 +566,36 @@ class Relay:
             health = Health.NEUTRAL  # cancelled: says nothing about the upstream
         else:
             health = health_of(result, reason, record.error)
-        entry = Attempt(endpoint.name, result, time.monotonic() - tally.started)
+        cause = str(reason) if reason is not None and not tally.answered else None
+        entry = Attempt(endpoint.name, result, time.monotonic() - tally.started, cause)
         record.attempts.insert(tally.position, entry)
         self._attempt_done(exchange.route, endpoint, lease, health)
 
     def _retry(
         self,
         exchange: Exchange,
-        result: Result,
+        tally: _Tally,
         tried: list[int],
         *,
         retry_after: float | None = None,
         silent: bool = False,
+        broke: bool = False,
     ) -> Retry | None:
-        """The next attempt (claimed, with its wait) when ``result`` may be retried,
-        else None (``gateway.policy.retry``)."""
+        """The next attempt (claimed, with its wait) when the attempt's result may be
+        retried, else None (``gateway.policy.retry``). The failed attempt is accounted
+        for first: a retry never goes to an upstream its failure just ejected."""
         route = exchange.route
+        self._settle(exchange, tally)
         return next_attempt(
             route.pool,
             route.retry,
-            result=result,
+            result=tally.result,
             tried=tried,
             model=exchange.record.model,
             time_left=exchange.total_deadline - asyncio.get_running_loop().time(),
             retry_after=retry_after,
             silent=silent,
+            broke=broke,
         )
 
     def _may_hold(self, exchange: Exchange, tried: list[int]) -> bool:
@@ -876,13 +902,28 @@ class _Outgoing(NamedTuple):
 
 
 class _Tally:
-    """What one attempt came to, filled in as it goes and read once at its end."""
+    """What one attempt came to, filled in as it goes and read once: when it failed (before
+    its retry is chosen) or at its end."""
 
-    __slots__ = ("answered", "cancelled", "position", "reason", "result", "started")
+    __slots__ = (
+        "answered",
+        "cancelled",
+        "endpoint",
+        "lease",
+        "position",
+        "reason",
+        "result",
+        "settled",
+        "started",
+    )
 
-    def __init__(self, started: float, position: int) -> None:
+    def __init__(self, started: float, position: int, endpoint: Endpoint, lease: Lease) -> None:
         self.started = started
         self.position = position
+        self.endpoint = endpoint
+        self.lease = lease
+        #: Accounted for (``Relay._settle``): once, when it failed or when it ended.
+        self.settled = False
         self.result = Result.OK
         self.reason: Reason | None = None
         #: The answer went to the client: its result is read off the record.

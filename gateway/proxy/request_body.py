@@ -8,7 +8,8 @@ Keeping the parsed document for the life of the request cost more memory
 than the body itself (a string as large again; many small objects several
 times its size), so ``summary`` keeps only the small members: scalars,
 short strings, and small objects of those (``Summary``); lists (``messages``,
-``input``, ``tools``) never. ``rewrite`` parses the body again and changes
+``input``, ``tools``) never; a string ``model`` always, whatever its length.
+``rewrite`` parses the body again and changes
 top-level members (an object member is merged into the client's, so a
 ``stream_options`` the summary left out keeps its other keys).
 
@@ -46,6 +47,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.guard import Protocol
+from gateway.guard.joint import dumps_utf8
 from gateway.guard.jsonparse import loads
 from gateway.logsetup import LogGate
 from gateway.policy.limits import (
@@ -56,12 +59,14 @@ from gateway.policy.limits import (
     input_bound,
     measure_input,
 )
+from gateway.protocols.continuation import ContinuationStyle, continuation_request
 
 __all__ = [
     "OFF_LOOP_BYTES",
     "PARSE_BUDGET",
     "BodyParser",
     "Summary",
+    "continuation_body",
     "input_estimate",
     "rewrite",
     "strict_input",
@@ -135,6 +140,11 @@ def summary(body: bytes, count_input: bool = False) -> Summary | None:
     if doc is None:
         return None
     members = {key: value for key, value in doc.items() if _small(value)}
+    model = doc.get("model")
+    if isinstance(model, str):
+        # Whatever its length: the model map, the per-model cool-down and the log need it
+        # (the log and the labels cut it, ``observe``).
+        members["model"] = model
     if not count_input:
         return Summary(members, None)
     size, messages = measure_input(doc, len(body))
@@ -166,6 +176,28 @@ def strict_input(request: dict[str, Any] | None, body_size: int) -> int:
     if isinstance(request, Summary) and request.input_bound is not None:
         return request.input_bound
     return input_bound(request, body_size)
+
+
+def continuation_body(
+    body: bytes,
+    protocol: Protocol,
+    style: ContinuationStyle,
+    partial: str,
+    model: str | None,
+) -> tuple[bytes, str] | None:
+    """A continuation request's bytes (``gateway.protocols.continuation``) and the text
+    its answer repeats at the start, built from a fresh parse of the admitted body
+    (changed in place: never a copy), ``model`` set when the upstream maps it; None
+    when the body cannot be continued."""
+    doc = _document(body)
+    if doc is None:
+        return None
+    if model is not None:
+        doc["model"] = model
+    request = continuation_request(protocol, style, doc, partial, fresh=True)
+    if request is None:
+        return None
+    return dumps_utf8(request.body), request.skip
 
 
 def input_estimate(request: dict[str, Any] | None, body_size: int) -> int:
@@ -227,9 +259,23 @@ class BodyParser:
         return await self._run(rewrite, body, changes)
 
     async def document(self, body: bytes) -> dict[str, Any] | None:
-        """The whole JSON object body (a continuation's prefill needs its messages);
-        parsed again when asked, never kept by the relay."""
+        """The whole JSON object body, parsed again when asked, never kept by the relay."""
         return await self._run(_document, body)
+
+    async def continuation(
+        self,
+        body: bytes,
+        protocol: Protocol,
+        style: ContinuationStyle,
+        partial: str,
+        model: str | None,
+    ) -> tuple[bytes, str] | None:
+        """``continuation_body``, in the helper process for a large body: the document is
+        parsed, changed and written there, and only bytes come back to the loop. A
+        ``regenerate`` request without a model to map is the body itself, unparsed."""
+        if style is ContinuationStyle.REGENERATE and model is None and partial:
+            return body, ""
+        return await self._run(continuation_body, body, protocol, style, partial, model)
 
     async def _run(self, work: Callable[..., T | None], body: bytes, *args: Any) -> T | None:
         if len(body) <= self.off_loop_bytes:

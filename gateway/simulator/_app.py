@@ -81,8 +81,10 @@ class _Simulator:
         retry_after: str | None = "1",
         context_length: bool = False,
         continuation: str = "any",
+        default_seed: int = 0,
     ) -> None:
         self.continuation = continuation
+        self.default_seed = default_seed
         self.default_tps = default_tps
         self.fault_requests = fault_requests
         self.fault_seconds = fault_seconds
@@ -166,6 +168,7 @@ class _Simulator:
                 default_tokens=self.default_tokens,
                 default_fault=self._default_fault_now(),
                 default_status=self.default_status,
+                default_seed=self.default_seed,
             )
         except KnobError as exc:
             return self._json(400, error_body(protocol, 400, str(exc), upstream_id), id_headers)
@@ -206,7 +209,7 @@ class _Simulator:
             payload = error_body(protocol, 400, prefill.message, upstream_id)
             return self._json(400, payload, id_headers)
         plan = make_plan(protocol, body, knobs, size, model=model)
-        if prefill is not None and not continue_plan(plan, knobs, prefill):
+        if prefill is not None and not continue_plan(plan, knobs, prefill, self.continuation):
             message = "The prefill is not a prefix of the simulator's scripted answer."
             return self._json(400, error_body(protocol, 400, message, upstream_id), id_headers)
         if protocol == "completions" and self.continuation != "reject":
@@ -367,6 +370,7 @@ def create_simulator_app(
     retry_after: str | None = "1",
     context_length: bool = False,
     continuation: str = "any",
+    default_seed: int = 0,
 ) -> Starlette:
     """The simulator as an ASGI application.
 
@@ -390,7 +394,11 @@ def create_simulator_app(
     the answer is the rest of the scripted one after that text, exactly. Which
     continuation requests are taken (``continuation``): ``any`` (a plain
     prefill, ``continue_final_message`` or ``"prefix": true``), one of those
-    styles only, or ``reject`` (a 400, as a model that rejects prefill).
+    styles only, or ``reject`` (a 400, as a model that rejects prefill);
+    ``restart`` takes a prefill and answers from the start all the same (an
+    upstream that ignores it), ``empty`` answers it with a finish and no text.
+    ``default_seed`` is the seed of a request that sets no ``x-sim-seed``: a
+    provider whose answer to the same request differs from another's.
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")
@@ -411,6 +419,7 @@ def create_simulator_app(
         retry_after=retry_after,
         context_length=context_length,
         continuation=continuation,
+        default_seed=default_seed,
     )
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),

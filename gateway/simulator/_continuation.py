@@ -17,7 +17,18 @@ from gateway.simulator._text import text_deltas
 
 __all__ = ["Refusal", "continuation_of", "continue_completion", "continue_plan"]
 
-STYLES = ("any", "reject", "assistant_prefill", "continue_final_message", "prefix")
+STYLES = (
+    "any",
+    "reject",
+    "assistant_prefill",
+    "continue_final_message",
+    "prefix",
+    "restart",
+    "empty",
+)
+#: Misbehaving servers that take any prefill: ``restart`` ignores it and answers from the
+#: start (text repeated), ``empty`` answers it with a finish and no content.
+_TAKES_ANY = frozenset({"any", "restart", "empty"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,7 @@ def continuation_of(protocol: str, body: dict[str, Any], accepts: str) -> str | 
     if protocol == "messages" and content != content.rstrip():
         # Anthropic's own rule
         return Refusal("final assistant content cannot end with trailing whitespace")
-    if protocol == "chat" and accepts != "any" and _style(body, last) != accepts:
+    if protocol == "chat" and accepts not in _TAKES_ANY and _style(body, last) != accepts:
         return Refusal(f"This server continues a final message only as {accepts}.")
     return content
 
@@ -66,20 +77,31 @@ def continue_completion(plan: Plan, knobs: Knobs, prompt: object) -> None:
     lane = next((lane for lane in plan.lanes if lane.kind == "text"), None)
     if lane is None or not isinstance(prompt, str):
         return
-    full = "".join(text_deltas(lane.count, seed=knobs.seed, choice=lane.index))
+    full = "".join(
+        text_deltas(lane.count, seed=knobs.seed, choice=lane.index, surrogate=knobs.surrogate)
+    )
     for size in range(min(len(full), len(prompt)), 0, -1):
         if prompt.endswith(full[:size]):
             continue_plan(plan, knobs, full[:size])
             return
 
 
-def continue_plan(plan: Plan, knobs: Knobs, prefill: str) -> bool:
+def continue_plan(plan: Plan, knobs: Knobs, prefill: str, accepts: str = "any") -> bool:
     """Make ``plan``'s first text lane the rest of its answer after ``prefill``;
-    False when ``prefill`` is not how the scripted answer starts."""
+    False when ``prefill`` is not how the scripted answer starts. ``restart``: the
+    plan is left whole (the prefill ignored); ``empty``: no text at all."""
     lane = next((lane for lane in plan.lanes if lane.kind == "text"), None)
     if lane is None:
         return False
-    pieces = list(text_deltas(lane.count, seed=knobs.seed, choice=lane.index))
+    if accepts == "restart":
+        return True
+    if accepts == "empty":
+        lane.pieces = iter(())
+        lane.count = 0
+        return True
+    pieces = list(
+        text_deltas(lane.count, seed=knobs.seed, choice=lane.index, surrogate=knobs.surrogate)
+    )
     full = "".join(pieces)
     if not full.startswith(prefill):
         return False

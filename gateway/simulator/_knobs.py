@@ -76,6 +76,8 @@ class Knobs:
     chunk_bytes: int = 0
     stall_seconds: float = DEFAULT_STALL_SECONDS
     status: int = 500
+    #: Every third delta starts with a lone surrogate (``x-sim-surrogate: 1``).
+    surrogate: bool = False
 
 
 def knob_header(name: str) -> str:
@@ -143,6 +145,7 @@ def read_knobs(
     default_tokens: int,
     default_fault: str = "none",
     default_status: int = 500,
+    default_seed: int = 0,
 ) -> Knobs:
     """Resolve the knobs of one request from its (lower-case) headers and JSON body;
     a knob the request does not set takes the simulator's default."""
@@ -161,7 +164,7 @@ def read_knobs(
     raw = _pick(headers, sim, "tps")
     tps = default_tps if raw is None else _as_float("tps", raw, 0.0, 1e9)
     raw = _pick(headers, sim, "seed")
-    seed = 0 if raw is None else _as_int("seed", raw, -(2**63), 2**63 - 1)
+    seed = default_seed if raw is None else _as_int("seed", raw, -(2**63), 2**63 - 1)
 
     raw = _pick(headers, sim, "partition")
     text = "" if raw is None else str(raw).strip().lower()
@@ -181,6 +184,8 @@ def read_knobs(
     )
     raw = _pick(headers, sim, "status")
     status = default_status if raw is None else _as_int("status", raw, 300, 599)
+    raw = _pick(headers, sim, "surrogate")
+    surrogate = False if raw is None else _as_bool("surrogate", raw)
 
     return Knobs(
         fault=fault,
@@ -192,4 +197,5 @@ def read_knobs(
         chunk_bytes=chunk_bytes,
         stall_seconds=stall,
         status=status,
+        surrogate=surrogate,
     )

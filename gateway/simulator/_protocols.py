@@ -266,7 +266,13 @@ def make_plan(
             Lane(
                 index=index,
                 kind="text",
-                pieces=text_deltas(count, seed=knobs.seed, choice=index, chunk_bytes=chunk_bytes),
+                pieces=text_deltas(
+                    count,
+                    seed=knobs.seed,
+                    choice=index,
+                    chunk_bytes=chunk_bytes,
+                    surrogate=knobs.surrogate,
+                ),
                 count=count,
                 finish=finish,
             )

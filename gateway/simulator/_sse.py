@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["Framer", "dumps"]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(obj: Any) -> str:
-    """Compact JSON with raw UTF-8 (never ``\\u`` escapes for non-ASCII characters)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON with raw UTF-8 (never ``\\u`` escapes for non-ASCII characters, but
+    for a lone surrogate (``x-sim-surrogate``), which has no UTF-8 form)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class Framer:

@@ -74,8 +74,13 @@ def filler(size: int) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
 
+#: ``surrogate=True``: the second delta is this lone high surrogate (valid JSON as an
+#: escape, ``"\\ud83d"``, with no UTF-8 form), as a provider cutting an emoji in two sends.
+LONE_SURROGATE: Final = "\ud83d"
+
+
 def text_deltas(
-    count: int, *, seed: int = 0, choice: int = 0, chunk_bytes: int = 0
+    count: int, *, seed: int = 0, choice: int = 0, chunk_bytes: int = 0, surrogate: bool = False
 ) -> Iterator[str]:
     """The ``count`` content deltas of choice ``choice``, lazily.
 
@@ -86,6 +91,8 @@ def text_deltas(
     pad = filler(chunk_bytes)
     for index in range(count):
         word = rng.choice(_MULTI) if index % 3 == 1 else rng.choice(_WORDS)
+        if surrogate and index % 3 == 1:
+            word = LONE_SURROGATE + word
         piece = (word.capitalize() if index == 0 else word) + " "
         if pad:
             size = len(piece.encode())
@@ -94,9 +101,13 @@ def text_deltas(
         yield piece
 
 
-def expected_text(count: int, *, seed: int = 0, choice: int = 0, chunk_bytes: int = 0) -> str:
+def expected_text(
+    count: int, *, seed: int = 0, choice: int = 0, chunk_bytes: int = 0, surrogate: bool = False
+) -> str:
     """The full text of ``count`` deltas, as a client assembling the stream sees it."""
-    return "".join(text_deltas(count, seed=seed, choice=choice, chunk_bytes=chunk_bytes))
+    return "".join(
+        text_deltas(count, seed=seed, choice=choice, chunk_bytes=chunk_bytes, surrogate=surrogate)
+    )
 
 
 def tool_arguments(seed: int = 0) -> str:

@@ -266,3 +266,64 @@ def test_the_status_page_shows_each_tier_and_whether_its_upstream_is_out() -> No
             assert "<td>primary</td>" in section
             assert '<span class="bad">ejected</span>' in section
             assert metric_value(metrics(gw), "gateway_upstream_ejected", upstream="primary") == 1
+
+
+def test_a_same_upstream_retry_is_decided_after_the_failure_is_recorded() -> None:
+    # The failure ejects the primary (eject_after = 1): its retry goes to the next tier,
+    # never to the upstream that was just ejected.
+    with (
+        simulator(default_fault="status", default_status=500) as primary,
+        simulator() as fallback,
+    ):
+        routes = tiers(
+            up("primary", primary.url + "/v1"),
+            up("fallback", fallback.url + "/v1", priority=1),
+            max_attempts=3,
+            eject_after=1,
+        )
+        with gateway_for("", routes=routes) as gw:
+            assert_complete_from(stream(gw, "ejected-first"), "fallback")
+            assert len(sim_starts(primary)) == 1
+            assert metric_value(metrics(gw), "gateway_upstream_ejected", upstream="primary") == 1
+
+
+LONG_MODEL = "m" * 5000
+
+
+def test_a_model_name_of_any_length_is_mapped_logged_and_cools_down_only_itself(
+    capsys: Any,
+) -> None:
+    from tests.integration.helpers import access_log_until
+
+    body = {**CHAT, "model": LONG_MODEL}
+    with (
+        simulator(default_fault="status", default_status=429, retry_after="60") as primary,
+        simulator() as fallback,
+    ):
+        routes = tiers(
+            up("primary", primary.url + "/v1"),
+            up("fallback", fallback.url + "/v1", priority=1, models={"*": "sim-fallback"}),
+            max_attempts=3,
+        )
+        with gateway_for("", routes=routes, access_log=True) as gw:
+            response = web.post(
+                gw.url + "/v1/chat/completions",
+                json=body,
+                headers={"x-request-id": "long-model"},
+                timeout=30,
+            )
+            assert_complete_from(response, "fallback")
+            # the "*" entry of the fallback's map was applied to the long name
+            seen = web.get(f"{fallback.url}/_sim/requests/long-model").json()
+            assert seen["body"]["model"] == "sim-fallback"
+            line = access_log_until(capsys, "long-model")[-1]
+            assert line["model"].startswith("m" * 100)
+            assert len(line["model"]) < len(LONG_MODEL)  # cut for the log, as documented
+            # the 429 cooled the primary down for that model only: another model goes to it
+            other = web.post(
+                gw.url + "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-sim-fault": "none"},
+                timeout=30,
+            )
+            assert_complete_from(other, "primary")

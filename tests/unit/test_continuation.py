@@ -159,7 +159,13 @@ def test_a_chat_continuation_joins_the_original_exactly(pieces: list[str], data:
     assert b"".join(split.rewrite(p) for p in parts) == whole
     joined = before + whole
     assert chat_text(joined) == "".join(pieces)
-    assert joined.count(b'"role"') == 1
+    deltas = [
+        c.get("delta", {})
+        for line in joined.split(b"\n")
+        if line.startswith(b"data: {")
+        for c in json.loads(line[6:])["choices"]
+    ]
+    assert sum("role" in d for d in deltas) == 1  # (a text may say "role" itself)
     ids = {
         json.loads(line[6:])["id"] for line in joined.split(b"\n") if line.startswith(b"data: {")
     }
@@ -325,3 +331,133 @@ def test_a_continuation_that_starts_with_a_tool_call_closes_the_open_text_block_
     run = run_guard(MessagesContract(keep_text=True), [before + whole])
     assert (run.verdict.outcome, run.verdict.reason) == (Outcome.COMPLETE, Reason.TOOL_CALLS)
     assert run.guard.contract.tool_call_arguments() == [("t1", "f", "{}")]  # type: ignore[attr-defined]
+
+
+# -- the joint check ---------------------------------------------------------------------------
+
+from gateway.guard.joint import Check, JointCheck, dumps_utf8  # noqa: E402
+from gateway.proxy.request_body import continuation_body  # noqa: E402
+
+ANSWER = "The quick brown fox jumps over the lazy dog and runs away. "
+
+
+def _check(before: str, pieces: list[str], **kw: Any) -> tuple[Check, str]:
+    check = JointCheck(before, **kw)
+    out = "".join(check.text(p) for p in pieces)
+    return check.end(had_content=bool(pieces)), out
+
+
+@given(st.integers(1, len(ANSWER) - 1), st.data())
+def test_a_continuation_is_honoured_at_once_and_a_restart_is_not(cut: int, data: Any) -> None:
+    before, rest = ANSWER[:cut], ANSWER[cut:]
+    check = JointCheck(before)
+    # a continuation that does not begin like the answer is released at its first text
+    if not before.startswith(rest[:1]):
+        assert check.text(rest) == rest
+        assert check.state is Check.HONOURED
+    # one that starts the answer again, split anywhere, is not honoured
+    restart = JointCheck(before)
+    whole = ANSWER
+    at = 0
+    for size in data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=12)):
+        restart.text(whole[at : at + size])
+        at += size
+    restart.text(whole[at:])
+    assert restart.end(had_content=True) is Check.RESTARTED
+
+
+def test_an_empty_continuation_is_not_honoured_unless_the_answer_had_finished() -> None:
+    assert _check("Hello ", []) == (Check.EMPTY, "")
+    assert _check("Hello ", [], finished=True) == (Check.HONOURED, "")
+    # text after an answer that had finished: it was not a continuation
+    assert _check("Hello ", ["more"], finished=True)[0] is Check.OVERRUN
+    # a short continuation that only repeats the answer's beginning
+    assert _check("Hello there, friend. ", ["Hello"])[0] is Check.RESTARTED
+    assert _check("Hello there, friend. ", ["world"])[0] is Check.HONOURED
+
+
+def test_a_regenerated_answer_is_released_only_past_what_the_client_has() -> None:
+    state, out = _check("The quick ", ["The ", "qu", "ick brown", " fox"], regenerate=True)
+    assert (state, out) == (Check.HONOURED, "brown fox")
+    state, out = _check("The quick ", ["The ", "slow", " fox"], regenerate=True)
+    assert (state, out) == (Check.DIVERGED, "")
+    # it ended before it had covered what the client has
+    assert _check("The quick ", ["The "], regenerate=True)[0] is Check.DIVERGED
+
+
+def test_a_chat_joint_with_a_regenerated_answer_relays_only_the_rest() -> None:
+    joint = ChatJoint({"id": "orig"}, NO_USAGE)
+    joint.expect(JointCheck("Hello wor", regenerate=True))
+    data = (
+        role_chunk()
+        + text_chunk("Hello ")
+        + text_chunk("world")
+        + sse(chunk([choice(0, "stop")]))
+        + DONE
+    )
+    out = joint.rewrite(data)
+    texts = [
+        c["delta"].get("content", "")
+        for line in out.split(b"\n")
+        if line.startswith(b"data: {")
+        for c in json.loads(line[6:])["choices"]
+    ]
+    assert "".join(texts) == "ld"
+    assert b'"id":"orig"' in out
+    assert b'"role"' not in out
+
+
+def test_lone_surrogates_are_written_as_their_escape_and_the_rest_as_utf8() -> None:
+    assert dumps_utf8({"t": "a\ud83d é"}) == '{"t":"a\\ud83d é"}'.encode()
+    assert json.loads(dumps_utf8({"t": "a\ud83d é"})) == {"t": "a\ud83d é"}
+    joint = ChatJoint({"id": "x"}, NO_USAGE)
+    out = joint.rewrite(
+        b'data: {"id":"y","choices":[{"index":0,"delta":{"content":"\\ud83d!"}}]}\n\n'
+    )
+    assert out == b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"\\ud83d!"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    "style", [ContinuationStyle.ASSISTANT_PREFILL, ContinuationStyle.REGENERATE]
+)
+def test_the_continuation_body_is_built_from_the_bytes_with_a_surrogate_and_a_model(
+    style: ContinuationStyle,
+) -> None:
+    body = json.dumps(CHAT_REQUEST).encode()
+    built = continuation_body(body, Protocol.CHAT, style, "Hi \ud83d", "mapped")
+    assert built is not None
+    content, skip = built
+    doc = json.loads(content)
+    assert doc["model"] == "mapped"
+    if style is ContinuationStyle.REGENERATE:
+        assert doc["messages"] == CHAT_REQUEST["messages"]
+    else:
+        assert doc["messages"][-1] == {"role": "assistant", "content": "Hi \ud83d"}
+        assert b"\\ud83d" in content
+    assert skip == ""
+    assert continuation_body(b"not json", Protocol.CHAT, style, "x", None) is None
+
+
+def _split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+
+
+@given(
+    st.text("ab ", min_size=1, max_size=40),
+    st.text("ab ", max_size=40),
+    st.lists(st.integers(0, 80), max_size=8),
+    st.booleans(),
+)
+def test_the_joint_check_does_not_depend_on_how_the_text_is_split(
+    before: str, after: str, cuts: list[int], regenerate: bool
+) -> None:
+    whole = JointCheck(before, regenerate=regenerate)
+    whole_out = whole.text(after) if after else ""
+    whole_state = whole.end(had_content=bool(after))
+    split = JointCheck(before, regenerate=regenerate)
+    split_out = "".join(split.text(piece) for piece in _split(after, cuts))
+    assert split.end(had_content=bool(after)) is whole_state
+    assert split_out == whole_out
+    if regenerate and whole_state is Check.HONOURED:
+        assert before + whole_out == after  # exactly the rest, after what the client has

@@ -75,3 +75,13 @@ def test_the_helper_process_gives_what_the_loop_would() -> None:
     got_summary, got_rewrite = asyncio.run(both())
     assert got_summary == summary(body)
     assert got_rewrite == rewrite(body, {"model": "n"})
+
+
+def test_the_summary_keeps_the_model_whatever_its_length() -> None:
+    from gateway.proxy.request_body import summary
+
+    long = "m" * 10_000
+    kept = summary(json.dumps({"model": long, "stream": True, "note": "x" * 10_000}).encode())
+    assert kept is not None
+    assert kept["model"] == long
+    assert "note" not in kept  # other long strings are still left out

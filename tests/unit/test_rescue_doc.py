@@ -47,3 +47,32 @@ def test_a_route_of_a_protocol_that_is_never_continued_refuses_continue_after_cu
             Settings(routes=[{**route, "protocol": protocol, "continue_after_cut": True}])
     for protocol in ("chat", "messages", "auto"):
         Settings(routes=[{**route, "protocol": protocol, "continue_after_cut": True}])
+
+
+def test_the_recipe_sets_idle_below_total_and_brings_a_primary_back_within_30_s() -> None:
+    settings = Settings(**_example())
+    (config,) = settings.routes
+    route = Route(config, settings.route_timeouts(config))
+    primary, fallback = route.endpoints
+    total = route.timeouts.total
+    assert primary.timeouts.idle < total
+    assert fallback.timeouts.idle < total
+    assert config.eject_max_seconds < 30.0  # the longest ejection, then the probe
+    assert config.max_attempts >= 3
+
+
+def test_a_route_that_continues_halves_an_idle_deadline_not_below_its_total() -> None:
+    # Only `total` set (the default idle is 120 s): a stall would run into the total
+    # deadline and could never be continued.
+    example = _example()
+    example["routes"][0]["timeouts"] = {"total": 30.0}
+    settings = Settings(**example)
+    (config,) = settings.routes
+    route = Route(config, settings.route_timeouts(config))
+    assert {e.timeouts.idle for e in route.endpoints} == {15.0}
+    # a route that does not continue keeps its deadlines as set
+    example["routes"][0]["continue_after_cut"] = False
+    settings = Settings(**example)
+    (config,) = settings.routes
+    route = Route(config, settings.route_timeouts(config))
+    assert {e.timeouts.idle for e in route.endpoints} == {120.0}

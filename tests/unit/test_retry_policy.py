@@ -170,3 +170,34 @@ def test_retry_after_ms() -> None:
     assert retry_after_ms("x", 300) is None
     assert retry_after_ms("-5", 300) is None
     assert retry_after_ms(None, 300) is None
+
+
+def test_an_answer_the_upstream_broke_goes_to_the_next_tier_before_the_same_upstream() -> None:
+    pool, _ = tiered(0, 1)
+    # a stall, a malformed chunk, a cut: the fallback tier first, at once
+    nxt = plan(pool, Result.EARLY_EOF, [0], broke=True)
+    assert nxt is not None
+    assert (nxt.lease.index, nxt.wait) == (1, 0.0)
+    # the same upstream only when no other can be asked: here after the fallback broke too
+    same = plan(pool, Result.EARLY_EOF, [0, 1], broke=True)
+    assert same is not None
+    assert same.lease.index == 1
+    assert same.wait > 0
+    # not broken (a 5xx): the same upstream after the backoff comes before the next tier
+    pool, _ = tiered(0, 1)
+    same = plan(pool, Result.STATUS_5XX, [0])
+    assert same is not None
+    assert same.lease.index == 0
+
+
+def test_a_broken_answer_on_a_pool_of_one_tier_is_retried_on_the_same_upstream() -> None:
+    pool, _ = tiered(0, 0)
+    other = plan(pool, Result.EARLY_EOF, [0], broke=True)
+    assert other is not None
+    assert other.lease.index == 1
+    pool.done(other.lease, Health.NEUTRAL)
+    pool2, _ = tiered(0, 0)
+    pool2.cool_down(1, 60, "m")  # the other one cools down: only the same is left
+    same = plan(pool2, Result.EARLY_EOF, [0], broke=True)
+    assert same is not None
+    assert same.lease.index == 0
