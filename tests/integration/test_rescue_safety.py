@@ -235,7 +235,17 @@ def test_lone_surrogates_where_every_continuation_is_cut_still_end_with_the_verd
 
 # -- a 30 MB conversation ----------------------------------------------------------------------
 
+# A long conversation: 20,000 turns of 1,500 characters (30 MB), within the body parser's
+# memory budget (request_body.PARSE_BUDGET), so that it can be continued.
 BIG_BODY = (
+    b'{"model":"sim-1","stream":true,"messages":['
+    + b",".join([b'{"role":"user","content":"' + b"x" * 1500 + b'"}'] * 20_000)
+    + b"]}"
+)
+# The same size in a million one-character turns: past that budget, it is forwarded
+# unparsed (docs/deployment.md, "Memory"), so it cannot be continued; its cut still ends
+# with its verdict, never a freeze or a stream without an ending.
+TINY_TURNS_BODY = (
     b'{"model":"sim-1","stream":true,"messages":['
     + b",".join([b'{"role":"user","content":"x"}'] * 1_000_000)
     + b"]}"
@@ -354,6 +364,17 @@ def test_a_30_mb_conversation_is_continued_off_the_loop_within_its_deadline(
             post_big()  # the helper process is started once, before the measured run
             before, within, health_before, health_within = _gaps_around(gw.url, post_big)
             text = web.get(gw.url + "/metrics").text
+            tiny = web.post(
+                gw.url + "/v1/chat/completions",
+                content=TINY_TURNS_BODY,
+                headers={"content-type": "application/json"},
+                timeout=total + 30,
+            )
+            assert annotation(tiny.content)["outcome"] == "incomplete"
+            assert annotation(tiny.content)["reason"] == "missing_done"
+            assert b'"code": "missing_done"' in tiny.content or b'"code":"missing_done"' in (
+                tiny.content
+            )
         began = time.perf_counter()
         loads(BIG_BODY)
         parse = time.perf_counter() - began
