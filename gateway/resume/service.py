@@ -1,0 +1,425 @@
+"""Resumable streams: who may resume what, and the endpoints that serve a resume.
+
+``Resumes`` is the relay's one contact with this feature:
+
+- ``record(exchange, guard)``: a guarded stream of a route with ``resume = true``
+  gets a log in the store and a ``Recorder`` (``gateway.resume.recorder``); none
+  when the request opts out (``X-Gateway-Resume: off``) or the store is full or
+  failing (then the response says ``X-Gateway-Resume: off; reason=...``);
+- ``serve(exchange)``: answers the requests that are this feature's own, under the
+  route's prefix: ``GET gateway/streams/{id}`` (the resume), ``POST
+  gateway/streams/{id}/cancel``, and a Responses retrieve with ``stream=true``
+  (``gateway.resume.responses``) for a response the store holds.
+
+A stream belongs to the named client that made it, or without one to a digest of
+the credential it presented; anyone else is told 404, as for an id that never
+was. An id carries the second it was made, so an id whose log can only have
+expired gets 410 without the store keeping anything about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from starlette.types import Message
+
+from gateway.guard import Reason, StreamGuard
+from gateway.observe import Metrics
+from gateway.policy.routing import Route
+from gateway.protocols import ContractOptions
+from gateway.proxy.connection import abort_connection
+from gateway.proxy.errors import send_error
+from gateway.proxy.exchange import AbortConnection, Exchange
+from gateway.proxy.headers import get_header
+from gateway.proxy.limited import with_headers
+from gateway.resume.events import with_id
+from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
+from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
+from gateway.resume.responses import after_sequence
+from gateway.settings import Settings
+from gateway.store import (
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    StreamStore,
+    Vanished,
+    build_store,
+    follow,
+)
+
+__all__ = ["Resumes", "build_resumes"]
+
+log = logging.getLogger("gateway")
+
+_STREAMS = "/gateway/streams/"
+_CURSOR = re.compile(r"[0-9]{1,18}")
+_SEQUENCE = re.compile(r"-?[0-9]{1,18}")
+_OPT_OUT = b"x-gateway-resume"
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+#: How long a cancel waits for the stream's end before it answers anyway.
+_CANCEL_WAIT_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A resume request: the stream, the cursor, whether events carry ``id:`` lines."""
+
+    stream_id: str
+    after: int
+    ids: bool
+
+
+class BadCursor(Exception):
+    pass
+
+
+class Resumes:
+    def __init__(self, settings: Settings, store: StreamStore, metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.lease = settings.stream_lease_seconds
+        #: How long a reader waits for news before it looks at the writer's lease.
+        self.wait = min(1.0, self.lease)
+
+    async def prepare(self) -> None:
+        """Get the store ready; one not there yet is logged (streams then go without
+        resume until it answers), not fatal."""
+        try:
+            await self.store.prepare()
+        except StoreError as exc:
+            log.warning("stream store not ready at start (%s): streams go without resume", exc)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- recording ---------------------------------------------------------------------
+
+    async def record(
+        self, exchange: Exchange, guard: StreamGuard, content_type: str
+    ) -> Recorder | None:
+        """A log and its recorder for this stream, or None (served without resume)."""
+        value = get_header(exchange.scope["headers"], _OPT_OUT)
+        if value is not None and value.strip().lower() == b"off":
+            return None
+        config = exchange.route.config
+        record = exchange.record
+        meta = {
+            "content_type": content_type,
+            "path": exchange.scope["path"][len(config.prefix) :],
+            "request_id": record.request_id,
+            "route": config.name,
+        }
+        try:
+            writer = await self.store.open(
+                owner_of(exchange),
+                meta,
+                max_bytes=config.resume_max_bytes,
+                ttl=config.resume_ttl_seconds,
+                lease=self.lease,
+                stream_id=new_id(),
+            )
+        except StoreError:
+            writer, reason = None, "store_error"
+        else:
+            reason = "store_full"
+        self.metrics.store_bytes(self.store.size)
+        if writer is None:
+            self.metrics.resume_refused(config.name, reason)
+            header = b"off; reason=" + reason.encode()
+            exchange.send = with_headers(exchange.send, [(_OPT_OUT, header)])
+            return None
+        recorder = Recorder(exchange, writer, guard, self.metrics, annotate=self.settings.annotate)
+        if exchange.spec.name == "responses":
+            recorder.on_response_id = self._name_response
+        return recorder
+
+    def _name_response(self, response_id: str, stream_id: str, ttl: float) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self.store.claim(f"responses:{response_id}", stream_id, ttl)
+        )
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    # -- the endpoints -----------------------------------------------------------------
+
+    async def serve(self, exchange: Exchange) -> bool:
+        """Answer this request if it is one of the feature's own; False: it is not."""
+        route = exchange.route
+        rest = exchange.scope["path"][len(route.config.prefix) :]
+        method = exchange.scope["method"]
+        if rest.startswith(_STREAMS):
+            tail = rest[len(_STREAMS) :]
+            if method == "GET" and "/" not in tail:
+                await self._stopping(exchange, self._resume(exchange, tail))
+                return True
+            if method == "POST" and tail.endswith("/cancel") and tail.count("/") == 1:
+                await self._stopping(exchange, self._cancel(exchange, tail[: -len("/cancel")]))
+                return True
+            return False
+        if method == "GET" and rest.startswith("/responses/"):
+            answered = False
+
+            async def work() -> None:
+                nonlocal answered
+                answered = await self._retrieve(exchange, rest[len("/responses/") :])
+
+            await self._stopping(exchange, work())
+            return answered or exchange.record.status != 0
+        return False
+
+    async def _stopping(self, exchange: Exchange, work: object) -> None:
+        """Run ``work``; a client that leaves stops it (nothing more to send)."""
+        assert asyncio.iscoroutine(work)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not exchange.claim_stop():
+                raise
+            if exchange.record.status == 0:
+                exchange.record.status = 499
+
+    def _ask(self, exchange: Exchange, stream_id: str) -> _Ask:
+        query = parse_qs(exchange.scope.get("query_string", b"").decode("latin-1"))
+        last = get_header(exchange.scope["headers"], b"last-event-id")
+        ids = query.get("ids", [""])[0] in ("1", "true") or last is not None
+        raw = query.get("starting_after", [None])[0]
+        if raw is None:
+            raw = last.decode("latin-1").strip() if last is not None else "0"
+        if not _CURSOR.fullmatch(raw):
+            raise BadCursor
+        return _Ask(stream_id, int(raw), ids)
+
+    async def find(self, exchange: Exchange, stream_id: str) -> StreamInfo | str:
+        """The stream's info, or the result label of the refusal that was sent."""
+        route = exchange.route
+        info = None
+        if STREAM_ID.fullmatch(stream_id):
+            try:
+                info = await self.store.info(stream_id)
+            except StoreError:
+                await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
+                return "store_error"
+        if info is not None and info.owner == owner_of(exchange):
+            return info
+        if (
+            info is None
+            and STREAM_ID.fullmatch(stream_id)
+            and time.time() > made_at(stream_id) + route.config.resume_ttl_seconds
+        ):
+            await self.error(exchange, 410, "The stream has expired.", "stream_expired")
+            return "expired"
+        await self.error(exchange, 404, "No such stream.", "stream_not_found")
+        return "not_found"
+
+    async def _resume(self, exchange: Exchange, stream_id: str) -> None:
+        route = exchange.route.name
+        found = await self.find(exchange, stream_id)
+        if isinstance(found, str):
+            self.metrics.resumed(route, found)
+            return
+        try:
+            ask = self._ask(exchange, stream_id)
+            if ask.after > found.total:
+                raise BadCursor
+            if found.stopped and ask.after >= found.kept:
+                raise Gone
+        except BadCursor:
+            self.metrics.resumed(route, "bad_cursor")
+            await self.error(exchange, 400, "The cursor is not a count of events the "
+                              "stream has.", "bad_cursor")  # fmt: skip
+            return
+        except Gone:
+            self.metrics.resumed(route, "expired")
+            await self.error(exchange, 410, "That part of the stream is no longer kept.",
+                              "stream_expired")  # fmt: skip
+            return
+        result = await self.replay(exchange, found, ask)
+        self.metrics.resumed(route, result)
+
+    async def _retrieve(self, exchange: Exchange, rest: str) -> bool:
+        """A Responses retrieve with ``stream=true`` of a response the store holds for
+        this caller, answered from the log; False: not ours (it goes upstream)."""
+        response_id = rest.rstrip("/")
+        query = parse_qs(exchange.scope.get("query_string", b"").decode("latin-1"))
+        if "/" in response_id or query.get("stream", [""])[0] != "true":
+            return False
+        try:
+            stream_id = await self.store.resolve(f"responses:{response_id}")
+            info = await self.store.info(stream_id) if stream_id is not None else None
+        except StoreError:
+            return False
+        if stream_id is None or info is None or info.owner != owner_of(exchange):
+            return False
+        route = exchange.route.name
+        raw = query.get("starting_after", ["-1"])[0]
+        if not _SEQUENCE.fullmatch(raw):
+            self.metrics.resumed(route, "bad_cursor")
+            await self.error(exchange, 400, "starting_after is not a sequence number.",
+                             "bad_cursor")  # fmt: skip
+            return True
+        keep = after_sequence(int(raw))
+        result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
+        self.metrics.resumed(route, result)
+        return True
+
+    async def replay(
+        self,
+        exchange: Exchange,
+        info: StreamInfo,
+        ask: _Ask,
+        keep: Callable[[bytes], bool] | None = None,
+    ) -> str:
+        """Send the events after the cursor (those ``keep`` keeps), the live tail, then
+        the end; the result."""
+        await self._head(exchange, info, ask.stream_id)
+        number = ask.after
+        result = "ok"
+        try:
+            async for batch in follow(self.store, ask.stream_id, ask.after, wait=self.wait):
+                if batch.events and keep is not None:
+                    kept = [event for event in batch.events if keep(event)]
+                    if kept:
+                        await self._body(exchange, b"".join(kept))
+                elif batch.events:
+                    if ask.ids:
+                        events = []
+                        for event in batch.events:
+                            number += 1
+                            events.append(with_id(event, number))
+                        await self._body(exchange, b"".join(events))
+                    else:
+                        await self._body(exchange, b"".join(batch.events))
+                elif batch.end is None and await self.orphaned(exchange.route, ask.stream_id):
+                    result = "owner_lost"
+                if batch.end is not None:
+                    await self._body(exchange, batch.end.trailer, more=False)
+                    return result
+        except (Gone, BeyondEnd, Vanished, StoreError):
+            pass
+        # The log stopped (its byte cap), expired or failed under the reader: cut.
+        abort_connection(exchange.scope)
+        raise AbortConnection
+
+    async def orphaned(self, route: Route, stream_id: str) -> bool:
+        """Take over a stream whose writer is gone (lease run out, no end): its log ends
+        ``owner_lost``; True when this call ended it."""
+        info = await self.store.info(stream_id)
+        if info is None or info.leased or info.end is not None:
+            return False
+        writer = await self.store.adopt(stream_id, lease=self.lease)
+        if writer is None:
+            return False
+        guard = StreamGuard(
+            route.spec_for(info.meta.get("path", "")).new_contract(
+                ContractOptions(
+                    require_finish_reason=route.config.require_finish_reason,
+                    end_on_finish=route.config.termination == "finish",
+                )
+            )
+        )
+        after = 0
+        while after < info.kept:
+            batch = await self.store.read(stream_id, after)
+            if batch is None or not batch.events:
+                break
+            guard.feed(b"".join(batch.events))
+            after += len(batch.events)
+        verdict = guard.abort(Reason.OWNER_LOST)
+        trailer = b""
+        if self.settings.annotate:
+            trailer = guard.withheld + guard.annotation(info.meta.get("request_id", "-"))
+        await writer.finish(End(trailer, {"outcome": str(verdict.outcome),
+                                          "reason": str(verdict.reason)}))  # fmt: skip
+        return True
+
+    async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
+        found = await self.find(exchange, stream_id)
+        if isinstance(found, str):
+            return
+        end = found.end
+        if end is None:
+            await self.store.cancel(stream_id)
+            end = await self._wait_end(exchange.route, stream_id, found.total)
+        fields: Mapping[str, str] = end.fields if end is not None else {}
+        body = b'{"id":"%s","status":"%s","outcome":"%s","reason":"%s"}' % (
+            stream_id.encode(),
+            b"ended" if end is not None else b"cancelling",
+            fields.get("outcome", "incomplete").encode(),
+            fields.get("reason", "cancelled").encode(),
+        )
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", exchange.record.request_id.encode()),
+        ]})  # fmt: skip
+        await self._body(exchange, body, more=False)
+        exchange.record.status = 200
+
+    async def _wait_end(self, route: Route, stream_id: str, after: int) -> End | None:
+        """The stream's end once its writer (or an heir) wrote it, within a bound."""
+        try:
+            async with asyncio.timeout(_CANCEL_WAIT_SECONDS):
+                async for batch in follow(self.store, stream_id, after, wait=self.wait):
+                    if batch.end is not None:
+                        return batch.end
+                    if not batch.events:
+                        await self.orphaned(route, stream_id)
+        except (TimeoutError, Gone, BeyondEnd, Vanished, StoreError):
+            return None
+        return None
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
+        headers = [
+            (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
+            *_STREAM_HEADERS,
+            (b"x-request-id", exchange.record.request_id.encode()),
+            (STREAM_ID_HEADER, stream_id.encode()),
+        ]
+        exchange.record.status = 200
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def _body(self, exchange: Exchange, data: bytes, *, more: bool = True) -> None:
+        """One send, bounded by ``timeouts.client_send`` (a stalled client is cut)."""
+        message: Message = {"type": "http.response.body", "body": data, "more_body": more}
+        try:
+            async with asyncio.timeout(exchange.route.timeouts.client_send):
+                await exchange.send(message)
+        except TimeoutError:
+            abort_connection(exchange.scope)
+            raise AbortConnection from None
+        exchange.record.bytes_out += len(data)
+
+    async def error(self, exchange: Exchange, status: int, message: str, code: str) -> None:
+        record = exchange.record
+        record.status = status
+        record.bytes_out += await send_error(
+            exchange.send,
+            exchange.spec.name,
+            status,
+            message,
+            "invalid_request_error" if status < 500 else "service_unavailable",
+            code,
+            record.request_id,
+        )
+
+
+def build_resumes(settings: Settings, metrics: Metrics) -> Resumes | None:
+    """The feature, when a route has ``resume = true``; else None (nothing is paid)."""
+    if not any(route.resume for route in settings.effective_routes()):
+        return None
+    store = build_store(
+        settings.stream_store,
+        max_bytes=settings.stream_store_max_bytes,
+        url=settings.redis_url,
+        timeout=settings.stream_store_timeout,
+    )
+    return Resumes(settings, store, metrics)
