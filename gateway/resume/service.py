@@ -187,7 +187,9 @@ class Resumes:
                 exchange.record.status = 499
 
     def _ask(self, exchange: Exchange, stream_id: str) -> _Ask:
-        query = parse_qs(exchange.scope.get("query_string", b"").decode("latin-1"))
+        query = parse_qs(
+            exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
         last = get_header(exchange.scope["headers"], b"last-event-id")
         ids = query.get("ids", [""])[0] in ("1", "true") or last is not None
         raw = query.get("starting_after", [None])[0]
@@ -248,7 +250,9 @@ class Resumes:
         """A Responses retrieve with ``stream=true`` of a response the store holds for
         this caller, answered from the log; False: not ours (it goes upstream)."""
         response_id = rest.rstrip("/")
-        query = parse_qs(exchange.scope.get("query_string", b"").decode("latin-1"))
+        query = parse_qs(
+            exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
         if "/" in response_id or query.get("stream", [""])[0] != "true":
             return False
         try:
