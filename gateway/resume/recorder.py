@@ -10,7 +10,8 @@ nothing). On the way to the client it
   can be resumed), without any I/O of its own (the store writes in batches);
 - keeps the last send, the trailer, for the log's end.
 
-Once the head is out, a client that leaves no longer stops the request
+Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
+default with resume), a client that leaves no longer stops the request
 (``Exchange.detach``): the recorder *detaches*: the relay goes on at the
 upstream's pace, every send now goes to the log alone, for at most
 ``detach_max_seconds`` (then ``total_timeout``). A client that stalls past
@@ -48,9 +49,11 @@ class Recorder:
         writer: Writer,
         guard: StreamGuard,
         metrics: Metrics,
+        store_size: Callable[[], int],
         *,
         annotate: bool = True,
     ) -> None:
+        self.store_size = store_size
         self.exchange = exchange
         self.annotate = annotate
         #: A Responses stream: told its response id once an event shows it (for a
@@ -84,8 +87,9 @@ class Recorder:
         elif kind == "http.response.start":
             headers = [*message.get("headers", []), (STREAM_ID_HEADER, self.writer.id.encode())]
             message = {**message, "headers": headers}
-            # From now on the client knows the stream's id: leaving, it detaches.
-            self.exchange.detach = self.detach
+            if self.exchange.route.config.detaches:
+                # From now on the client knows the stream's id: leaving, it detaches.
+                self.exchange.detach = self.detach
         if self.detached:
             if kind == "http.response.body":
                 self._unsent += len(message.get("body", b""))
@@ -94,7 +98,11 @@ class Recorder:
             await self._send(message)
         except asyncio.CancelledError:
             exchange = self.exchange
-            if exchange.stop_reason is not Reason.CLIENT_STALLED or not exchange.claim_stop():
+            if (
+                exchange.stop_reason is not Reason.CLIENT_STALLED
+                or exchange.detach is None
+                or not exchange.claim_stop()
+            ):
                 raise
             # The client stopped reading: it is cut, the answer goes on into the log.
             exchange.stop_reason = None
@@ -153,6 +161,7 @@ class Recorder:
         # A store that fails here: the lease runs out, a resume ends the stream owner_lost.
         with contextlib.suppress(StoreError):
             await self.writer.finish(End(self.splitter.rest + trailer, fields))
+        self.metrics.store_bytes(self.store_size())
 
 
 def response_id_of(event: bytes) -> str | None:

@@ -137,7 +137,14 @@ class Resumes:
             header = b"off; reason=" + reason.encode()
             exchange.send = with_headers(exchange.send, [(_OPT_OUT, header)])
             return None
-        recorder = Recorder(exchange, writer, guard, self.metrics, annotate=self.settings.annotate)
+        recorder = Recorder(
+            exchange,
+            writer,
+            guard,
+            self.metrics,
+            lambda: self.store.size,
+            annotate=self.settings.annotate,
+        )
         if exchange.spec.name == "responses":
             recorder.on_response_id = self._name_response
         return recorder

@@ -198,7 +198,7 @@ class StreamStore(Protocol):
         stream_id: str | None = None,
     ) -> Writer | None:
         """Start a new log (a fresh id unless ``stream_id``) and take its lease;
-        None when the store's total budget is spent."""
+        None when the store's total budget is spent (``budget.Budget.room``)."""
         ...
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:

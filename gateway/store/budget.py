@@ -3,7 +3,9 @@
 Every byte a writer keeps is taken from the budget; a log's bytes are given back
 when its keys expire (its TTL after its last write) or when it is deleted. For the
 memory store this is exact; for Redis it is the gateway's own accounting of what
-it wrote (other replicas keep their own).
+it wrote (other replicas keep their own). A new log starts only while there is
+room for its cap or a 64th of the budget, whichever is less: a log that could
+keep next to nothing is not worth opening.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class Budget:
         self._held[stream_id] = self._held.get(stream_id, 0) + size
         return True
 
-    def room(self) -> bool:
+    def room(self, max_bytes: int) -> bool:
+        """Whether a new log may start: the budget has room for ``max_bytes`` (its cap)
+        or for a 64th of itself, whichever is less."""
         self.expire()
-        return self.used < self.limit
+        return self.used + min(max_bytes, self.limit // 64) <= self.limit
 
     def expires(self, stream_id: str, at: float) -> None:
         """``stream_id``'s bytes are given back at ``at`` (unless written again)."""

@@ -187,7 +187,7 @@ class MemoryStore:
         lease: float,
         stream_id: str | None = None,
     ) -> Writer | None:
-        if not self.budget.room():
+        if not self.budget.room(max_bytes):
             return None
         stream_id = stream_id or new_stream_id()
         log = _Log(owner, meta, ttl, max_bytes)

@@ -295,7 +295,7 @@ class RedisStore:
         lease: float,
         stream_id: str | None = None,
     ) -> Writer | None:
-        if not self.budget.room():
+        if not self.budget.room(max_bytes):
             return None
         stream_id = stream_id or new_stream_id()
         token = secrets.token_hex(8)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +24,7 @@ import httpx
 import pytest
 
 from gateway.resume.events import Splitter
+from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_until, annotation, gateway_for, metric_value
@@ -303,3 +306,101 @@ def test_a_hundred_resumers_of_one_live_stream(simulator: ServerThread) -> None:
     assert annotation(original)["outcome"] == "complete"
     for copy in copies:
         assert copy == original
+
+
+def test_a_thousand_resumable_streams_stay_within_the_store(simulator: ServerThread) -> None:
+    """1,000 streams at once, each past its route's resume_max_bytes, and together past
+    the store's bound: every client gets its whole stream; the store holds at most its
+    bound; once it is spent, new streams go without resume and say so."""
+    cap, bound = 2048, 512 * 1024
+    routes = _routes(simulator, resume_max_bytes=cap)
+    path, body, headers = _request("chat", tokens="40", seed="6")
+
+    async def one(client: httpx.AsyncClient, url: str) -> httpx.Response:
+        return await client.post(url + path, json=body, headers=headers)
+
+    async def main(url: str) -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=1000)
+        async with web.async_client(timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, url) for _ in range(1000)))
+
+    with gateway_for("", routes=routes, clients=CLIENTS, stream_store_max_bytes=bound) as gw:
+        answers = asyncio.run(main(gw.url))
+        metrics = web.get(gw.url + "/metrics").text
+        kept = [a for a in answers if "x-gateway-stream-id" in a.headers]
+        stopped = resume(gw.url + "/v1", kept[0].headers["x-gateway-stream-id"], 30)
+    assert {a.status_code for a in answers} == {200}
+    assert {annotation(a.content)["outcome"] for a in answers} == {"complete"}
+    assert len({_same(a.content, answers[0].content) for a in answers}) == 1
+    assert len(answers[0].content) > 2 * cap  # every stream is past its cap
+    off = [a for a in answers if "x-gateway-stream-id" not in a.headers]
+    assert off  # the store's bound was reached ...
+    assert {a.headers["x-gateway-resume"] for a in off} == {"off; reason=store_full"}
+    assert len(kept) >= bound // cap // 2  # ... after it held many logs
+    held = metric_value(metrics, "gateway_stream_store_bytes")
+    assert 0 < held <= bound
+    assert metric_value(metrics, "gateway_resume_off_total", reason="store_full") == len(off)
+    assert stopped.status_code == 410  # beyond what its log kept
+
+
+def test_a_stalled_client_is_cut_and_the_answer_goes_on(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.integration.test_relay_failures import _raw_request
+
+    routes = _routes(simulator, resume_max_bytes=64 * 1024 * 1024)
+    body = json.dumps({"model": "sim-model", "messages": [], "stream": True}).encode()
+    sim = {"x-sim-tokens": "1500", "x-sim-chunk-bytes": "5000", **AUTH_A}
+    timeouts = {"client_send": 1.0}
+    with gateway_for("", routes=routes, clients=CLIENTS, access_log=True, timeouts=timeouts) as gw:
+        conn = _raw_request(gw.port, sim, body, rcvbuf=64 * 1024)
+        with conn:
+            conn.settimeout(30)
+            head = conn.recv(65536, socket.MSG_PEEK).partition(b"\r\n\r\n")[0]
+            match = re.search(rb"x-gateway-stream-id: (\S+)", head, re.IGNORECASE)
+            assert match is not None
+            request_id = re.search(rb"x-request-id: (\S+)", head, re.IGNORECASE)
+            assert request_id is not None
+            # The client never reads: cut after client_send, the answer read on.
+            lines = access_log_until(capsys, request_id.group(1).decode())
+        line = next(e for e in lines if e["request_id"] == request_id.group(1).decode())
+        replay = resume(gw.url + "/v1", match.group(1).decode(), 0)
+    assert line["error"] == "client_stalled"
+    assert line["detached"] is True
+    assert (line["outcome"], line["reason"]) == ("complete", "stop")
+    assert replay.status_code == 200
+    assert len(replay.content) > 1500 * 5000 // 2
+    assert annotation(replay.content)["outcome"] == "complete"
+
+
+def test_on_client_disconnect_cancel_closes_the_upstream(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    routes = _routes(simulator, on_client_disconnect="cancel")
+    path, body, headers = _request("chat", tokens="2000", tps="100")
+    with gateway_for("", routes=routes, clients=CLIENTS, access_log=True) as gw:
+        stream_id, request_id, head = cut_after(gw.url + path, body, headers, 3)
+        line = next(
+            e for e in access_log_until(capsys, request_id) if e["request_id"] == request_id
+        )
+        rest = resume(gw.url + "/v1", stream_id, 3)
+    assert (line["outcome"], line["reason"], line["detached"]) == (
+        "incomplete",
+        "client_disconnect",
+        False,
+    )
+    assert rest.status_code == 200
+    assert annotation(head + rest.content)["reason"] == "client_disconnect"
+
+
+def test_settings_refuse_what_cannot_work() -> None:
+    route = {"name": "r", "prefix": "/v1", "upstream": "http://127.0.0.1:9/v1", "resume": True}
+    with pytest.raises(ValueError, match='stream_store = "redis"'):
+        Settings(routes=[route], workers=2)
+    Settings(routes=[route], workers=2, stream_store="redis", redis_url="redis://127.0.0.1:1")
+    with pytest.raises(ValueError, match="needs resume = true"):
+        Settings(routes=[{**route, "resume": False, "on_client_disconnect": "finish"}])
+    with pytest.raises(ValueError, match="needs redis_url"):
+        Settings(routes=[route], stream_store="redis")
+    assert Settings(routes=[route]).routes[0].detaches
+    assert not Settings(routes=[{**route, "on_client_disconnect": "cancel"}]).routes[0].detaches
