@@ -141,6 +141,8 @@ class _RedisWriter(Writer):
         return self._store.budget.take(self.id, size)
 
     def _add(self, event: bytes) -> None:
+        if self.lost:  # nothing more is written: nothing is queued either
+            return
         self._pending.append(event)
         self._wake.set()
 

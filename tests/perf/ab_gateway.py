@@ -60,7 +60,11 @@ async def _round(
             if isinstance(tree, str):  # a yardstick relay (FloorProxy's), not a tree
                 proxy = bg.FloorProxy(upstream.port, workdir, [], {}, tree)
             else:
-                proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
+                url = f"http://127.0.0.1:{upstream.port}/v1"
+                env = (
+                    {k: v.replace("{upstream}", url) for k, v in opts.b_env} if label == "B" else {}
+                )
+                proxy = bg.GatewayProxy(upstream.port, workdir, [], env, label)
                 proxy.tree = tree
             proxy.cpus = {opts.cpu}
             proxy.start()
@@ -201,6 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
     parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
+    parser.add_argument(
+        "--b-env",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        metavar="NAME=value",
+        help="environment of version B only, {upstream} standing for the upstream's URL "
+        "(e.g. GATEWAY_ROUTES with resume on)",
+    )
     opts = parser.parse_args(argv)
     base: Path | str = opts.base
     if opts.base not in bg.FloorProxy.SCRIPTS:
