@@ -64,6 +64,8 @@ _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
 _OPT_OUT = b"x-gateway-resume"
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+#: How long a resume waits for a live stream's log to hold the events of its cursor.
+_CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
 _CANCEL_WAIT_SECONDS = 10.0
 
@@ -237,6 +239,8 @@ class Resumes:
         try:
             ask = self._ask(exchange, stream_id)
             if ask.after > found.total:
+                found = await self._caught_up(stream_id, found, ask.after)
+            if ask.after > found.total:
                 raise BadCursor
             if found.stopped and ask.after >= found.kept:
                 raise Gone
@@ -280,6 +284,24 @@ class Resumes:
         result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
         self.metrics.resumed(route, result)
         return True
+
+    async def _caught_up(self, stream_id: str, info: StreamInfo, after: int) -> StreamInfo:
+        """A live stream's info once its log holds ``after`` events, or as it stands
+        after a short wait: a writer on another replica writes in batches, so a client
+        may resume there a moment before the events it got are in the store."""
+        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
+        while info.end is None and info.leased and info.total < after:
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+            try:
+                newer = await self.store.info(stream_id)
+            except StoreError:
+                break
+            if newer is None:
+                break
+            info = newer
+        return info
 
     async def replay(
         self,

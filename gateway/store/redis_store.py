@@ -10,12 +10,13 @@ Per stream, three keys under one hash tag (one cluster slot):
   ``total``, ``kept``, ``size``, ``stopped``, ``max_bytes``, ``end``, ``cancel``;
 - ``{prefix}:s:{id}:lease``, the writer's token, with a short expiry it renews.
 
-A writer never writes per event: ``append`` queues, and one task per writer
-writes what queued meanwhile in one script call (``WRITE``: the lease is checked,
-the entries added, the counters set, every key's expiry pushed back ``ttl``), at
-once when idle and otherwise as soon as the call before returns; with nothing
-queued, the same call renews the lease every third of it and reports a cancel
-request. Live readers of one stream in one process share one ``XREAD BLOCK`` on
+A writer never writes per event: ``append`` queues, and one flusher per process
+writes what every writer queued in one pipeline of script calls (``WRITE``, one
+per writer: the lease is checked, the entries added, the counters set, every
+key's expiry pushed back ``ttl``), ``FLUSH_SECONDS`` after the first event that
+waits and again as soon as the pipeline before returns; a writer with nothing
+queued gets the same call every third of its lease (renewal), and its answer
+reports a cancel request. Live readers of one stream in one process share one ``XREAD BLOCK`` on
 its log (a ``_Tail``), which wakes them all: a hundred resumers of a stream hold
 one blocked connection, not a hundred.
 
@@ -58,6 +59,12 @@ __all__ = ["RedisStore"]
 MAX_CONNECTIONS = 4096
 #: How long one shared blocking read waits before it looks again for readers.
 TAIL_BLOCK_SECONDS = 1.0
+
+#: The most an event waits before it is written (the events of every stream in this
+#: process that came meanwhile go in the same pipeline).
+FLUSH_SECONDS = 0.02
+#: How often the writers' leases are looked at for a renewal.
+RENEW_TICK_SECONDS = 0.1
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -111,6 +118,8 @@ def _key(prefix: str, stream_id: str, kind: str) -> str:
 
 
 class _RedisWriter(Writer):
+    """A writer whose events wait in ``_pending`` for the store's flusher."""
+
     def __init__(
         self,
         store: RedisStore,
@@ -128,14 +137,16 @@ class _RedisWriter(Writer):
         self._token = token
         self._ttl_ms = max(int(ttl * 1000), 1)
         self._lease_ms = max(int(lease * 1000), 1)
-        self._renew = lease / 3
-        self._keys = [_key(store.prefix, stream_id, k) for k in ("log", "meta", "lease")]
+        #: Renewed by the flusher when no write renewed it for this long.
+        self.renew_every = lease / 3
+        self.written_at = time.monotonic()
+        self.keys = [_key(store.prefix, stream_id, k) for k in ("log", "meta", "lease")]
         self._pending: list[bytes] = []
         self._first = self.kept + 1  # the event number of ``_pending[0]``
-        self._wake = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._stopping = False
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._end: End | None = None
+        #: The end was written (or the lease lost): nothing more to write.
+        self.closed = False
+        store.live.add(self)
 
     def _room(self, size: int) -> bool:
         return self._store.budget.take(self.id, size)
@@ -144,78 +155,76 @@ class _RedisWriter(Writer):
         if self.lost:  # nothing more is written: nothing is queued either
             return
         self._pending.append(event)
-        self._wake.set()
+        self._store.dirty(self)
 
     def _stop(self) -> None:
-        self._wake.set()  # the counters say so at the next write
+        self._store.dirty(self)  # the counters say so at the next write
 
-    async def _run(self) -> None:
-        while not self._stopping and not self.lost:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._renew):
-                    await self._wake.wait()
-            self._wake.clear()
-            if self._stopping:
-                return
-            await self._write()
+    def next_call(self) -> list[Any]:
+        """The script's arguments for what is queued (at most ``WRITE_BATCH`` events,
+        then the end when nothing else is)."""
+        batch = self._pending[:WRITE_BATCH]
+        del self._pending[:WRITE_BATCH]
+        first = self._first
+        self._first += len(batch)
+        args: list[Any] = [
+            *(self._token, self._ttl_ms, self._lease_ms),
+            *(self.total, self.kept, self.size, int(self.stopped)),
+            *(first, len(batch), *batch),
+        ]
+        end = self._end
+        if end is not None and not self._pending:
+            args += ["1", end.trailer, json.dumps(dict(end.fields))]
+        else:
+            args.append("0")
+        return args
 
-    async def _write(self, end: End | None = None) -> None:
-        async with self._lock:
-            while not self.lost:
-                batch = self._pending[:WRITE_BATCH]
-                del self._pending[:WRITE_BATCH]
-                first = self._first
-                self._first += len(batch)
-                last = not self._pending
-                args: list[Any] = [
-                    *(self._token, self._ttl_ms, self._lease_ms),
-                    *(self.total, self.kept, self.size, int(self.stopped)),
-                    *(first, len(batch), *batch),
-                ]
-                if end is not None and last:
-                    args += ["1", end.trailer, json.dumps(dict(end.fields))]
-                else:
-                    args.append("0")
-                try:
-                    owned, cancel = await self._store.call(self._store.write, self._keys, args)
-                except StoreError:
-                    owned, cancel = 0, 0
-                if not owned:
-                    self.lost = True
-                    self._pending.clear()
-                    self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
-                    return
-                if cancel:
-                    self._cancelled()
-                if last:
-                    return
+    def written(self, answer: Any, ended: bool) -> None:
+        """The flusher's report of one call: its answer (or the exception)."""
+        self.written_at = time.monotonic()
+        owned, cancel = (0, 0) if isinstance(answer, Exception) else answer
+        if not owned:
+            self.lost = True
+            self._pending.clear()
+        elif cancel:
+            self._cancelled()
+        if self.lost or ended:
+            self.closed = True
+            self._store.live.discard(self)
+            self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
+        elif self._pending:
+            self._store.dirty(self)
+
+    @property
+    def ending(self) -> bool:
+        return self._end is not None and not self._pending
 
     async def flush(self) -> None:
-        if self._pending:
-            await self._write()
-
-    async def _halt(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        while self._pending and not self.lost:
+            self._store.dirty(self)
+            await self._store.next_write()
 
     async def finish(self, end: End) -> None:
         if self.finished:
             return
         self.finished = True
-        await self._halt()
-        await self._write(end)
-        self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
+        self._end = end
+        await self._close()
 
     async def release(self) -> None:
         if self.finished:
             return
         self.finished = True
-        await self._halt()
         with contextlib.suppress(StoreError):
             await self.flush()
+        self.closed = True
+        self._store.live.discard(self)  # no more renewals: the lease runs out
         self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
+
+    async def _close(self) -> None:
+        while not self.closed:
+            self._store.dirty(self)
+            await self._store.next_write()
 
 
 class _Tail:
@@ -246,6 +255,13 @@ class RedisStore:
             max_connections=MAX_CONNECTIONS,
         )
         self._tails: dict[str, _Tail] = {}
+        #: Writers with something to write, in the order they asked.
+        self._dirty: dict[_RedisWriter, None] = {}
+        #: Writers whose lease is held (renewed by the flusher).
+        self.live: set[_RedisWriter] = set()
+        self._wake = asyncio.Event()
+        self._written: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.timeout = timeout
         self.prefix = prefix
         self.budget = Budget(max_bytes, time.monotonic)
@@ -273,6 +289,59 @@ class RedisStore:
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreError(type(exc).__name__) from None
 
+    def _start(self) -> None:
+        """The flusher and the renewer, once there is a writer."""
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._flusher()), loop.create_task(self._renewer())]
+
+    def dirty(self, writer: _RedisWriter) -> None:
+        """``writer`` has something to write: the next pipeline takes it."""
+        self._start()
+        self._dirty[writer] = None
+        self._wake.set()
+
+    def next_write(self) -> asyncio.Future[None]:
+        """Resolved once the next pipeline (one that starts after now) was written."""
+        if self._written is None:
+            self._written = asyncio.get_running_loop().create_future()
+        return self._written
+
+    async def _flusher(self) -> None:
+        """One pipeline for every writer with something to write, then the next: the
+        events of every stream in this process reach Redis in one round trip per
+        ``FLUSH_SECONDS`` at most, never one per event."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(FLUSH_SECONDS)  # what comes meanwhile goes in the same one
+            self._wake.clear()
+            writers = list(self._dirty)
+            self._dirty.clear()
+            done, self._written = self._written, None
+            calls = [(w, w.ending, w.next_call()) for w in writers if not w.closed]
+            answers: list[Any] = []
+            try:
+                async with asyncio.timeout(self.timeout + len(calls) * 0.001):
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for writer, _, args in calls:
+                            await self.write(keys=writer.keys, args=args, client=pipe)
+                        answers = await pipe.execute(raise_on_error=False)
+            except (RedisError, OSError, TimeoutError) as exc:
+                answers = [exc] * len(calls)
+            for (writer, ended, _), answer in zip(calls, answers, strict=True):
+                writer.written(answer, ended)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def _renewer(self) -> None:
+        """Every writer whose lease no write renewed lately gets an empty write."""
+        while True:
+            await asyncio.sleep(RENEW_TICK_SECONDS)
+            now = time.monotonic()
+            for writer in list(self.live):
+                if now - writer.written_at >= writer.renew_every:
+                    self.dirty(writer)
+
     async def prepare(self) -> None:
         try:
             async with asyncio.timeout(self.timeout):
@@ -282,6 +351,11 @@ class RedisStore:
             raise StoreError(type(exc).__name__) from None
 
     async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
         await self._redis.aclose()
 
     def _k(self, stream_id: str, kind: str) -> str:
@@ -314,6 +388,7 @@ class RedisStore:
                     await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreError(type(exc).__name__) from None
+        self._start()
         return _RedisWriter(self, stream_id, token, max_bytes=max_bytes, ttl=ttl, lease=lease)
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
@@ -322,6 +397,7 @@ class RedisStore:
         got = await self.call(self._adopt, keys, [token, max(int(lease * 1000), 1)])
         if not got:
             return None
+        self._start()
         total, kept, size, stopped, max_bytes, ttl = (int(v or 0) for v in got)
         writer = _RedisWriter(
             self,
