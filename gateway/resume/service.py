@@ -64,6 +64,8 @@ _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
 _OPT_OUT = b"x-gateway-resume"
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+#: An id made this recently whose log is not there yet may be about to be: wait for it.
+_YOUNG_SECONDS = 5.0
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
@@ -215,6 +217,8 @@ class Resumes:
         if STREAM_ID.fullmatch(stream_id):
             try:
                 info = await self.store.info(stream_id)
+                if info is None and time.time() - made_at(stream_id) < _YOUNG_SECONDS:
+                    info = await self._made(stream_id)
             except StoreError:
                 await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
                 return "store_error"
@@ -284,6 +288,17 @@ class Resumes:
         result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
         self.metrics.resumed(route, result)
         return True
+
+    async def _made(self, stream_id: str) -> StreamInfo | None:
+        """A stream made a moment ago on another replica: its log is made by its
+        writer's first batch, so wait for it a little before saying it is not there."""
+        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+            info = await self.store.info(stream_id)
+            if info is not None:
+                return info
+        return None
 
     async def _caught_up(self, stream_id: str, info: StreamInfo, after: int) -> StreamInfo:
         """A live stream's info once its log holds ``after`` events, or as it stands

@@ -158,7 +158,7 @@ class Writer(ABC):
 
     @abstractmethod
     async def flush(self) -> None:
-        """Wait until everything appended so far is written."""
+        """Wait until the log and everything appended so far are written."""
 
     @abstractmethod
     async def finish(self, end: End) -> None:
@@ -198,7 +198,9 @@ class StreamStore(Protocol):
         stream_id: str | None = None,
     ) -> Writer | None:
         """Start a new log (a fresh id unless ``stream_id``) and take its lease;
-        None when the store's total budget is spent (``budget.Budget.room``)."""
+        None when the store's total budget is spent (``budget.Budget.room``). Others
+        see the log once it is written (by the writer's first batch; ``flush``
+        waits for it)."""
         ...
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:

@@ -64,14 +64,20 @@ class _Log:
         self.end: End | None = None
         self.lease_until = math.inf
         self.expires_at = math.inf
-        self.changed = asyncio.Event()
+        #: Made by the first reader that waits (most logs never have one).
+        self.changed: asyncio.Event | None = None
         self.writer: _MemoryWriter | None = None
 
     def wake(self) -> None:
         changed = self.changed
-        if changed._waiters:  # nobody waits: nothing to do
+        if changed is not None:
             changed.set()
+            self.changed = None
+
+    def waiting(self) -> asyncio.Event:
+        if self.changed is None:
             self.changed = asyncio.Event()
+        return self.changed
 
 
 class _MemoryWriter(Writer):
@@ -168,7 +174,7 @@ class MemoryStore:
         log = self._logs.pop(stream_id, None)
         self.budget.give_back(stream_id)
         if log is not None:
-            log.changed.set()
+            log.wake()
 
     def _get(self, stream_id: str) -> _Log | None:
         log = self._logs.get(stream_id)
@@ -227,7 +233,7 @@ class MemoryStore:
             return batch
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
-                await log.changed.wait()
+                await log.waiting().wait()
         log = self._get(stream_id)
         return None if log is None else _batch(log, after)
 

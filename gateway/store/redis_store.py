@@ -10,7 +10,9 @@ Per stream, three keys under one hash tag (one cluster slot):
   ``total``, ``kept``, ``size``, ``stopped``, ``max_bytes``, ``end``, ``cancel``;
 - ``{prefix}:s:{id}:lease``, the writer's token, with a short expiry it renews.
 
-A writer never writes per event: ``append`` queues, and one flusher per process
+Opening a log does no I/O: its first write makes the meta and takes the lease
+(a log opened by another writer meanwhile: the lease is lost). A writer never
+writes per event: ``append`` queues, and one flusher per process
 writes what every writer queued in one pipeline of script calls (``WRITE``, one
 per writer: the lease is checked, the entries added, the counters set, every
 key's expiry pushed back ``ttl``), ``FLUSH_SECONDS`` after the first event that
@@ -69,20 +71,29 @@ RENEW_TICK_SECONDS = 0.1
 #: Events written in one script call at most.
 WRITE_BATCH = 256
 
-#: KEYS: log, meta, lease. ARGV: token, ttl ms, lease ms, total, kept, size, stopped,
-#: first event number, n, the n events, then "1", trailer, fields (the end) or "0".
-#: Returns {owned, cancel}.
+#: KEYS: log, meta, lease. ARGV: token, ttl ms, lease ms, the new log's meta as JSON
+#: (its first write: the meta is made and the lease taken) or "", total, kept, size,
+#: stopped, first event number, n, the n events, then "1", trailer, fields (the end)
+#: or "0". Returns {owned, cancel}.
 WRITE = """
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return {0, 0} end
-local first, n = tonumber(ARGV[8]), tonumber(ARGV[9])
-for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[9 + i])
+if ARGV[4] ~= '' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0} end
+  for field, value in pairs(cjson.decode(ARGV[4])) do
+    redis.call('HSET', KEYS[2], field, value)
+  end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+elseif redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  return {0, 0}
 end
-redis.call('HSET', KEYS[2], 'total', ARGV[4], 'kept', ARGV[5], 'size', ARGV[6],
-  'stopped', ARGV[7])
-local at = 10 + n
+local first, n = tonumber(ARGV[9]), tonumber(ARGV[10])
+for i = 1, n do
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[10 + i])
+end
+redis.call('HSET', KEYS[2], 'total', ARGV[5], 'kept', ARGV[6], 'size', ARGV[7],
+  'stopped', ARGV[8])
+local at = 11 + n
 if ARGV[at] == '1' then
-  redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[5]) + 1), 'end', ARGV[at + 1],
+  redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[6]) + 1), 'end', ARGV[at + 1],
     'f', ARGV[at + 2])
   redis.call('HSET', KEYS[2], 'end', '1')
   redis.call('DEL', KEYS[3])
@@ -131,9 +142,12 @@ class _RedisWriter(Writer):
         lease: float,
         total: int = 0,
         size: int = 0,
+        create: str = "",
     ) -> None:
         super().__init__(stream_id, max_bytes, total, size)
         self._store = store
+        #: A new log's meta (JSON), made by its first write.
+        self._create = create
         self._token = token
         self._ttl_ms = max(int(ttl * 1000), 1)
         self._lease_ms = max(int(lease * 1000), 1)
@@ -168,10 +182,11 @@ class _RedisWriter(Writer):
         first = self._first
         self._first += len(batch)
         args: list[Any] = [
-            *(self._token, self._ttl_ms, self._lease_ms),
+            *(self._token, self._ttl_ms, self._lease_ms, self._create),
             *(self.total, self.kept, self.size, int(self.stopped)),
             *(first, len(batch), *batch),
         ]
+        self._create = ""
         end = self._end
         if end is not None and not self._pending:
             args += ["1", end.trailer, json.dumps(dict(end.fields))]
@@ -200,7 +215,7 @@ class _RedisWriter(Writer):
         return self._end is not None and not self._pending
 
     async def flush(self) -> None:
-        while self._pending and not self.lost:
+        while (self._pending or self._create) and not self.lost:
             self._store.dirty(self)
             await self._store.next_write()
 
@@ -378,18 +393,18 @@ class RedisStore:
         fields: dict[str, Any] = {f"m:{k}": v for k, v in meta.items()}
         fields |= {"owner": owner, "total": 0, "kept": 0, "size": 0, "stopped": 0}
         fields |= {"max_bytes": max_bytes, "ttl": int(ttl * 1000)}
-        meta_key = self._k(stream_id, "meta")
-        try:
-            async with asyncio.timeout(self.timeout):
-                async with self._redis.pipeline(transaction=True) as pipe:
-                    pipe.hset(meta_key, mapping=fields)
-                    pipe.pexpire(meta_key, max(int(ttl * 1000), 1))
-                    pipe.set(self._k(stream_id, "lease"), token, px=max(int(lease * 1000), 1))
-                    await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
         self._start()
-        return _RedisWriter(self, stream_id, token, max_bytes=max_bytes, ttl=ttl, lease=lease)
+        writer = _RedisWriter(
+            self,
+            stream_id,
+            token,
+            max_bytes=max_bytes,
+            ttl=ttl,
+            lease=lease,
+            create=json.dumps(fields),
+        )
+        self.dirty(writer)  # its meta and lease are made by the next pipeline
+        return writer
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
         token = secrets.token_hex(8)

@@ -174,6 +174,7 @@ def test_the_total_budget_refuses_new_logs(make: Make) -> None:
 def test_cancel_reaches_the_writer_and_is_idempotent(make: Make) -> None:
     async def body(store: StreamStore) -> None:
         writer = await _open(store, lease=0.6)
+        await writer.flush()  # others see the log once it is written
         seen = asyncio.Event()
         writer.on_cancel = seen.set
         assert await store.cancel(writer.id)

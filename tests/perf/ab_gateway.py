@@ -37,12 +37,12 @@ from pathlib import Path
 import bench_gateway as bg
 
 
-def _query(mode: str) -> tuple[str, int]:
+def _query(mode: str, events: int = 5) -> tuple[str, int]:
     """The upstream query and what a client checks (events, or -body bytes)."""
     if mode == "json":
         query = f"mode=json&size={bg.JSON_BYTES}"
         return query, -len(bg._json_body_of(query))
-    return "mode=burst&n=5", 5
+    return f"mode=burst&n={events}", events
 
 
 async def _round(
@@ -52,7 +52,7 @@ async def _round(
     workdir: Path,
     profile: Path | None = None,
 ) -> dict[str, dict[str, float]]:
-    query, expected = _query(opts.mode)
+    query, expected = _query(opts.mode, opts.events)
     proxies: dict[str, bg.GatewayProxy] = {}
     try:
         for label, tree in trees.items():
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mode", choices=("stream", "json"), default="stream")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=5, help="events per stream (stream mode)")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--conns", type=int, default=32, help="connections per version")
     parser.add_argument(
