@@ -404,3 +404,22 @@ def test_settings_refuse_what_cannot_work() -> None:
         Settings(routes=[route], stream_store="redis")
     assert Settings(routes=[route]).routes[0].detaches
     assert not Settings(routes=[{**route, "on_client_disconnect": "cancel"}]).routes[0].detaches
+
+
+def test_a_detached_stream_is_read_for_detach_max_seconds_at_most(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    routes = _routes(simulator, detach_max_seconds=1.0)
+    path, body, headers = _request("chat", tokens="100000", tps="100")
+    with gateway_for("", routes=routes, clients=CLIENTS, access_log=True) as gw:
+        stream_id, request_id, head = cut_after(gw.url + path, body, headers, 3)
+        line = next(
+            e for e in access_log_until(capsys, request_id) if e["request_id"] == request_id
+        )
+        rest = resume(gw.url + "/v1", stream_id, 3)
+        metrics = web.get(gw.url + "/metrics").text
+    assert line["detached"] is True
+    assert (line["outcome"], line["reason"]) == ("incomplete", "total_timeout")
+    assert annotation(head + rest.content)["reason"] == "total_timeout"
+    assert len(_events(rest.content)) > 10  # it did go on after the client left
+    assert metric_value(metrics, "gateway_detached_streams", route="v1") == 0
