@@ -604,7 +604,9 @@ class Settings(BaseSettings):
         "memory", description="Where the clients' counters live: this process, or Redis."
     )
     redis_url: str | None = Field(
-        None, description="redis:// or rediss:// URL of the limits backend (password in it)."
+        None,
+        description="redis:// or rediss:// URL of the limits backend and the stream store "
+        "(password in it).",
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
