@@ -12,6 +12,7 @@ store's bounds hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -28,6 +29,7 @@ from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_until, annotation, gateway_for, metric_value
+from tests.integration.redis_server import redis_server
 
 KEY_A, KEY_B = "sk-resume-alice-0001", "sk-resume-bob-0002"
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
@@ -308,7 +310,10 @@ def test_a_hundred_resumers_of_one_live_stream(simulator: ServerThread) -> None:
         assert copy == original
 
 
-def test_a_thousand_resumable_streams_stay_within_the_store(simulator: ServerThread) -> None:
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_thousand_resumable_streams_stay_within_the_store(
+    simulator: ServerThread, store: str
+) -> None:
     """1,000 streams at once, each past its route's resume_max_bytes, and together past
     the store's bound: every client gets its whole stream; the store holds at most its
     bound; once it is spent, new streams go without resume and say so."""
@@ -324,7 +329,14 @@ def test_a_thousand_resumable_streams_stay_within_the_store(simulator: ServerThr
         async with web.async_client(timeout=120, limits=limits) as client:
             return await asyncio.gather(*(one(client, url) for _ in range(1000)))
 
-    with gateway_for("", routes=routes, clients=CLIENTS, stream_store_max_bytes=bound) as gw:
+    with contextlib.ExitStack() as stack:
+        options: dict[str, Any] = {}
+        if store == "redis":
+            server = stack.enter_context(redis_server())
+            options = {"stream_store": "redis", "redis_url": server.url}
+        gw = stack.enter_context(
+            gateway_for("", routes=routes, clients=CLIENTS, stream_store_max_bytes=bound, **options)
+        )
         answers = asyncio.run(main(gw.url))
         metrics = web.get(gw.url + "/metrics").text
         kept = [a for a in answers if "x-gateway-stream-id" in a.headers]
