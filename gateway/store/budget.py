@@ -26,8 +26,8 @@ class Budget:
         self._heap: list[tuple[float, str]] = []
 
     def take(self, stream_id: str, size: int) -> bool:
-        """Take ``size`` bytes for ``stream_id``; False (nothing taken) when over."""
-        self.expire()
+        """Take ``size`` bytes for ``stream_id``; False (nothing taken) when over (what
+        expired is given back by ``room`` and ``expire``, not on every event)."""
         if self.used + size > self.limit:
             return False
         self.used += size
