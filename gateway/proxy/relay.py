@@ -105,7 +105,8 @@ __all__ = ["Relay"]
 log = logging.getLogger("gateway")
 
 _REQUEST_DROP = (
-    frozenset({b"host", b"content-length", b"x-request-id", b"expect"}) | FORWARDING_HEADERS
+    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
+    | FORWARDING_HEADERS
 )
 _UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id")
 _FAILURE_MESSAGES = {

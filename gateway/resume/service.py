@@ -170,11 +170,13 @@ class Resumes:
             tail = rest[len(_STREAMS) :]
             if method == "GET" and "/" not in tail:
                 await self._stopping(exchange, self._resume(exchange, tail))
-                return True
-            if method == "POST" and tail.endswith("/cancel") and tail.count("/") == 1:
+            elif method == "POST" and tail.endswith("/cancel") and tail.count("/") == 1:
                 await self._stopping(exchange, self._cancel(exchange, tail[: -len("/cancel")]))
-                return True
-            return False
+            elif "/" not in tail or tail.endswith("/cancel"):
+                await self.error(exchange, 405, "Method not allowed here.", "method_not_allowed")
+            else:
+                await self.error(exchange, 404, "No such stream.", "stream_not_found")
+            return True  # the gateway's own paths: never sent upstream
         if method == "GET" and rest.startswith("/responses/"):
             answered = False
 

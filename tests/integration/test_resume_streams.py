@@ -254,8 +254,14 @@ def test_opting_out_and_a_route_without_resume(simulator: ServerThread) -> None:
         off = web.post(gw.url + path, json=body, headers={**headers, "x-gateway-resume": "off"})
         plain = web.post(gw.url + "/plain/chat/completions", json=body, headers=headers)
         on = web.post(gw.url + path, json=body, headers=headers)
+        seen = web.get(simulator.url + "/_sim/requests", params={"limit": 3}).json()["data"]
+        wrong_method = web.delete(f"{gw.url}/v1/gateway/streams/abc", headers=AUTH_A)
+        deeper = web.get(f"{gw.url}/v1/gateway/streams/abc/def", headers=AUTH_A)
     assert "x-gateway-stream-id" not in off.headers
     assert "x-gateway-stream-id" not in plain.headers
+    # The gateway's own header and paths never reach the upstream.
+    assert all("x-gateway-resume" not in {k.lower() for k in r["headers"]} for r in seen)
+    assert (wrong_method.status_code, deeper.status_code) == (405, 404)
     assert off.content == plain.content.replace(
         plain.headers["x-request-id"].encode(), off.headers["x-request-id"].encode()
     )
