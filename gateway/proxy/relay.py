@@ -254,7 +254,8 @@ class Relay:
 
     async def _proxy(self, exchange: Exchange, target: Target) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
-        if route.config.resume and self.resumes and await self.resumes.serve(exchange):
+        resumes = self.resumes if route.config.resume else None
+        if resumes is not None and resumes.owns(exchange) and await resumes.serve(exchange):
             return  # a resume, a cancel, a Responses retrieve from the log
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec

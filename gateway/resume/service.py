@@ -161,6 +161,13 @@ class Resumes:
 
     # -- the endpoints -----------------------------------------------------------------
 
+    @staticmethod
+    def owns(exchange: Exchange) -> bool:
+        """Whether this request may be one of the feature's own (``serve``): a cheap
+        look at its path, so that every other request skips ``serve``."""
+        path = exchange.scope["path"]
+        return _STREAMS in path or "/responses/" in path
+
     async def serve(self, exchange: Exchange) -> bool:
         """Answer this request if it is one of the feature's own; False: it is not."""
         route = exchange.route

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import math
 from collections.abc import Mapping
 
@@ -127,6 +128,7 @@ class _MemoryWriter(Writer):
         log.expires_at = now + log.ttl
         log.writer = None
         log.wake()
+        self._store.expires(self.id, log.expires_at)
 
 
 class MemoryStore:
@@ -136,6 +138,8 @@ class MemoryStore:
         self.budget = Budget(max_bytes, self.clock)
         self._logs: dict[str, _Log] = {}
         self._names: dict[str, tuple[str, float]] = {}
+        #: (expiry, id) of every log that has one: the sweep looks at the due ones only.
+        self._expiries: list[tuple[float, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -162,11 +166,18 @@ class MemoryStore:
             await asyncio.sleep(SWEEP_SECONDS)
             self.sweep()
 
+    def expires(self, stream_id: str, at: float) -> None:
+        heapq.heappush(self._expiries, (at, stream_id))
+
     def sweep(self) -> None:
         """Drop every log (and name) whose time is up."""
         now = self.clock()
-        for stream_id in [i for i, log in self._logs.items() if log.expires_at <= now]:
-            self._drop(stream_id)
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, stream_id = heapq.heappop(expiries)
+            log = self._logs.get(stream_id)
+            if log is not None and log.expires_at <= now:  # else written again since
+                self._drop(stream_id)
         for name in [n for n, (_, at) in self._names.items() if at <= now]:
             del self._names[name]
 
