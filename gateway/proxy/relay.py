@@ -159,7 +159,7 @@ class Relay:
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
         #: Resumable streams (gateway.resume); None when no route has resume on.
-        self.resumes = build_resumes(settings, metrics)
+        self.resumes = build_resumes(settings, metrics, upstream)
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
@@ -676,7 +676,7 @@ class Relay:
         recorder = None
         if exchange.route.config.resume and self.resumes is not None:
             content_type = response.headers.get("content-type", "")
-            recorder = await self.resumes.record(exchange, guard, content_type)
+            recorder = await self.resumes.record(exchange, guard, content_type, rescuer)
         try:
             await relay_stream(
                 exchange,

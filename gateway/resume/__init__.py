@@ -3,7 +3,8 @@ again from any cursor by any replica, and the generation finished detached.
 
 ``events`` cuts relayed bytes into whole events (pure); ``recorder`` logs one
 stream and detaches it when its client leaves; ``service`` answers the resume and
-cancel endpoints and takes over a stream whose writer died (``owner_lost``);
+cancel endpoints; ``takeover`` ends a stream whose writer died (continued, or
+``owner_lost``);
 ``responses`` is the Responses API's ``GET /responses/{id}?stream=true``. The logs
 are kept by ``gateway.store``.
 """

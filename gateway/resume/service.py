@@ -29,19 +29,21 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
-from gateway.protocols import ContractOptions
 from gateway.proxy.connection import abort_connection
+from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import get_header
 from gateway.proxy.limited import with_headers
+from gateway.proxy.upstream import Upstream
 from gateway.resume.events import with_id
 from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
 from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
 from gateway.resume.responses import after_sequence
+from gateway.resume.takeover import continuation_meta, end_orphan
 from gateway.settings import Settings
 from gateway.store import (
     BeyondEnd,
@@ -86,8 +88,16 @@ class BadCursor(Exception):
 
 
 class Resumes:
-    def __init__(self, settings: Settings, store: StreamStore, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StreamStore,
+        metrics: Metrics,
+        upstream: Upstream | None = None,
+    ) -> None:
         self.settings = settings
+        #: The upstream client a takeover continues a stream with.
+        self.upstream = upstream
         self.store = store
         self.metrics = metrics
         self.lease = settings.stream_lease_seconds
@@ -108,7 +118,11 @@ class Resumes:
     # -- recording ---------------------------------------------------------------------
 
     async def record(
-        self, exchange: Exchange, guard: StreamGuard, content_type: str
+        self,
+        exchange: Exchange,
+        guard: StreamGuard,
+        content_type: str,
+        rescuer: Rescuer | None = None,
     ) -> Recorder | None:
         """A log and its recorder for this stream, or None (served without resume)."""
         value = get_header(exchange.scope["headers"], _OPT_OUT)
@@ -122,6 +136,12 @@ class Resumes:
             "request_id": record.request_id,
             "route": config.name,
         }
+        if rescuer is not None:  # a takeover may continue it: what that needs
+            endpoint = exchange.route.endpoints[rescuer.index]
+            headers = rescuer.headers(endpoint)
+            meta |= continuation_meta(
+                await rescuer.document(), headers, endpoint.name, exchange.scope
+            )
         try:
             writer = await self.store.open(
                 owner_of(exchange),
@@ -354,8 +374,8 @@ class Resumes:
                         await self._body(exchange, b"".join(events))
                     else:
                         await self._body(exchange, b"".join(batch.events))
-                elif batch.end is None and await self.orphaned(exchange.route, ask.stream_id):
-                    result = "owner_lost"
+                elif batch.end is None:
+                    result = await self.orphaned(exchange.route, ask.stream_id) or result
                 if batch.end is not None:
                     await self._body(exchange, batch.end.trailer, more=False)
                     return result
@@ -365,37 +385,27 @@ class Resumes:
         abort_connection(exchange.scope)
         raise AbortConnection
 
-    async def orphaned(self, route: Route, stream_id: str) -> bool:
-        """Take over a stream whose writer is gone (lease run out, no end): its log ends
-        ``owner_lost``; True when this call ended it."""
+    async def orphaned(self, route: Route, stream_id: str) -> str | None:
+        """Take over a stream whose writer is gone (lease run out, no end) and write its
+        end (``gateway.resume.takeover``); the result (``continued``, ``owner_lost``)
+        when this call ended it, else None."""
         info = await self.store.info(stream_id)
         if info is None or info.leased or info.end is not None:
-            return False
+            return None
         writer = await self.store.adopt(stream_id, lease=self.lease)
         if writer is None:
-            return False
-        guard = StreamGuard(
-            route.spec_for(info.meta.get("path", "")).new_contract(
-                ContractOptions(
-                    require_finish_reason=route.config.require_finish_reason,
-                    end_on_finish=route.config.termination == "finish",
-                )
-            )
+            return None
+        return await end_orphan(
+            self.store,
+            stream_id,
+            info,
+            writer,
+            route,
+            annotate=self.settings.annotate,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            limits=self.settings.limits,
         )
-        after = 0
-        while after < info.kept:
-            batch = await self.store.read(stream_id, after)
-            if batch is None or not batch.events:
-                break
-            guard.feed(b"".join(batch.events))
-            after += len(batch.events)
-        verdict = guard.abort(Reason.OWNER_LOST)
-        trailer = b""
-        if self.settings.annotate:
-            trailer = guard.withheld + guard.annotation(info.meta.get("request_id", "-"))
-        await writer.finish(End(trailer, {"outcome": str(verdict.outcome),
-                                          "reason": str(verdict.reason)}))  # fmt: skip
-        return True
 
     async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
         found = await self.find(exchange, stream_id)
@@ -469,7 +479,9 @@ class Resumes:
         )
 
 
-def build_resumes(settings: Settings, metrics: Metrics) -> Resumes | None:
+def build_resumes(
+    settings: Settings, metrics: Metrics, upstream: Upstream | None = None
+) -> Resumes | None:
     """The feature, when a route has ``resume = true``; else None (nothing is paid)."""
     if not any(route.resume for route in settings.effective_routes()):
         return None
@@ -479,4 +491,4 @@ def build_resumes(settings: Settings, metrics: Metrics) -> Resumes | None:
         url=settings.redis_url,
         timeout=settings.stream_store_timeout,
     )
-    return Resumes(settings, store, metrics)
+    return Resumes(settings, store, metrics, upstream)

@@ -99,3 +99,48 @@ def test_two_gateways_share_the_streams_and_a_killed_one_is_taken_over(
         while client.dbsize() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert client.keys("*") == []
+
+
+def test_a_killed_gateways_stream_is_continued_on_a_route_that_continues(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """A route with continue_after_cut: the takeover continues the logged answer with the
+    existing continuation, and the resumed stream is whole, ``continued=1``."""
+    from tests.integration.test_failover import chat_text
+
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+redis_url = "{redis.url}"
+stream_lease_seconds = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+resume = true
+continue_after_cut = true
+[[routes.upstreams]]
+name = "sim"
+url = "{simulator.url}/v1"
+continuation = "assistant_prefill"
+""")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    headers = {"x-sim-tokens": "200", "x-sim-tps": "40", "x-sim-seed": "8"}
+    whole = web.post(simulator.url + "/v1/chat/completions", json=body, headers=headers).content
+    with (
+        gateway_process(["--config", str(path)]) as a,
+        gateway_process(["--config", str(path)]) as b,
+    ):
+        stream_id, _, head = cut_after(a.url + "/v1/chat/completions", body, headers, 5)
+        time.sleep(0.5)
+        a.proc.kill()
+        a.proc.wait(30)
+        rest = resume(b.url + "/v1", stream_id, 5, headers={})
+        metrics = web.get(b.url + "/metrics").text
+    assert rest.status_code == 200
+    got = head + rest.content
+    note = annotation(got)
+    assert (note["outcome"], note["reason"], note.get("continued")) == ("complete", "stop", "1")
+    assert chat_text(got) == chat_text(whole)
+    assert got.count(b"data: [DONE]") == 1
+    assert metric_value(metrics, "gateway_resumes_total", result="continued") == 1
+    assert metric_value(metrics, "gateway_continuations_total", result="ok") == 1
