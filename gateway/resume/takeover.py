@@ -43,6 +43,9 @@ from gateway.store import End, StreamInfo, StreamStore, Writer
 
 __all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
 
+#: Headers never kept in a log: any credential (the continuation carries the upstream's
+#: own), and cookies.
+_SECRET_HEADERS = CREDENTIAL_HEADERS | {b"cookie"}
 #: The largest request kept in a log's meta for a takeover's continuation.
 MAX_REQUEST_BYTES = 256 * 1024
 
@@ -60,7 +63,7 @@ def continuation_meta(
     kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
     return {
         "request": request,
-        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in CREDENTIAL_HEADERS]),
+        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in _SECRET_HEADERS]),
         "upstream": upstream,
         "method": str(scope["method"]),
         "raw_path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
