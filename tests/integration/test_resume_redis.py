@@ -144,3 +144,30 @@ continuation = "assistant_prefill"
     assert got.count(b"data: [DONE]") == 1
     assert metric_value(metrics, "gateway_resumes_total", result="continued") == 1
     assert metric_value(metrics, "gateway_continuations_total", result="ok") == 1
+
+
+def test_redis_going_away_never_touches_the_clients_stream(
+    simulator: ServerThread, redis: RedisServer
+) -> None:
+    """Redis stopped mid-stream: the client still gets its whole stream; a resume then
+    says 503 (the store is unavailable), and the streams after it are served as ever."""
+    from tests.integration.helpers import gateway_for
+
+    routes = [{"name": "v1", "prefix": "/v1", "upstream": simulator.url + "/v1", "resume": True}]
+    headers = {"x-sim-tokens": "100", "x-sim-tps": "50", "x-sim-seed": "2"}
+    with gateway_for(
+        "", routes=routes, stream_store="redis", redis_url=redis.url, stream_store_timeout=0.5
+    ) as gw:
+        with web.stream("POST", gw.url + "/v1/chat/completions", json=BODY, headers=headers,
+                        timeout=60) as live:  # fmt: skip
+            stream_id = live.headers["x-gateway-stream-id"]
+            chunks = live.iter_raw()
+            first = next(chunks)
+            redis.stop()
+            got = first + b"".join(chunks)
+        assert annotation(got)["outcome"] == "complete"
+        later = web.post(gw.url + "/v1/chat/completions", json=BODY, timeout=30)
+        assert annotation(later.content)["outcome"] == "complete"
+        refused = resume(gw.url + "/v1", stream_id, 0, headers={})
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "store_error"
