@@ -115,7 +115,14 @@ class Recorder:
             response_id = response_id_of(event)
             if response_id is not None:
                 assert self.on_response_id is not None
-                ttl = self.exchange.route.config.resume_ttl_seconds
+                route = self.exchange.route
+                # The name outlives the log's last write (a log lives at most its
+                # route's total deadline, or its detached time, and then its TTL).
+                ttl = (
+                    route.config.resume_ttl_seconds
+                    + route.timeouts.total
+                    + route.config.detach_max_seconds
+                )
                 self.on_response_id(response_id, self.writer.id, ttl)
                 self.on_response_id = None
                 return
