@@ -296,10 +296,14 @@ class _Gateway:
         if limiter is not None:
             await limiter.start()
             self._owns(stack, "limiter", limiter.close)
+        resumes = relay.resumes
+        if resumes is not None:
+            await resumes.prepare()  # the stream store (Redis: connect now)
+            self._owns(stack, "resumes", resumes.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
             self.settings.limits_backend if limiter is not None else "none",
-            "none",
+            self.settings.stream_store if resumes is not None else "none",
             len(self.settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )

@@ -440,11 +440,47 @@ class RouteConfig(_Strict):
         description="A Retry-After up to this is waited out on the same upstream; "
         "a longer one sends the retry to the next tier.",
     )
+    # -- resumable streams (docs/resume.md) --
+    resume: bool = Field(
+        False,
+        description="Log each stream's events so that a client can resume it "
+        "(GET {prefix}/gateway/streams/{id}).",
+    )
+    resume_ttl_seconds: float = Field(
+        600.0, gt=0, description="How long a stream's log is kept after its last write."
+    )
+    resume_max_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="The most of one stream the log keeps; a resume beyond it gets 410.",
+    )
+    detach_max_seconds: float = Field(
+        600.0, gt=0, description="How long the upstream is read on after its client left."
+    )
+    on_client_disconnect: Literal["finish", "cancel"] | None = Field(
+        None,
+        description='A client that leaves a stream: "finish" reads the answer on into the '
+        'log, "cancel" closes the upstream (default: finish with resume, else cancel).',
+    )
 
     @field_validator("client_key_sha256")
     @classmethod
     def _hashes(cls, value: list[str] | None) -> list[str] | None:
         return value if value is None else _sha256_list(value)
+
+    @property
+    def detaches(self) -> bool:
+        """Whether a client that leaves a stream leaves its generation running."""
+        return self.resume and (self.on_client_disconnect or "finish") == "finish"
+
+    @model_validator(mode="after")
+    def _finish_needs_resume(self) -> RouteConfig:
+        if self.on_client_disconnect == "finish" and not self.resume:
+            raise ValueError(
+                'on_client_disconnect = "finish" needs resume = true (the answer is read '
+                "on into the stream's log, for the client to resume)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _continued_protocol(self) -> RouteConfig:
@@ -674,13 +710,32 @@ class Settings(BaseSettings):
         "memory", description="Where the clients' counters live: this process, or Redis."
     )
     redis_url: str | None = Field(
-        None, description="redis:// or rediss:// URL of the limits backend (password in it)."
+        None,
+        description="redis:// or rediss:// URL of the limits backend and the stream store "
+        "(password in it).",
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
     )
     on_backend_error: Literal["allow", "deny"] = Field(
         "allow", description="Limits backend unreachable or slow: serve anyway, or 503."
+    )
+    stream_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where resumable streams are kept: this process, or Redis (redis_url).",
+    )
+    stream_store_max_bytes: int = Field(
+        256 * 1024 * 1024, gt=0, description="The most the stream store holds, in bytes."
+    )
+    stream_store_timeout: float = Field(
+        1.0, gt=0, le=30, description="Longest wait on the Redis stream store, in seconds."
+    )
+    stream_lease_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="A stream's writer renews its lease this often (a third); a stream "
+        "whose lease ran out with no end is taken over (owner_lost).",
     )
     limits_per_worker: bool = Field(
         False,
@@ -822,6 +877,15 @@ class Settings(BaseSettings):
             "unix",
         ):
             raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if self.stream_store == "redis" and self.redis_url is None:
+            raise ValueError('stream_store = "redis" needs redis_url (redis:// or rediss://)')
+        resumable = [r.name for r in self.routes if r.resume]
+        if resumable and self.stream_store == "memory" and self.workers > 1:
+            raise ValueError(
+                f'workers = {self.workers} with stream_store = "memory" and resume on route(s) '
+                f"{', '.join(resumable)}: a stream kept by one worker could not be resumed "
+                'on another. Use stream_store = "redis" (with redis_url)'
+            )
         if (
             limited
             and self.limits_backend == "memory"

@@ -2,9 +2,11 @@
 
 ``tests/integration/test_node_sdks.py`` runs a small Node script (``SCRIPT``)
 against a real gateway with the pinned ``openai`` and ``@anthropic-ai/sdk``
-packages. They come from the npm registry into a cache directory (inside the
-virtualenv when there is one, so ``make clean`` removes them; else a temporary
-one), in a bounded time, one installer at a time.
+packages, and ``tests/integration/test_resume_eventsource.py`` a browser-style
+``EventSource`` (the ``eventsource`` package). They come from the npm registry
+into a cache directory (inside the virtualenv when there is one, so ``make
+clean`` removes them; else a temporary one), in a bounded time, one installer
+at a time.
 
 ``make test`` installs them with the other test extras (``python -m
 tests.node_sdks``), so that the suite does not wait on npm; the tests' fixture
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 #: The SDK versions under test (openai 7 needs Node 22; 6.x runs on Node 18+).
-PACKAGES = {"openai": "6.49.0", "@anthropic-ai/sdk": "1.14.0"}
+PACKAGES = {"openai": "6.49.0", "@anthropic-ai/sdk": "1.14.0", "eventsource": "3.0.7"}
 INSTALL_SECONDS = 240
 
 #: Runs each case given as JSON in argv[3] against the gateway at argv[2]; prints one
@@ -93,6 +95,30 @@ for (const [api, fault] of cases) {
 """
 
 
+#: A browser-style ``EventSource`` (the ``eventsource`` package) on the URL in argv[2]:
+#: it reconnects by itself with ``Last-Event-ID`` until the ``[DONE]`` event; prints
+#: {"data": [...every message's data in order], "opens": n, "lastIds": [...]}.
+EVENTSOURCE_SCRIPT = r"""
+import { EventSource } from 'eventsource';
+
+const es = new EventSource(process.argv[2]);
+const data = [];
+const ids = [];
+let opens = 0;
+const timer = setTimeout(() => { es.close(); done('timeout'); }, 60000);
+function done(error) {
+  clearTimeout(timer);
+  console.log(JSON.stringify({ data, opens, ids, error }));
+}
+es.onopen = () => { opens += 1; };
+es.onmessage = (event) => {
+  data.push(event.data);
+  ids.push(event.lastEventId);
+  if (event.data === '[DONE]') { es.close(); done(null); }
+};
+"""
+
+
 class NodeSDKsUnavailable(Exception):
     """node/npm is missing, or the packages could not be installed (the message says)."""
 
@@ -121,7 +147,8 @@ def install() -> Path:
     npm = shutil.which("npm")
     if shutil.which("node") is None or npm is None:
         raise NodeSDKsUnavailable("node and npm are not on PATH: the Node SDK checks need them")
-    key = hashlib.sha256(json.dumps([PACKAGES, SCRIPT], sort_keys=True).encode()).hexdigest()
+    scripts = [PACKAGES, SCRIPT, EVENTSOURCE_SCRIPT]
+    key = hashlib.sha256(json.dumps(scripts, sort_keys=True).encode()).hexdigest()
     root = _cache_root()
     target = root / key[:16]
     with _locked(root / ".lock"):
@@ -149,6 +176,7 @@ def install() -> Path:
                 raise NodeSDKsUnavailable(
                     f"npm install of {PACKAGES} failed (registry unreachable?):\n{tail}"
                 )
+            (building / "eventsource.mjs").write_text(EVENTSOURCE_SCRIPT, encoding="utf-8")
             (building / "probe.mjs").write_text(SCRIPT, encoding="utf-8")
             building.rename(target)
         finally:

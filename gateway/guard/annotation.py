@@ -44,6 +44,8 @@ _COMMON: dict[Reason, str] = {
     Reason.CLIENT_DISCONNECT: "the client disconnected",
     Reason.CLIENT_STALLED: "the client stopped reading past the send timeout",
     Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
+    Reason.CANCELLED: "the stream was cancelled by its client",
+    Reason.OWNER_LOST: "the gateway process relaying the stream was lost",
 }
 
 

@@ -57,6 +57,10 @@ class Reason(enum.StrEnum):
     #: The client stopped reading past the send timeout (set by the relay).
     CLIENT_STALLED = "client_stalled"
     GATEWAY_SHUTDOWN = "gateway_shutdown"
+    #: A resumable stream cancelled by its owner (POST .../gateway/streams/{id}/cancel).
+    CANCELLED = "cancelled"
+    #: A resumable stream whose gateway process died before its end (its lease ran out).
+    OWNER_LOST = "owner_lost"
 
 
 COMPLETE_REASONS = frozenset(

@@ -132,6 +132,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "rejected": record.rejected,
         "error": record.error,
         "continued": record.continued > 0,
+        "detached": record.detached,
         "transport": record.transport,
     }
     if record.websocket is not None:

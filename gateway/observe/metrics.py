@@ -412,6 +412,32 @@ class Metrics:
             registry=reg,
             multiprocess_mode="max",
         )
+        self.resumes = Counter(
+            "gateway_resumes_total",
+            "Resumes of a stream (GET .../gateway/streams/{id}, a Responses retrieve), by result.",
+            ["route", "result"],
+            registry=reg,
+        )
+        self.detached_streams = Gauge(
+            "gateway_detached_streams",
+            "Streams read on into their log after their client left.",
+            ["route"],
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.stream_store_bytes = Gauge(
+            "gateway_stream_store_bytes",
+            "Bytes of stream logs this process holds in the stream store (its own accounting).",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.resume_off = Counter(
+            "gateway_resume_off_total",
+            "Streams of a resumable route served without resume, by reason (store_full, "
+            "store_error).",
+            ["route", "reason"],
+            registry=reg,
+        )
         self.build_info.labels(__version__, guard_build()).set(1)
         #: The Responses WebSocket connections' own (gateway.observe.ws_metrics).
         self.websocket = WsMetrics(reg)
@@ -445,6 +471,20 @@ class Metrics:
         self._child(self.upstream_ejected, route, upstream).set(0)
         self._child(self.upstream_active, route, upstream)
         self._child(self.active_streams, route)
+
+    def resumed(self, route: str, result: str) -> None:
+        """A resume: ``ok``, ``not_found``, ``expired``, ``bad_cursor``, ``owner_lost``,
+        ``continued``."""
+        self._child(self.resumes, route, result).inc()
+
+    def detached(self, route: str, delta: int) -> None:
+        self._add(self.detached_streams, route)(delta)
+
+    def store_bytes(self, size: int) -> None:
+        self.stream_store_bytes.set(size)
+
+    def resume_refused(self, route: str, reason: str) -> None:
+        self._child(self.resume_off, route, reason).inc()
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()

@@ -68,6 +68,8 @@ class RequestRecord:
     error: RequestError | None = None  # a closed vocabulary, never exception text
     #: Continuations of a stream cut after some text reached the client.
     continued: int = 0
+    #: The client left a resumable stream and its answer was read on into the log.
+    detached: bool = False
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     transport: str = "http"  # "websocket": one response (or the end) of a WebSocket connection

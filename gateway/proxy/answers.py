@@ -51,6 +51,7 @@ __all__ = [
     "Rescued",
     "hold_plain",
     "hold_stream",
+    "read_refusal",
     "relay_plain",
     "relay_stream",
     "response_headers",
@@ -260,6 +261,26 @@ async def _resume(held: Held) -> AsyncIterator[bytes]:
     if held.chunks is not None:
         async for chunk in held.chunks:
             yield chunk
+
+
+#: The most of a 400's body read to tell whether it says the prompt is too long.
+_REFUSAL_LIMIT = 64 * 1024
+
+
+async def read_refusal(response: httpx.Response) -> Held:
+    """A 400's body (up to ``_REFUSAL_LIMIT``, then the rest goes on as ``chunks``)."""
+    chunks = response.aiter_raw().__aiter__()
+    out: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in chunks:
+            out.append(chunk)
+            size += len(chunk)
+            if size >= _REFUSAL_LIMIT:
+                break
+    except (httpx.TransportError, OSError):
+        return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
+    return Held(b"".join(out), chunks=chunks)
 
 
 # -- plain answers ------------------------------------------------------------------

@@ -113,8 +113,11 @@ class Rescuer:
         new_guard: NewGuard,
         done: Done,
         settle: Settle | None = None,
+        body: bytes = b"",
     ) -> None:
         self.exchange = exchange
+        #: The admitted request body (what a resumable stream's takeover continues from).
+        self.body = body
         self.upstream = upstream
         self.metrics = metrics
         self.index = index

@@ -10,6 +10,7 @@ catches the cancellation asks ``claim_stop()`` whether it was that stop
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,9 @@ class Exchange:
     response_done: bool = False
     #: Who sent it; a gateway key that authenticated it is not forwarded upstream.
     caller: Caller = ANONYMOUS_CALLER
+    #: Set while a resumable stream is relayed: a client that leaves detaches it (the
+    #: answer is read on into its log) instead of stopping the request.
+    detach: Callable[[], None] | None = None
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 
@@ -64,7 +68,10 @@ class Exchange:
 
     def client_gone(self) -> None:
         """The client's connection was lost."""
-        self.stop(Reason.CLIENT_DISCONNECT)
+        if self.detach is not None:
+            self.detach()
+        else:
+            self.stop(Reason.CLIENT_DISCONNECT)
 
     def claim_stop(self) -> bool:
         """Call in ``except CancelledError``: True when the cancellation was this

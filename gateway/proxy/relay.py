@@ -1,4 +1,4 @@
-"""The relay: the only place that does network I/O and keeps time.
+"""The relay: one proxied request's life, from admission to the record.
 
 For one client request, in layers, each with one job (like httpx's
 ``send`` -> ``_send_handling_auth`` -> ``_send_single_request``):
@@ -22,6 +22,11 @@ the client. So that a stream that breaks before its first event can still be
 retried, its head is held until that event whenever a retry is possible
 (``answers.hold_stream``); on the last possible attempt nothing is held.
 When every attempt fails, the client gets the last one's answer or error.
+
+The I/O and the clocks of the layers live in their own modules: one attempt
+(``attempt``, ``upstream``), the answer's relay and deadlines (``answers``,
+``deadlines``), a continuation (``continuation``); a resumable stream's log and
+its detached life are ``gateway.resume``'s, the logs ``gateway.store``'s.
 """
 
 from __future__ import annotations
@@ -58,7 +63,6 @@ from gateway.policy.limits import NOTHING
 from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
-from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.admission import (
     Admission,
@@ -68,7 +72,14 @@ from gateway.proxy.admission import (
     body_weight,
     presented_key,
 )
-from gateway.proxy.answers import Held, hold_plain, hold_stream, relay_plain, relay_stream
+from gateway.proxy.answers import (
+    Held,
+    hold_plain,
+    hold_stream,
+    read_refusal,
+    relay_plain,
+    relay_stream,
+)
 from gateway.proxy.attempt import attempt
 from gateway.proxy.connection import edge_refusal, peer_of, watch_connection
 from gateway.proxy.continuation import Rescuer
@@ -86,7 +97,9 @@ from gateway.proxy.headers import (
 )
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
 from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
+from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
+from gateway.resume import build_resumes
 from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
 
 __all__ = ["Relay"]
@@ -94,7 +107,8 @@ __all__ = ["Relay"]
 log = logging.getLogger("gateway")
 
 _REQUEST_DROP = (
-    frozenset({b"host", b"content-length", b"x-request-id", b"expect"}) | FORWARDING_HEADERS
+    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
+    | FORWARDING_HEADERS
 )
 _UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
@@ -144,9 +158,11 @@ class Relay:
             settings.credentials.get(ISSUED_AWS_KEYS),
         )
         self.bodies = BodyParser(count_input=bool(settings.clients))
-        _warn_uncredentialed(settings, self.admission)
+        warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: Resumable streams (gateway.resume); None when no route has resume on.
+        self.resumes = build_resumes(settings, metrics, upstream)
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
@@ -241,6 +257,9 @@ class Relay:
 
     async def _proxy(self, exchange: Exchange, target: Target) -> None:
         route, scope, record = exchange.route, exchange.scope, exchange.record
+        resumes = self.resumes if route.config.resume else None
+        if resumes is not None and resumes.owns(exchange) and await resumes.serve(exchange):
+            return  # a resume, a cancel, a Responses retrieve from the log
         rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec
         record.protocol = spec.name
@@ -471,13 +490,13 @@ class Relay:
             if retry is not None:
                 return retry
         elif response.status_code == 400 and "context_length" in exchange.route.retry_on:
-            held = await _read_refusal(response)
+            held = await read_refusal(response)
             if held.failure is None and is_context_length(held.out):
                 tally.result = Result.CONTEXT_LENGTH
                 retry = self._retry(exchange, tally, tried)
                 if retry is not None:
                     return retry
-        guard = self._stream_guard(exchange, response)
+        guard = stream_guard(exchange, response, self.settings.limits)
         if result is Result.OK and self._may_hold(exchange, tried):
             if guard is not None:
                 held = await hold_stream(exchange, response, guard)
@@ -540,9 +559,10 @@ class Relay:
             request_json=outgoing.request_json,
             build=build,
             body_size=len(outgoing.body),
-            new_guard=lambda response: self._stream_guard(exchange, response),
+            new_guard=lambda response: stream_guard(exchange, response, self.settings.limits),
             done=done,
             settle=settle,
+            body=outgoing.body,
         )
 
     def _settle(self, exchange: Exchange, tally: _Tally) -> None:
@@ -667,36 +687,6 @@ class Relay:
 
     # -- the answer -----------------------------------------------------------------------
 
-    def _stream_guard(self, exchange: Exchange, response: httpx.Response) -> StreamGuard | None:
-        """A guard for a 2xx stream in the protocol's framing (its media type, and for a
-        framing that is also a bulk format, a request that asked for a stream); None for
-        any other answer (relayed plain)."""
-        framing = exchange.spec.framing
-        if not (
-            200 <= response.status_code < 300
-            and response.status_code not in (204, 205)
-            and framing.is_stream(response.headers.get("content-type", ""))
-            and exchange.scope["method"] != "HEAD"
-            and (exchange.record.stream or not framing.announced_only)
-        ):
-            return None
-        limits = self.settings.limits
-        options = ContractOptions(
-            require_finish_reason=exchange.route.config.require_finish_reason,
-            withhold_usage=exchange.withhold_usage,
-            end_on_finish=exchange.route.config.termination == "finish",
-        )
-        contract = exchange.spec.new_contract(options)
-        if exchange.route.config.continue_after_cut:
-            contract.keep_text = True  # the text sent so far is what a continuation prefills
-        guard = StreamGuard(
-            contract,
-            framing.new_decoder(limits.max_line_bytes, limits.max_event_bytes),
-            max_stream_bytes=limits.max_response_bytes,
-        )
-        guard.withhold_errors = exchange.route.config.continue_after_cut
-        return guard
-
     async def _answer(
         self,
         exchange: Exchange,
@@ -731,6 +721,10 @@ class Relay:
             )
             return
         record.stream = True
+        recorder = None
+        if exchange.route.config.resume and self.resumes is not None:
+            content_type = response.headers.get("content-type", "")
+            recorder = await self.resumes.record(exchange, guard, content_type, rescuer)
         try:
             await relay_stream(
                 exchange,
@@ -742,6 +736,8 @@ class Relay:
                 rescue=rescuer.rescue if rescuer is not None else None,
             )
         finally:
+            if recorder is not None:
+                await recorder.close()
             if guard.forged_comments:
                 self._forged(exchange, guard.forged_comments)
 
@@ -936,27 +932,7 @@ class _Tally:
         self.cancelled = True
 
 
-#: The most of a 400's body read to tell whether it says the prompt is too long.
-_REFUSAL_LIMIT = 64 * 1024
-
-
-async def _read_refusal(response: httpx.Response) -> Held:
-    """A 400's body (up to ``_REFUSAL_LIMIT``, then the rest goes on as ``chunks``)."""
-    chunks = response.aiter_raw().__aiter__()
-    out: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in chunks:
-            out.append(chunk)
-            size += len(chunk)
-            if size >= _REFUSAL_LIMIT:
-                break
-    except (httpx.TransportError, OSError):
-        return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
-    return Held(b"".join(out), chunks=chunks)
-
-
-def _warn_uncredentialed(settings: Settings, admission: Admission) -> None:
+def warn_uncredentialed(settings: Settings, admission: Admission) -> None:
     """Say at start which routes take client keys but send the upstream no credential."""
     for route in settings.effective_routes():
         bare = [u.name for u in route.pool() if not u.credential_env and u.aws is None]

@@ -37,12 +37,12 @@ from pathlib import Path
 import bench_gateway as bg
 
 
-def _query(mode: str) -> tuple[str, int]:
+def _query(mode: str, events: int = 5) -> tuple[str, int]:
     """The upstream query and what a client checks (events, or -body bytes)."""
     if mode == "json":
         query = f"mode=json&size={bg.JSON_BYTES}"
         return query, -len(bg._json_body_of(query))
-    return "mode=burst&n=5", 5
+    return f"mode=burst&n={events}", events
 
 
 async def _round(
@@ -52,7 +52,7 @@ async def _round(
     workdir: Path,
     profile: Path | None = None,
 ) -> dict[str, dict[str, float]]:
-    query, expected = _query(opts.mode)
+    query, expected = _query(opts.mode, opts.events)
     proxies: dict[str, bg.GatewayProxy] = {}
     try:
         for label, tree in trees.items():
@@ -60,7 +60,11 @@ async def _round(
             if isinstance(tree, str):  # a yardstick relay (FloorProxy's), not a tree
                 proxy = bg.FloorProxy(upstream.port, workdir, [], {}, tree)
             else:
-                proxy = bg.GatewayProxy(upstream.port, workdir, [], {}, label)
+                url = f"http://127.0.0.1:{upstream.port}/v1"
+                env = (
+                    {k: v.replace("{upstream}", url) for k, v in opts.b_env} if label == "B" else {}
+                )
+                proxy = bg.GatewayProxy(upstream.port, workdir, [], env, label)
                 proxy.tree = tree
             proxy.cpus = {opts.cpu}
             proxy.start()
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mode", choices=("stream", "json"), default="stream")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=5, help="events per stream (stream mode)")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--conns", type=int, default=32, help="connections per version")
     parser.add_argument(
@@ -201,6 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25, help="functions in the profile's lists")
     parser.add_argument("--cpu", type=int, default=bg.PROXY_CPU, help="the CPU both run on")
+    parser.add_argument(
+        "--b-env",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        metavar="NAME=value",
+        help="environment of version B only, {upstream} standing for the upstream's URL "
+        "(e.g. GATEWAY_ROUTES with resume on)",
+    )
     opts = parser.parse_args(argv)
     base: Path | str = opts.base
     if opts.base not in bg.FloorProxy.SCRIPTS:

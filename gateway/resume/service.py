@@ -1,0 +1,492 @@
+"""Resumable streams: who may resume what, and the endpoints that serve a resume.
+
+``Resumes`` is the relay's one contact with this feature:
+
+- ``record(exchange, guard)``: a guarded stream of a route with ``resume = true``
+  gets a log in the store and a ``Recorder`` (``gateway.resume.recorder``); none
+  when the request opts out (``X-Gateway-Resume: off``) or the store is full or
+  failing (then the response says ``X-Gateway-Resume: off; reason=...``);
+- ``serve(exchange)``: answers the requests that are this feature's own, under the
+  route's prefix: ``GET gateway/streams/{id}`` (the resume), ``POST
+  gateway/streams/{id}/cancel``, and a Responses retrieve with ``stream=true``
+  (``gateway.resume.responses``) for a response the store holds.
+
+A stream belongs to the named client that made it, or without one to a digest of
+the credential it presented; anyone else is told 404, as for an id that never
+was. An id carries the second it was made, so an id whose log can only have
+expired gets 410 without the store keeping anything about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from starlette.types import Message
+
+from gateway.guard import StreamGuard
+from gateway.observe import Metrics
+from gateway.policy.routing import Route
+from gateway.proxy.connection import abort_connection
+from gateway.proxy.continuation import Rescuer
+from gateway.proxy.errors import send_error
+from gateway.proxy.exchange import AbortConnection, Exchange
+from gateway.proxy.headers import get_header
+from gateway.proxy.limited import with_headers
+from gateway.proxy.upstream import Upstream
+from gateway.resume.events import with_id
+from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
+from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
+from gateway.resume.responses import after_sequence
+from gateway.resume.takeover import continuation_meta, end_orphan
+from gateway.settings import Settings
+from gateway.store import (
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    StreamStore,
+    Vanished,
+    build_store,
+    follow,
+)
+
+__all__ = ["Resumes", "build_resumes"]
+
+log = logging.getLogger("gateway")
+
+_STREAMS = "/gateway/streams/"
+_CURSOR = re.compile(r"[0-9]{1,18}")
+_SEQUENCE = re.compile(r"-?[0-9]{1,18}")
+_OPT_OUT = b"x-gateway-resume"
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+#: An id made this recently whose log is not there yet may be about to be: wait for it.
+_YOUNG_SECONDS = 5.0
+#: How long a resume waits for a live stream's log to hold the events of its cursor.
+_CATCH_UP_SECONDS = 1.0
+#: How long a cancel waits for the stream's end before it answers anyway.
+_CANCEL_WAIT_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A resume request: the stream, the cursor, whether events carry ``id:`` lines."""
+
+    stream_id: str
+    after: int
+    ids: bool
+
+
+class BadCursor(Exception):
+    pass
+
+
+class Resumes:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StreamStore,
+        metrics: Metrics,
+        upstream: Upstream | None = None,
+    ) -> None:
+        self.settings = settings
+        #: The upstream client a takeover continues a stream with.
+        self.upstream = upstream
+        self.store = store
+        self.metrics = metrics
+        self.lease = settings.stream_lease_seconds
+        #: How long a reader waits for news before it looks at the writer's lease.
+        self.wait = min(1.0, self.lease)
+
+    async def prepare(self) -> None:
+        """Get the store ready; one not there yet is logged (streams then go without
+        resume until it answers), not fatal."""
+        try:
+            await self.store.prepare()
+        except StoreError as exc:
+            log.warning("stream store not ready at start (%s): streams go without resume", exc)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- recording ---------------------------------------------------------------------
+
+    async def record(
+        self,
+        exchange: Exchange,
+        guard: StreamGuard,
+        content_type: str,
+        rescuer: Rescuer | None = None,
+    ) -> Recorder | None:
+        """A log and its recorder for this stream, or None (served without resume)."""
+        value = get_header(exchange.scope["headers"], _OPT_OUT)
+        if value is not None and value.strip().lower() == b"off":
+            return None
+        config = exchange.route.config
+        record = exchange.record
+        meta = {
+            "content_type": content_type,
+            "path": exchange.scope["path"][len(config.prefix) :],
+            "request_id": record.request_id,
+            "route": config.name,
+        }
+        if rescuer is not None:  # a takeover may continue it: what that needs
+            endpoint = exchange.route.endpoints[rescuer.index]
+            headers = rescuer.headers(endpoint)
+            meta |= continuation_meta(rescuer.body, headers, endpoint.name, exchange.scope)
+        try:
+            writer = await self.store.open(
+                owner_of(exchange),
+                meta,
+                max_bytes=config.resume_max_bytes,
+                ttl=config.resume_ttl_seconds,
+                lease=self.lease,
+                stream_id=new_id(),
+            )
+        except StoreError:
+            writer, reason = None, "store_error"
+        else:
+            reason = "store_full"
+        self.metrics.store_bytes(self.store.size)
+        if writer is None:
+            self.metrics.resume_refused(config.name, reason)
+            header = b"off; reason=" + reason.encode()
+            exchange.send = with_headers(exchange.send, [(_OPT_OUT, header)])
+            return None
+        recorder = Recorder(
+            exchange,
+            writer,
+            guard,
+            self.metrics,
+            lambda: self.store.size,
+            annotate=self.settings.annotate,
+        )
+        if exchange.spec.name == "responses":
+            recorder.on_response_id = self._name_response
+        return recorder
+
+    def _name_response(self, response_id: str, stream_id: str, ttl: float) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self.store.claim(f"responses:{response_id}", stream_id, ttl)
+        )
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    # -- the endpoints -----------------------------------------------------------------
+
+    @staticmethod
+    def owns(exchange: Exchange) -> bool:
+        """Whether this request may be one of the feature's own (``serve``): a cheap
+        look at its path, so that every other request skips ``serve``."""
+        path = exchange.scope["path"]
+        return _STREAMS in path or "/responses/" in path
+
+    async def serve(self, exchange: Exchange) -> bool:
+        """Answer this request if it is one of the feature's own; False: it is not."""
+        route = exchange.route
+        rest = exchange.scope["path"][len(route.config.prefix) :]
+        method = exchange.scope["method"]
+        if rest.startswith(_STREAMS):
+            tail = rest[len(_STREAMS) :]
+            if method == "GET" and "/" not in tail:
+                await self._stopping(exchange, self._resume(exchange, tail))
+            elif method == "POST" and tail.endswith("/cancel") and tail.count("/") == 1:
+                await self._stopping(exchange, self._cancel(exchange, tail[: -len("/cancel")]))
+            elif "/" not in tail or tail.endswith("/cancel"):
+                await self.error(exchange, 405, "Method not allowed here.", "method_not_allowed")
+            else:
+                await self.error(exchange, 404, "No such stream.", "stream_not_found")
+            return True  # the gateway's own paths: never sent upstream
+        if method == "GET" and rest.startswith("/responses/"):
+            answered = False
+
+            async def work() -> None:
+                nonlocal answered
+                answered = await self._retrieve(exchange, rest[len("/responses/") :])
+
+            await self._stopping(exchange, work())
+            return answered or exchange.record.status != 0
+        return False
+
+    async def _stopping(self, exchange: Exchange, work: object) -> None:
+        """Run ``work``; a client that leaves stops it (nothing more to send)."""
+        assert asyncio.iscoroutine(work)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not exchange.claim_stop():
+                raise
+            if exchange.record.status == 0:
+                exchange.record.status = 499
+
+    def _ask(self, exchange: Exchange, stream_id: str) -> _Ask:
+        query = parse_qs(
+            exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
+        last = get_header(exchange.scope["headers"], b"last-event-id")
+        ids = query.get("ids", [""])[0] in ("1", "true") or last is not None
+        raw = query.get("starting_after", [None])[0]
+        if raw is None:
+            raw = last.decode("latin-1").strip() if last is not None else "0"
+        if not _CURSOR.fullmatch(raw):
+            raise BadCursor
+        return _Ask(stream_id, int(raw), ids)
+
+    async def find(self, exchange: Exchange, stream_id: str) -> StreamInfo | str:
+        """The stream's info, or the result label of the refusal that was sent."""
+        route = exchange.route
+        info = None
+        if STREAM_ID.fullmatch(stream_id):
+            try:
+                info = await self.store.info(stream_id)
+                if info is None and time.time() - made_at(stream_id) < _YOUNG_SECONDS:
+                    info = await self._made(stream_id)
+            except StoreError:
+                await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
+                return "store_error"
+        if info is not None and info.owner == owner_of(exchange):
+            return info
+        if (
+            info is None
+            and STREAM_ID.fullmatch(stream_id)
+            and time.time() > made_at(stream_id) + route.config.resume_ttl_seconds
+        ):
+            await self.error(exchange, 410, "The stream has expired.", "stream_expired")
+            return "expired"
+        await self.error(exchange, 404, "No such stream.", "stream_not_found")
+        return "not_found"
+
+    async def _resume(self, exchange: Exchange, stream_id: str) -> None:
+        route = exchange.route.name
+        found = await self.find(exchange, stream_id)
+        if isinstance(found, str):
+            self.metrics.resumed(route, found)
+            return
+        try:
+            ask = self._ask(exchange, stream_id)
+            if ask.after > found.total:
+                found = await self._caught_up(stream_id, found, ask.after)
+            if ask.after > found.total:
+                raise BadCursor
+            if found.stopped and ask.after >= found.kept:
+                raise Gone
+        except BadCursor:
+            self.metrics.resumed(route, "bad_cursor")
+            await self.error(exchange, 400, "The cursor is not a count of events the "
+                              "stream has.", "bad_cursor")  # fmt: skip
+            return
+        except Gone:
+            self.metrics.resumed(route, "expired")
+            await self.error(exchange, 410, "That part of the stream is no longer kept.",
+                              "stream_expired")  # fmt: skip
+            return
+        result = await self.replay(exchange, found, ask)
+        self.metrics.resumed(route, result)
+
+    async def _retrieve(self, exchange: Exchange, rest: str) -> bool:
+        """A Responses retrieve with ``stream=true`` of a response the store holds for
+        this caller, answered from the log; False: not ours (it goes upstream)."""
+        response_id = rest.rstrip("/")
+        query = parse_qs(
+            exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+        )
+        if "/" in response_id or query.get("stream", [""])[0] != "true":
+            return False
+        try:
+            stream_id = await self.store.resolve(f"responses:{response_id}")
+            info = await self.store.info(stream_id) if stream_id is not None else None
+        except StoreError:
+            return False
+        if stream_id is None or info is None or info.owner != owner_of(exchange):
+            return False
+        route = exchange.route.name
+        raw = query.get("starting_after", ["-1"])[0]
+        if not _SEQUENCE.fullmatch(raw):
+            self.metrics.resumed(route, "bad_cursor")
+            await self.error(exchange, 400, "starting_after is not a sequence number.",
+                             "bad_cursor")  # fmt: skip
+            return True
+        keep = after_sequence(int(raw))
+        result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
+        self.metrics.resumed(route, result)
+        return True
+
+    async def _made(self, stream_id: str) -> StreamInfo | None:
+        """A stream made a moment ago on another replica: its log is made by its
+        writer's first batch, so wait for it a little before saying it is not there."""
+        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+            info = await self.store.info(stream_id)
+            if info is not None:
+                return info
+        return None
+
+    async def _caught_up(self, stream_id: str, info: StreamInfo, after: int) -> StreamInfo:
+        """A live stream's info once its log holds ``after`` events, or as it stands
+        after a short wait: a writer on another replica writes in batches, so a client
+        may resume there a moment before the events it got are in the store."""
+        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
+        while info.end is None and info.leased and info.total < after:
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+            try:
+                newer = await self.store.info(stream_id)
+            except StoreError:
+                break
+            if newer is None:
+                break
+            info = newer
+        return info
+
+    async def replay(
+        self,
+        exchange: Exchange,
+        info: StreamInfo,
+        ask: _Ask,
+        keep: Callable[[bytes], bool] | None = None,
+    ) -> str:
+        """Send the events after the cursor (those ``keep`` keeps), the live tail, then
+        the end; the result."""
+        await self._head(exchange, info, ask.stream_id)
+        number = ask.after
+        result = "ok"
+        try:
+            async for batch in follow(self.store, ask.stream_id, ask.after, wait=self.wait):
+                if batch.events and keep is not None:
+                    kept = [event for event in batch.events if keep(event)]
+                    if kept:
+                        await self._body(exchange, b"".join(kept))
+                elif batch.events:
+                    if ask.ids:
+                        events = []
+                        for event in batch.events:
+                            number += 1
+                            events.append(with_id(event, number))
+                        await self._body(exchange, b"".join(events))
+                    else:
+                        await self._body(exchange, b"".join(batch.events))
+                elif batch.end is None:
+                    result = await self.orphaned(exchange.route, ask.stream_id) or result
+                if batch.end is not None:
+                    await self._body(exchange, batch.end.trailer, more=False)
+                    return result
+        except (Gone, BeyondEnd, Vanished, StoreError):
+            pass
+        # The log stopped (its byte cap), expired or failed under the reader: cut.
+        abort_connection(exchange.scope)
+        raise AbortConnection
+
+    async def orphaned(self, route: Route, stream_id: str) -> str | None:
+        """Take over a stream whose writer is gone (lease run out, no end) and write its
+        end (``gateway.resume.takeover``); the result (``continued``, ``owner_lost``)
+        when this call ended it, else None."""
+        info = await self.store.info(stream_id)
+        if info is None or info.leased or info.end is not None:
+            return None
+        writer = await self.store.adopt(stream_id, lease=self.lease)
+        if writer is None:
+            return None
+        return await end_orphan(
+            self.store,
+            stream_id,
+            info,
+            writer,
+            route,
+            annotate=self.settings.annotate,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            limits=self.settings.limits,
+        )
+
+    async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
+        found = await self.find(exchange, stream_id)
+        if isinstance(found, str):
+            return
+        end = found.end
+        if end is None:
+            await self.store.cancel(stream_id)
+            end = await self._wait_end(exchange.route, stream_id, found.total)
+        fields: Mapping[str, str] = end.fields if end is not None else {}
+        body = b'{"id":"%s","status":"%s","outcome":"%s","reason":"%s"}' % (
+            stream_id.encode(),
+            b"ended" if end is not None else b"cancelling",
+            fields.get("outcome", "incomplete").encode(),
+            fields.get("reason", "cancelled").encode(),
+        )
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", exchange.record.request_id.encode()),
+        ]})  # fmt: skip
+        await self._body(exchange, body, more=False)
+        exchange.record.status = 200
+
+    async def _wait_end(self, route: Route, stream_id: str, after: int) -> End | None:
+        """The stream's end once its writer (or an heir) wrote it, within a bound."""
+        try:
+            async with asyncio.timeout(_CANCEL_WAIT_SECONDS):
+                async for batch in follow(self.store, stream_id, after, wait=self.wait):
+                    if batch.end is not None:
+                        return batch.end
+                    if not batch.events:
+                        await self.orphaned(route, stream_id)
+        except (TimeoutError, Gone, BeyondEnd, Vanished, StoreError):
+            return None
+        return None
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
+        headers = [
+            (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
+            *_STREAM_HEADERS,
+            (b"x-request-id", exchange.record.request_id.encode()),
+            (STREAM_ID_HEADER, stream_id.encode()),
+        ]
+        exchange.record.status = 200
+        await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def _body(self, exchange: Exchange, data: bytes, *, more: bool = True) -> None:
+        """One send, bounded by ``timeouts.client_send`` (a stalled client is cut)."""
+        message: Message = {"type": "http.response.body", "body": data, "more_body": more}
+        try:
+            async with asyncio.timeout(exchange.route.timeouts.client_send):
+                await exchange.send(message)
+        except TimeoutError:
+            abort_connection(exchange.scope)
+            raise AbortConnection from None
+        exchange.record.bytes_out += len(data)
+
+    async def error(self, exchange: Exchange, status: int, message: str, code: str) -> None:
+        record = exchange.record
+        record.status = status
+        record.bytes_out += await send_error(
+            exchange.send,
+            exchange.spec.name,
+            status,
+            message,
+            "invalid_request_error" if status < 500 else "service_unavailable",
+            code,
+            record.request_id,
+        )
+
+
+def build_resumes(
+    settings: Settings, metrics: Metrics, upstream: Upstream | None = None
+) -> Resumes | None:
+    """The feature, when a route has ``resume = true``; else None (nothing is paid)."""
+    if not any(route.resume for route in settings.effective_routes()):
+        return None
+    store = build_store(
+        settings.stream_store,
+        max_bytes=settings.stream_store_max_bytes,
+        url=settings.redis_url,
+        timeout=settings.stream_store_timeout,
+    )
+    return Resumes(settings, store, metrics, upstream)

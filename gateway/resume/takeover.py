@@ -1,0 +1,228 @@
+"""Taking over an orphan: a stream whose gateway process died before its end.
+
+A resume that finds a stream's lease run out and no end adopts its log
+(``StreamStore.adopt``: one heir). The logged events are judged again by the
+protocol's contract, then either
+
+- the answer is **continued** (a route with ``continue_after_cut`` whose stream
+  was logged with what a continuation needs: the request, its headers without
+  credentials, the upstream that served it): the existing continuation
+  (``gateway.proxy.continuation.Rescuer``) asks an upstream that can continue
+  for the rest of the logged text, and its events go into the log after the
+  logged ones, joined as for a live cut; the end says ``continued=N``;
+- or the log ends with the protocol's incomplete error event and trailer,
+  reason ``owner_lost``.
+
+Every later reader sees the same ending: it is the log's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from starlette.types import Message
+
+from gateway.guard import Reason, StreamGuard
+from gateway.observe import Metrics, RequestRecord
+from gateway.policy.pool import Health, Lease
+from gateway.policy.routing import Endpoint, PathRejected, Route, request_target
+from gateway.protocols import ContractOptions
+from gateway.protocols.continuation import ContinuationStyle
+from gateway.proxy.continuation import Rescuer
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.headers import CREDENTIAL_HEADERS, RawHeaders, with_credential
+from gateway.proxy.request_body import continuation_body
+from gateway.proxy.stream_guard import stream_guard
+from gateway.proxy.upstream import Upstream
+from gateway.resume.events import Splitter
+from gateway.settings import Limits
+from gateway.store import End, StreamInfo, StreamStore, Writer
+
+__all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
+
+#: Headers never kept in a log: any credential (the continuation carries the upstream's
+#: own), and cookies.
+_SECRET_HEADERS = CREDENTIAL_HEADERS | {b"cookie"}
+#: The largest request kept in a log's meta for a takeover's continuation.
+MAX_REQUEST_BYTES = 256 * 1024
+
+
+def continuation_meta(
+    body: bytes, headers: RawHeaders, upstream: str, scope: Mapping[str, Any]
+) -> dict[str, str]:
+    """What a takeover needs to continue the stream (none when the request is too large,
+    or not UTF-8 text): the admitted request body as it came, its headers without any
+    credential, the upstream and the target."""
+    if len(body) > MAX_REQUEST_BYTES:
+        return {}
+    try:
+        request = body.decode()
+    except UnicodeDecodeError:
+        return {}
+    kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    return {
+        "request": request,
+        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in _SECRET_HEADERS]),
+        "upstream": upstream,
+        "method": str(scope["method"]),
+        "raw_path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+        "query": scope.get("query_string", b"").decode("latin-1"),
+    }
+
+
+class _Sink:
+    """An exchange's ``send`` that writes whole events into the heir's log."""
+
+    def __init__(self, writer: Writer, ndjson: bool) -> None:
+        self.writer = writer
+        self.splitter = Splitter(ndjson)
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body":
+            for event in self.splitter.feed(message.get("body", b"")):
+                self.writer.append(event)
+
+
+async def _logged_guard(
+    store: StreamStore, stream_id: str, info: StreamInfo, route: Route
+) -> StreamGuard:
+    """The logged events judged again, as the original guard saw them."""
+    contract = route.spec_for(info.meta.get("path", "")).new_contract(
+        ContractOptions(
+            require_finish_reason=route.config.require_finish_reason,
+            end_on_finish=route.config.termination == "finish",
+        )
+    )
+    if route.config.continue_after_cut and hasattr(contract, "keep_text"):
+        contract.keep_text = True
+    guard = StreamGuard(contract)
+    after = 0
+    while after < info.kept:
+        batch = await store.read(stream_id, after)
+        if batch is None or not batch.events:
+            break
+        guard.feed(b"".join(batch.events))
+        after += len(batch.events)
+    return guard
+
+
+async def end_orphan(
+    store: StreamStore,
+    stream_id: str,
+    info: StreamInfo,
+    writer: Writer,
+    route: Route,
+    *,
+    annotate: bool,
+    upstream: Upstream | None,
+    metrics: Metrics,
+    limits: Limits,
+) -> str:
+    """Write the adopted log's end: continued, or ``owner_lost``; the resume result."""
+    guard = await _logged_guard(store, stream_id, info, route)
+    logged = guard.verdict  # the logged events may hold a whole answer: then it stands
+    request_id = info.meta.get("request_id", "-")
+    ending = None
+    if upstream is not None and "request" in info.meta and logged is None:
+        ending = await _continue(info, writer, route, guard, upstream, metrics, limits)
+    if ending is not None:
+        continued, trailer, verdict_guard = ending
+        if annotate:
+            trailer += verdict_guard.annotation(request_id, continued)
+        result = "continued"
+    else:
+        verdict_guard = guard
+        if logged is None or not logged.complete:
+            guard.abort(Reason.OWNER_LOST, force=True)
+        trailer = guard.withheld + guard.annotation(request_id) if annotate else b""
+        result = "owner_lost"
+    verdict = verdict_guard.verdict
+    assert verdict is not None
+    await writer.finish(End(trailer, {"outcome": str(verdict.outcome),
+                                      "reason": str(verdict.reason)}))  # fmt: skip
+    return result
+
+
+async def _continue(
+    info: StreamInfo,
+    writer: Writer,
+    route: Route,
+    guard: StreamGuard,
+    upstream: Upstream,
+    metrics: Metrics,
+    limits: Limits,
+) -> tuple[int, bytes, StreamGuard] | None:
+    """The rest of the logged answer, by the existing continuation; None: not continued
+    (the log then ends ``owner_lost``)."""
+    meta = info.meta
+    try:
+        document = json.loads(meta["request"])
+        headers: RawHeaders = [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in json.loads(meta["headers"])
+        ]
+        path = meta["path"]
+        target = request_target(
+            route, route.config.prefix + path, meta["raw_path"].encode("latin-1"),
+            meta["query"].encode("latin-1"),
+        )  # fmt: skip
+    except (KeyError, ValueError, PathRejected):
+        return None
+    index = next((i for i, e in enumerate(route.endpoints) if e.name == meta.get("upstream")), 0)
+    task = asyncio.current_task()
+    assert task is not None
+    spec = route.spec_for(path)
+    record = RequestRecord(
+        request_id=meta.get("request_id", "-"),
+        route=route.name,
+        method=meta.get("method", "POST"),
+        path=route.config.prefix + path,
+        started=time.monotonic(),
+    )
+    record.bytes_out = info.size  # what its client got before: the continuation's condition
+    record.model = document.get("model") if isinstance(document.get("model"), str) else None
+    sink = _Sink(writer, ndjson=not spec.framing.comments)
+    scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}
+    exchange = Exchange(task, route, scope, sink.send, record)
+    exchange.spec = spec
+    exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
+    # What the continuation asks of the cut: a reason that blames the upstream's side.
+    guard.abort(Reason.UPSTREAM_DISCONNECT)
+
+    def done(endpoint: Endpoint, lease: Lease, health: Health) -> None:
+        metrics.upstream_ended(route.name, endpoint.name)
+        route.pool.done(lease, health)
+
+    def new_guard(response: httpx.Response) -> StreamGuard | None:
+        return stream_guard(exchange, response, limits)
+
+    async def build(
+        style: ContinuationStyle, text: str, model: str | None
+    ) -> tuple[bytes, str] | None:
+        # at most MAX_REQUEST_BYTES: built on the loop
+        return continuation_body(meta["request"].encode(), spec.protocol, style, text, model)
+
+    rescuer = Rescuer(
+        exchange=exchange,
+        upstream=upstream,
+        metrics=metrics,
+        index=index,
+        target=target,
+        headers=lambda endpoint: with_credential(headers, endpoint, spec),
+        request_json=document,
+        build=build,
+        body_size=len(meta["request"]),
+        new_guard=new_guard,
+        done=done,
+    )
+    try:
+        rescued = await rescuer.rescue(guard)
+    finally:
+        await rescuer.aclose()
+    if rescued is None or not rescued.continued or rescued.guard.verdict is None:
+        return None
+    return rescued.continued, sink.splitter.rest, rescued.guard

@@ -1,0 +1,60 @@
+"""The stream store: one bounded, expiring log of whole events per stream.
+
+``api`` says what a store holds and promises (``StreamStore``, ``Writer``,
+``Batch``, ``End``, ``StreamInfo``); ``memory`` keeps logs in this process,
+``redis_store`` in Redis Streams (shared by every worker and replica);
+``budget`` is the total byte budget; ``follow`` reads a log to its end with the
+live tail. Nothing here knows HTTP or a protocol: resumable streams
+(``gateway.resume``) and the response cache build on it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gateway.store.api import (
+    Batch,
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    StreamStore,
+    Writer,
+    new_stream_id,
+)
+from gateway.store.follow import Vanished, follow
+from gateway.store.memory import MemoryStore
+
+__all__ = [
+    "Batch",
+    "BeyondEnd",
+    "End",
+    "Gone",
+    "MemoryStore",
+    "StoreError",
+    "StreamInfo",
+    "StreamStore",
+    "Vanished",
+    "Writer",
+    "build_store",
+    "follow",
+    "new_stream_id",
+]
+
+
+def build_store(
+    kind: Literal["memory", "redis"],
+    *,
+    max_bytes: int,
+    url: str | None = None,
+    timeout: float = 1.0,
+) -> StreamStore:
+    """The configured store (``stream_store``); Redis needs ``url``."""
+    if kind == "memory":
+        return MemoryStore(max_bytes)
+    from gateway.store.redis_store import RedisStore  # redis is imported only when used
+
+    if url is None:
+        raise ValueError('stream_store = "redis" needs redis_url')
+    return RedisStore(url, timeout, max_bytes)

@@ -1,0 +1,557 @@
+"""The Redis store: stream logs shared by every worker and replica (Redis Streams).
+
+Per stream, three keys under one hash tag (one cluster slot):
+
+- ``{prefix}:s:{id}:log``, a Redis Stream with one entry per relayed event, its
+  entry id ``0-N`` for event N (so ``XRANGE``/``XREAD`` after ``0-N`` return
+  exactly what follows event N), field ``e`` the event's bytes; the end is one
+  more entry with fields ``end`` (the trailer) and ``f`` (its fields, JSON);
+- ``{prefix}:s:{id}:meta``, a hash: owner, the writer's ``m:*`` meta fields,
+  ``total``, ``kept``, ``size``, ``stopped``, ``max_bytes``, ``end``, ``cancel``;
+- ``{prefix}:s:{id}:lease``, the writer's token, with a short expiry it renews.
+
+Opening a log does no I/O: its first write makes the meta and takes the lease
+(a log opened by another writer meanwhile: the lease is lost). A writer never
+writes per event: ``append`` queues, and one flusher per process
+writes what every writer queued in one pipeline of script calls (``WRITE``, one
+per writer: the lease is checked, the entries added, the counters set, every
+key's expiry pushed back ``ttl``), ``FLUSH_SECONDS`` after the first event that
+waits and again as soon as the pipeline before returns; a writer with nothing
+queued gets the same call every third of its lease (renewal), and its answer
+reports a cancel request. Live readers of one stream in one process share one ``XREAD BLOCK`` on
+its log (a ``_Tail``), which wakes them all: a hundred resumers of a stream hold
+one blocked connection, not a hundred.
+
+Every call is bounded by the store's timeout (plus the wait of a blocking read);
+every failure is a ``StoreError``. A writer whose write fails stops writing: its
+lease runs out and the stream is an orphan (``owner_lost`` for its readers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.store.api import (
+    READ_LIMIT,
+    Batch,
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    Writer,
+    new_stream_id,
+)
+from gateway.store.budget import Budget
+
+__all__ = ["RedisStore"]
+
+#: Connections to Redis per process at most (one per followed stream, plus short calls).
+MAX_CONNECTIONS = 4096
+#: How long one shared blocking read waits before it looks again for readers.
+TAIL_BLOCK_SECONDS = 1.0
+
+#: The most an event waits before it is written (the events of every stream in this
+#: process that came meanwhile go in the same pipeline).
+FLUSH_SECONDS = 0.02
+#: How often the writers' leases are looked at for a renewal.
+RENEW_TICK_SECONDS = 0.1
+
+#: Events written in one script call at most.
+WRITE_BATCH = 256
+
+#: KEYS: log, meta, lease. ARGV: token, ttl ms, lease ms, the new log's meta as JSON
+#: (its first write: the meta is made and the lease taken) or "", total, kept, size,
+#: stopped, first event number, n, the n events, then "1", trailer, fields (the end)
+#: or "0". Returns {owned, cancel}.
+WRITE = """
+if ARGV[4] ~= '' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0} end
+  for field, value in pairs(cjson.decode(ARGV[4])) do
+    redis.call('HSET', KEYS[2], field, value)
+  end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+elseif redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  return {0, 0}
+end
+local first, n = tonumber(ARGV[9]), tonumber(ARGV[10])
+for i = 1, n do
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[10 + i])
+end
+redis.call('HSET', KEYS[2], 'total', ARGV[5], 'kept', ARGV[6], 'size', ARGV[7],
+  'stopped', ARGV[8])
+local at = 11 + n
+if ARGV[at] == '1' then
+  redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[6]) + 1), 'end', ARGV[at + 1],
+    'f', ARGV[at + 2])
+  redis.call('HSET', KEYS[2], 'end', '1')
+  redis.call('DEL', KEYS[3])
+else
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if redis.call('HGET', KEYS[2], 'cancel') then return {1, 1} end
+return {1, 0}
+"""
+
+#: KEYS: meta, lease. ARGV: token, lease ms. Returns {} or {total, kept, size, stopped,
+#: max_bytes, ttl ms} when the lease was taken (an orphan: no end, no lease).
+ADOPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'end') then
+  return {}
+end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {} end
+return redis.call('HMGET', KEYS[1], 'total', 'kept', 'size', 'stopped', 'max_bytes', 'ttl')
+"""
+
+#: KEYS: meta. Sets the cancel flag of an existing log; returns whether it exists.
+CANCEL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'cancel', '1')
+return 1
+"""
+
+
+def _key(prefix: str, stream_id: str, kind: str) -> str:
+    return f"{prefix}:s:{{{stream_id}}}:{kind}"
+
+
+class _RedisWriter(Writer):
+    """A writer whose events wait in ``_pending`` for the store's flusher."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        stream_id: str,
+        token: str,
+        *,
+        max_bytes: int,
+        ttl: float,
+        lease: float,
+        total: int = 0,
+        size: int = 0,
+        create: str = "",
+    ) -> None:
+        super().__init__(stream_id, max_bytes, total, size)
+        self._store = store
+        #: A new log's meta (JSON), made by its first write.
+        self._create = create
+        self._token = token
+        self._ttl_ms = max(int(ttl * 1000), 1)
+        self._lease_ms = max(int(lease * 1000), 1)
+        #: Renewed by the flusher when no write renewed it for this long.
+        self.renew_every = lease / 3
+        self.written_at = time.monotonic()
+        self.keys = [_key(store.prefix, stream_id, k) for k in ("log", "meta", "lease")]
+        self._pending: list[bytes] = []
+        self._first = self.kept + 1  # the event number of ``_pending[0]``
+        self._end: End | None = None
+        #: The end was written (or the lease lost): nothing more to write.
+        self.closed = False
+        store.live.add(self)
+
+    def _room(self, size: int) -> bool:
+        return self._store.budget.take(self.id, size)
+
+    def _add(self, event: bytes) -> None:
+        if self.lost:  # nothing more is written: nothing is queued either
+            return
+        self._pending.append(event)
+        self._store.dirty(self)
+
+    def _stop(self) -> None:
+        self._store.dirty(self)  # the counters say so at the next write
+
+    def next_call(self) -> list[Any]:
+        """The script's arguments for what is queued (at most ``WRITE_BATCH`` events,
+        then the end when nothing else is)."""
+        batch = self._pending[:WRITE_BATCH]
+        del self._pending[:WRITE_BATCH]
+        first = self._first
+        self._first += len(batch)
+        args: list[Any] = [
+            *(self._token, self._ttl_ms, self._lease_ms, self._create),
+            *(self.total, self.kept, self.size, int(self.stopped)),
+            *(first, len(batch), *batch),
+        ]
+        self._create = ""
+        end = self._end
+        if end is not None and not self._pending:
+            args += ["1", end.trailer, json.dumps(dict(end.fields))]
+        else:
+            args.append("0")
+        return args
+
+    def written(self, answer: Any, ended: bool) -> None:
+        """The flusher's report of one call: its answer (or the exception)."""
+        self.written_at = time.monotonic()
+        owned, cancel = (0, 0) if isinstance(answer, Exception) else answer
+        if not owned:
+            self.lost = True
+            self._pending.clear()
+        elif cancel:
+            self._cancelled()
+        if self.lost or ended:
+            self.closed = True
+            self._store.live.discard(self)
+            self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
+        elif self._pending:
+            self._store.dirty(self)
+
+    @property
+    def ending(self) -> bool:
+        return self._end is not None and not self._pending
+
+    async def flush(self) -> None:
+        while (self._pending or self._create) and not self.lost:
+            self._store.dirty(self)
+            await self._store.next_write()
+
+    async def finish(self, end: End) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self._end = end
+        await self._close()
+
+    async def release(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        with contextlib.suppress(StoreError):
+            await self.flush()
+        self.closed = True
+        self._store.live.discard(self)  # no more renewals: the lease runs out
+        self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
+
+    async def _close(self) -> None:
+        while not self.closed:
+            self._store.dirty(self)
+            await self._store.next_write()
+
+
+class _Tail:
+    """The one blocking read of a followed stream in this process."""
+
+    __slots__ = ("changed", "last", "readers")
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+        self.readers = 0
+        self.changed = asyncio.Event()
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class RedisStore:
+    remote = True
+
+    def __init__(self, url: str, timeout: float, max_bytes: int, prefix: str = "gateway") -> None:
+        self._redis: Any = Redis.from_url(
+            url,
+            socket_timeout=None,  # every call has its own bound (a blocking read is long)
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            max_connections=MAX_CONNECTIONS,
+        )
+        self._tails: dict[str, _Tail] = {}
+        #: Writers with something to write, in the order they asked.
+        self._dirty: dict[_RedisWriter, None] = {}
+        #: Writers whose lease is held (renewed by the flusher).
+        self.live: set[_RedisWriter] = set()
+        self._wake = asyncio.Event()
+        self._written: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.timeout = timeout
+        self.prefix = prefix
+        self.budget = Budget(max_bytes, time.monotonic)
+        self.write = self._redis.register_script(WRITE)
+        self._adopt = self._redis.register_script(ADOPT)
+        self._cancel = self._redis.register_script(CANCEL)
+
+    @property
+    def size(self) -> int:
+        self.budget.expire()
+        return self.budget.used
+
+    async def call(self, script: Any, keys: list[str], args: list[Any], wait: float = 0.0) -> Any:
+        """One script call, bounded by the timeout; any failure is a StoreError."""
+        try:
+            async with asyncio.timeout(self.timeout + wait):
+                return await script(keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(type(exc).__name__) from None
+
+    async def _do(self, command: str, *args: Any, wait: float = 0.0) -> Any:
+        try:
+            async with asyncio.timeout(self.timeout + wait):
+                return await self._redis.execute_command(command, *args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(type(exc).__name__) from None
+
+    def _start(self) -> None:
+        """The flusher and the renewer, once there is a writer."""
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._flusher()), loop.create_task(self._renewer())]
+
+    def dirty(self, writer: _RedisWriter) -> None:
+        """``writer`` has something to write: the next pipeline takes it."""
+        self._start()
+        self._dirty[writer] = None
+        self._wake.set()
+
+    def next_write(self) -> asyncio.Future[None]:
+        """Resolved once the next pipeline (one that starts after now) was written."""
+        if self._written is None:
+            self._written = asyncio.get_running_loop().create_future()
+        return self._written
+
+    async def _flusher(self) -> None:
+        """One pipeline for every writer with something to write, then the next: the
+        events of every stream in this process reach Redis in one round trip per
+        ``FLUSH_SECONDS`` at most, never one per event."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(FLUSH_SECONDS)  # what comes meanwhile goes in the same one
+            self._wake.clear()
+            writers = list(self._dirty)
+            self._dirty.clear()
+            done, self._written = self._written, None
+            calls = [(w, w.ending, w.next_call()) for w in writers if not w.closed]
+            answers: list[Any] = []
+            try:
+                async with asyncio.timeout(self.timeout + len(calls) * 0.001):
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for writer, _, args in calls:
+                            await self.write(keys=writer.keys, args=args, client=pipe)
+                        answers = await pipe.execute(raise_on_error=False)
+            except (RedisError, OSError, TimeoutError) as exc:
+                answers = [exc] * len(calls)
+            for (writer, ended, _), answer in zip(calls, answers, strict=True):
+                writer.written(answer, ended)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def _renewer(self) -> None:
+        """Every writer whose lease no write renewed lately gets an empty write."""
+        while True:
+            await asyncio.sleep(RENEW_TICK_SECONDS)
+            now = time.monotonic()
+            for writer in list(self.live):
+                if now - writer.written_at >= writer.renew_every:
+                    self.dirty(writer)
+
+    async def prepare(self) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                for script in (self.write, self._adopt, self._cancel):
+                    script.sha = await self._redis.script_load(script.script)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(type(exc).__name__) from None
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self._redis.aclose()
+
+    def _k(self, stream_id: str, kind: str) -> str:
+        return _key(self.prefix, stream_id, kind)
+
+    async def open(
+        self,
+        owner: str,
+        meta: Mapping[str, str],
+        *,
+        max_bytes: int,
+        ttl: float,
+        lease: float,
+        stream_id: str | None = None,
+    ) -> Writer | None:
+        if not self.budget.room(max_bytes):
+            return None
+        stream_id = stream_id or new_stream_id()
+        token = secrets.token_hex(8)
+        fields: dict[str, Any] = {f"m:{k}": v for k, v in meta.items()}
+        fields |= {"owner": owner, "total": 0, "kept": 0, "size": 0, "stopped": 0}
+        fields |= {"max_bytes": max_bytes, "ttl": int(ttl * 1000)}
+        self._start()
+        writer = _RedisWriter(
+            self,
+            stream_id,
+            token,
+            max_bytes=max_bytes,
+            ttl=ttl,
+            lease=lease,
+            create=json.dumps(fields),
+        )
+        self.dirty(writer)  # its meta and lease are made by the next pipeline
+        return writer
+
+    async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
+        token = secrets.token_hex(8)
+        keys = [self._k(stream_id, "meta"), self._k(stream_id, "lease")]
+        got = await self.call(self._adopt, keys, [token, max(int(lease * 1000), 1)])
+        if not got:
+            return None
+        self._start()
+        total, kept, size, stopped, max_bytes, ttl = (int(v or 0) for v in got)
+        writer = _RedisWriter(
+            self,
+            stream_id,
+            token,
+            max_bytes=max_bytes,
+            ttl=ttl / 1000,
+            lease=lease,
+            total=kept,
+            size=size,
+        )
+        writer.total, writer.stopped = total, bool(stopped)
+        return writer
+
+    async def info(self, stream_id: str) -> StreamInfo | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.hgetall(self._k(stream_id, "meta"))
+                    pipe.exists(self._k(stream_id, "lease"))
+                    pipe.xrevrange(self._k(stream_id, "log"), count=1)
+                    meta, leased, last = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(type(exc).__name__) from None
+        if not meta:
+            return None
+        end = None
+        if meta.get(b"end") and last:
+            end = _end_of(last[0][1])
+        return _info(meta, bool(leased), end)
+
+    async def read(self, stream_id: str, after: int, *, wait: float = 0.0) -> Batch | None:
+        log = self._k(stream_id, "log")
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.hmget(self._k(stream_id, "meta"), "total", "kept", "stopped", "end")
+                    pipe.xrange(log, f"0-{after + 1}", "+", count=READ_LIMIT)
+                    (total, kept, stopped, ended), entries = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreError(type(exc).__name__) from None
+        if total is None:
+            return None
+        if after > int(total):
+            raise BeyondEnd
+        if after >= int(kept) and stopped == b"1":
+            raise Gone
+        if not entries and not ended and wait > 0:
+            await self._wait(stream_id, after, wait)
+            return await self.read(stream_id, after)
+        return _batch(after, entries, stopped == b"1")
+
+    async def _wait(self, stream_id: str, after: int, wait: float) -> None:
+        """Wait up to ``wait`` seconds for news of ``stream_id`` (the shared tail)."""
+        tail = self._tails.get(stream_id)
+        if tail is None:
+            tail = self._tails[stream_id] = _Tail(after)
+            task = asyncio.get_running_loop().create_task(self._tail(stream_id, tail))
+            task.add_done_callback(lambda _: self._tails.pop(stream_id, None))
+        tail.readers += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await tail.changed.wait()
+        finally:
+            tail.readers -= 1
+
+    async def _tail(self, stream_id: str, tail: _Tail) -> None:
+        log = self._k(stream_id, "log")
+        block = max(int(TAIL_BLOCK_SECONDS * 1000), 1)
+        try:
+            while tail.readers > 0 or not tail.changed.is_set():
+                got = await self._do(
+                    "XREAD", "BLOCK", block, "STREAMS", log, f"0-{tail.last}",
+                    wait=TAIL_BLOCK_SECONDS,
+                )  # fmt: skip
+                if got:
+                    entries = got[0][1]
+                    tail.last = int(entries[-1][0].split(b"-")[1])
+                    tail.wake()
+                if tail.readers == 0:
+                    return
+        except StoreError:
+            tail.wake()  # the readers look again themselves (and meet the error)
+
+    async def cancel(self, stream_id: str) -> bool:
+        return bool(await self.call(self._cancel, [self._k(stream_id, "meta")], []))
+
+    async def delete(self, stream_id: str) -> None:
+        await self._do("DEL", *(self._k(stream_id, k) for k in ("log", "meta", "lease")))
+        self.budget.give_back(stream_id)
+
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}:n:{name}"
+
+    async def claim(self, name: str, stream_id: str, ttl: float) -> str | None:
+        key = self._name(name)
+        ms = max(int(ttl * 1000), 1)
+        if await self._do("SET", key, stream_id, "NX", "PX", ms):
+            return None
+        held = await self._do("GET", key)
+        return held.decode() if held is not None else None
+
+    async def resolve(self, name: str) -> str | None:
+        held = await self._do("GET", self._name(name))
+        return held.decode() if held is not None else None
+
+    async def forget(self, name: str) -> None:
+        await self._do("DEL", self._name(name))
+
+
+def _end_of(fields: Mapping[bytes, bytes]) -> End | None:
+    trailer = fields.get(b"end")
+    if trailer is None:
+        return None
+    return End(trailer, json.loads(fields.get(b"f", b"{}")))
+
+
+def _batch(after: int, entries: list[tuple[bytes, Mapping[bytes, bytes]]], stopped: bool) -> Batch:
+    events: list[bytes] = []
+    end = None
+    for _, fields in entries:
+        event = fields.get(b"e")
+        if event is not None:
+            events.append(event)
+        elif not stopped:
+            end = _end_of(fields)
+    return Batch(after, events, end)
+
+
+def _info(meta: Mapping[bytes, bytes], leased: bool, end: End | None) -> StreamInfo:
+    return StreamInfo(
+        owner=meta[b"owner"].decode(),
+        meta={k[2:].decode(): v.decode() for k, v in meta.items() if k.startswith(b"m:")},
+        total=int(meta[b"total"]),
+        kept=int(meta[b"kept"]),
+        size=int(meta[b"size"]),
+        stopped=meta[b"stopped"] == b"1",
+        leased=leased,
+        cancel=b"cancel" in meta,
+        end=end,
+    )
