@@ -191,6 +191,10 @@ class ProtocolSpec:
     hosts: tuple[str, ...] = ()
     #: The AWS service a SigV4 signature of its requests names (``credential = SIGV4``).
     signing_service: str | None = None
+    #: Its streams name a response id that a client may retrieve the stream by
+    #: (``GET {prefix}/responses/{id}?stream=true&starting_after=N``): a resumable
+    #: stream's log is then found under that id too (``gateway.resume``).
+    retrieved_by_response_id: bool = False
 
     @property
     def name(self) -> str:

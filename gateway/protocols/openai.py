@@ -116,6 +116,7 @@ COMPLETIONS = ProtocolSpec(
 
 RESPONSES = ProtocolSpec(
     protocol=Protocol.RESPONSES,
+    retrieved_by_response_id=True,
     contract=ResponsesContract,
     matches=_ends_with("/responses"),
     wants_stream=body_says_stream,

@@ -167,7 +167,7 @@ class Resumes:
             lambda: self.store.size,
             annotate=self.settings.annotate,
         )
-        if exchange.spec.name == "responses":
+        if exchange.spec.retrieved_by_response_id:
             recorder.on_response_id = self._name_response
         return recorder
 
