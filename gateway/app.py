@@ -204,6 +204,8 @@ class _Gateway:
         )
         if self.relay.limiter is not None:
             await self.relay.limiter.start()
+        if self.relay.cache is not None:
+            await self.relay.cache.start()
         self.ws_relay = WebSocketRelay(
             settings=self.settings,
             admission=self.relay.admission,
@@ -257,6 +259,8 @@ class _Gateway:
             self.relay.bodies.close()  # the body parser's helper process, if it started
             if self.relay.limiter is not None:
                 await self.relay.limiter.close()
+            if self.relay.cache is not None:
+                await self.relay.cache.close()
             self.access_log.flush()
             await asyncio.to_thread(self.access_log.close)
             if self.captures is not None:

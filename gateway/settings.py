@@ -204,6 +204,14 @@ class Limits(_Strict):
 #: ``context_length`` is opt-in too: a 400 saying the prompt is too long, retried on a
 #: higher priority tier only (a larger-context model).
 RetryCause = Literal["connect", "first_byte_timeout", "429", "5xx", "early_eof", "context_length"]
+#: Finish reasons a cached answer may have (never length, content_filter or incomplete).
+CacheReason = Literal["stop", "tool_calls"]
+
+
+def _default_cache_reasons() -> list[CacheReason]:
+    return ["stop"]
+
+
 DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof")
 #: An upstream's name: a bounded metric label.
 _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -378,6 +386,27 @@ class RouteConfig(_Strict):
         description="A Retry-After up to this is waited out on the same upstream; "
         "a longer one sends the retry to the next tier.",
     )
+    cache: bool = Field(
+        False,
+        description="Cache answers verified whole, replayed byte for byte (docs/caching.md).",
+    )
+    cache_ttl_seconds: float = Field(3600.0, gt=0, description="How long an entry is served.")
+    cache_max_entry_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest answer stored; a longer one is not."
+    )
+    cache_reasons: list[CacheReason] = Field(
+        default_factory=_default_cache_reasons,
+        min_length=1,
+        description='Finish reasons an entry may have: "stop", "tool_calls".',
+    )
+    cache_scope: Literal["client", "route"] = Field(
+        "client",
+        description='"client": entries only for the client (or credential) that made them; '
+        '"route": shared by every client of the route.',
+    )
+    cache_namespace: str = Field(
+        "", max_length=200, description="Part of every key: change it to drop every entry."
+    )
 
     @field_validator("client_key_sha256")
     @classmethod
@@ -492,6 +521,9 @@ class ClientConfig(_Strict):
     model_limits: dict[str, ClientLimits] = Field(
         default_factory=dict, description="Limits on its use of one model, by model name."
     )
+    cache_admin: bool = Field(
+        False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
+    )
 
     @field_validator("name")
     @classmethod
@@ -569,6 +601,14 @@ class Settings(BaseSettings):
     )
     redis_url: str | None = Field(
         None, description="redis:// or rediss:// URL of the limits backend (password in it)."
+    )
+    stream_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where stream logs live (the response cache): this process, or Redis "
+        "(redis_url) shared by every worker and replica.",
+    )
+    stream_store_max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024, description="Bytes the stream store holds at most."
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
@@ -708,6 +748,8 @@ class Settings(BaseSettings):
                     f"client {client.name} names route(s) {', '.join(unknown)} that do not exist"
                 )
         limited = any(c.limited() for c in self.clients)
+        if self.stream_store == "redis" and self.redis_url is None:
+            raise ValueError('stream_store = "redis" needs redis_url (redis:// or rediss://)')
         if self.limits_backend == "redis" and self.redis_url is None:
             raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
         if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (

@@ -124,6 +124,12 @@ class ProtocolSpec:
     #: ``gen_ai.provider.name``: the provider whose API this is (an OpenAI-compatible
     #: server speaks ``openai``'s; the conventions name no better value for it).
     genai_provider: str | None = None
+    #: Request headers that change an answer (the response cache keys on them), lowercase.
+    answer_headers: tuple[bytes, ...] = ()
+    #: The finish reason of a whole non-streamed answer, in the bounded vocabulary;
+    #: None when it did not finish (or the protocol's answer has no such reason). The
+    #: response cache stores a plain answer only with a finish in ``cache_reasons``.
+    answer_finish: Callable[[Json], Reason | None] | None = None
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ from gateway.protocols._spec import (
     Tool,
     body_says_stream,
 )
+from gateway.protocols.finish import messages_finish
 
 __all__ = ["MESSAGES"]
 
@@ -48,4 +49,6 @@ MESSAGES = ProtocolSpec(
     ),
     genai_operation="chat",
     genai_provider="anthropic",
+    answer_headers=(b"anthropic-version", b"anthropic-beta"),
+    answer_finish=messages_finish,
 )

@@ -13,6 +13,7 @@ from urllib.parse import unquote
 from gateway.guard import GeminiContract, Protocol
 from gateway.guard.gemini import gemini_answer_usage, gemini_wants_stream, is_gemini_path
 from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
+from gateway.protocols.finish import gemini_finish
 
 __all__ = ["GEMINI"]
 
@@ -70,4 +71,5 @@ GEMINI = ProtocolSpec(
     requests=ClientRequests(path=_path, text=_text, tool=_tool),
     genai_operation="generate_content",
     genai_provider="gcp.gemini",
+    answer_finish=gemini_finish,
 )

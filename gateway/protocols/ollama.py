@@ -18,6 +18,7 @@ from typing import Any
 from gateway.guard import OllamaContract, Protocol
 from gateway.guard.ollama import is_ollama_path, ollama_usage, ollama_wants_stream
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool
+from gateway.protocols.finish import ollama_finish
 
 __all__ = ["OLLAMA"]
 
@@ -47,4 +48,5 @@ OLLAMA = ProtocolSpec(
     requests=ClientRequests(path=lambda model, stream: "/chat", text=_text, tool=_tool),
     genai_operation="chat",
     genai_provider="ollama",
+    answer_finish=ollama_finish,
 )

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from gateway.cache import Plan, build_cache
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.limits import LimitRefused, build_limiter
@@ -144,6 +145,8 @@ class Relay:
         _warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: The response cache; None when no route caches (``gateway.cache``).
+        self.cache = build_cache(settings, metrics, self.bodies)
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
@@ -245,6 +248,11 @@ class Relay:
         request_json = await self.bodies.summary(exchange.body)
         record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
+        plan = None  # the response cache's, keyed on the client's body before any rewrite
+        if self.cache is not None and route.config.cache:
+            plan = await self.cache.plan(exchange, rest, request_json)
+            if plan.answered:
+                return
         if (
             record.stream
             and request_json is not None
@@ -292,8 +300,11 @@ class Relay:
             exchange.counted = True
             self.metrics.stream_started(route.name)
         try:
-            await self._send(exchange, target, body, request_json)
+            if plan is None or not await self._cached(exchange, plan):
+                await self._send(exchange, target, body, request_json)
         finally:
+            if plan is not None and self.cache is not None:
+                await self.cache.settle(exchange, plan)
             if exchange.counted:
                 self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
@@ -303,6 +314,10 @@ class Relay:
                 record.charge = cost
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+
+    async def _cached(self, exchange: Exchange, plan: Plan) -> bool:
+        """Answered from the response cache (else the answer is recorded for it)."""
+        return self.cache is not None and await self.cache.serve(exchange, plan)
 
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""

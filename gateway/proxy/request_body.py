@@ -147,6 +147,11 @@ class BodyParser:
         parsed again when asked, never kept by the relay."""
         return await self._run(_document, body)
 
+    async def run(self, work: Callable[..., T], body: bytes, *args: Any) -> T:
+        """``work(body, *args)``: on the loop for a small body, in the helper process for a
+        large one (``work`` must be a module-level function: it crosses processes)."""
+        return await self._run(work, body, *args)
+
     async def _run(self, work: Callable[..., T], body: bytes, *args: Any) -> T:
         if len(body) <= self.off_loop_bytes:
             return work(body, *args)

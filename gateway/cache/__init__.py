@@ -1,0 +1,39 @@
+"""The response cache (issue 36): only an answer verified whole, replayed byte for byte.
+
+``key`` makes a request's key and reads its controls (pure); ``entry`` says
+what an entry's log holds; ``cache`` is a request's way through it (hit,
+follow a leader live, or lead and record) over the stream store
+(``gateway.store``). The relay calls ``plan``, ``serve`` and ``settle``.
+"""
+
+from __future__ import annotations
+
+from gateway.cache.cache import Plan, ResponseCache
+from gateway.cache.key import Controls, body_digest, controls_of, key_of
+from gateway.observe import Metrics
+from gateway.proxy.request_body import BodyParser
+from gateway.settings import Settings
+from gateway.store import build_store
+
+__all__ = [
+    "Controls",
+    "Plan",
+    "ResponseCache",
+    "body_digest",
+    "build_cache",
+    "controls_of",
+    "key_of",
+]
+
+
+def build_cache(settings: Settings, metrics: Metrics, bodies: BodyParser) -> ResponseCache | None:
+    """The response cache over the configured ``stream_store``; None when no route caches."""
+    if not any(route.cache for route in settings.effective_routes()):
+        return None
+    store = build_store(
+        settings.stream_store,
+        max_bytes=settings.stream_store_max_bytes,
+        url=settings.redis_url,
+        timeout=max(settings.limits_timeout, 1.0),
+    )
+    return ResponseCache(store, metrics, bodies, settings.clients)

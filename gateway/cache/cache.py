@@ -1,0 +1,657 @@
+"""The response cache: one request's way through it, and what decides an entry.
+
+For a request on a route with ``cache = true`` the relay asks, in order:
+
+- ``plan``: the request's key (``gateway.cache.key``; a body over the body
+  parser's bound is hashed in its helper process, never on the loop) and its
+  controls; a ``DELETE {prefix}/gateway/cache/{key}`` is answered here.
+- ``serve`` (after the limits and the stream caps admitted it): an entry that
+  may be served (whole, fresh, young enough for ``max-age``) is replayed byte
+  for byte with a fresh trailer (a **hit**); an answer being written now by
+  an identical request (the **leader**) is followed live from its log and
+  ends as the leader's did, whole or not; otherwise this request leads: its
+  name claims the key (one leader per key, across workers with Redis) and
+  every byte it sends the client is also appended to a new log (``Recorder``).
+- ``settle`` (the request ended): the leader's log gets its end, and the
+  entry is kept only when the answer is whole with a reason in
+  ``cache_reasons``, 2xx, not continued and within ``cache_max_entry_bytes``;
+  a refused one stays readable a short while for its followers, and the next
+  identical request learns why (``X-Gateway-Cache: REFUSED; reason=...``).
+
+Store failures never fail a request: it goes upstream uncached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Message, Send
+
+from gateway.cache.entry import decode_head, encode_head, hit_trailer, with_request_id
+from gateway.cache.key import Controls, body_digest, controls_of, key_of
+from gateway.guard import Framing, Outcome, Reason, Usage, Verdict
+from gateway.guard.jsonparse import loads
+from gateway.guard.verdict import COMPLETE_REASONS
+from gateway.observe import Metrics
+from gateway.proxy.admission import presented_key
+from gateway.proxy.connection import abort_connection
+from gateway.proxy.errors import send_error
+from gateway.proxy.exchange import AbortConnection, Exchange
+from gateway.proxy.headers import RawHeaders, get_header
+from gateway.proxy.request_body import BodyParser
+from gateway.settings import ANONYMOUS, ClientConfig
+from gateway.store import End, StoreError, StreamInfo, StreamStore, Vanished, Writer, follow
+
+__all__ = ["Plan", "ResponseCache"]
+
+log = logging.getLogger("gateway")
+
+#: Bytes of a log beyond ``cache_max_entry_bytes``: the head event.
+_HEAD_ROOM = 64 * 1024
+#: A leader's lease on its log (renewed while it writes).
+_LEASE_SECONDS = 10.0
+#: How long a refused log stays readable for the requests that followed it.
+_REFUSED_GRACE_SECONDS = 60.0
+#: A follower looks at its leader this often while no event comes.
+_FOLLOW_WAIT = 1.0
+_ADMIN_PATH = "/gateway/cache/"
+_KEY_LENGTH = 64
+_REASONS = frozenset(str(reason) for reason in Reason)
+
+
+@dataclass(slots=True)
+class Plan:
+    """One request's way through the cache."""
+
+    key: str | None
+    controls: Controls
+    #: Whose entries these are (a client, a credential's digest, or the route).
+    owner: str
+    #: The request was answered by the cache's admin path (a DELETE).
+    answered: bool = False
+    #: The ``X-Gateway-Cache`` value of an answer from upstream.
+    header: str = "BYPASS"
+    writer: Writer | None = None
+    recorder: Recorder | None = None
+    #: Why the metric counts a bypass.
+    bypass: str = ""
+
+
+class Recorder:
+    """``send`` that also appends the response to the leader's log: the head as event 1,
+    each body send as one event; the last send (a stream's trailer) is kept apart."""
+
+    __slots__ = (
+        "_framing",
+        "_send",
+        "body",
+        "ended",
+        "extra",
+        "final",
+        "headers",
+        "size",
+        "status",
+        "writer",
+    )
+
+    def __init__(
+        self, send: Send, writer: Writer | None, extra: RawHeaders, framing: Framing
+    ) -> None:
+        self._send = send
+        self._framing = framing
+        self.writer = writer
+        self.extra = extra
+        #: A plain answer's body, kept to read its finish (None: a stream, or too long).
+        self.body: list[bytes] | None = None
+        self.status = 0
+        self.headers: RawHeaders = []
+        self.size = 0
+        self.final = b""
+        self.ended = False
+
+    async def __call__(self, message: Message) -> None:
+        kind = message["type"]
+        writer = self.writer
+        if kind == "http.response.start":
+            self.status = message["status"]
+            self.headers = list(message.get("headers", ()))
+            if writer is not None:
+                writer.append(encode_head(self.status, self.headers))
+                content_type = get_header(self.headers, b"content-type") or b""
+                if not self._framing.is_stream(content_type.decode("latin-1")):
+                    self.body = []
+            message = {**message, "headers": [*self.headers, *self.extra]}
+        elif kind == "http.response.body":
+            body = message.get("body", b"")
+            if message.get("more_body", False):
+                if body and writer is not None:
+                    writer.append(body)
+                    self.size += len(body)
+                    if self.body is not None:
+                        self.body.append(body)
+                        if writer.stopped:
+                            self.body = None
+            else:
+                self.final = body
+                self.ended = True
+        await self._send(message)
+
+
+@dataclass(slots=True)
+class _Source:
+    """An entry found for a request: a whole one, or a leader's answer in flight."""
+
+    stream_id: str
+    info: StreamInfo
+    age: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class ResponseCache:
+    """The routes' response cache over one stream store."""
+
+    def __init__(
+        self,
+        store: StreamStore,
+        metrics: Metrics,
+        bodies: BodyParser,
+        clients: list[ClientConfig],
+        *,
+        clock: Any = time.time,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.bodies = bodies
+        self._admins = {c.name for c in clients if c.cache_admin}
+        self._clock = clock
+        self._pending = _Pending()
+
+    async def start(self) -> None:
+        await self.store.prepare()
+
+    async def close(self) -> None:
+        for task in list(self._pending.tasks):
+            task.cancel()
+        await self.store.close()
+
+    # -- before the request goes anywhere -----------------------------------------------
+
+    async def plan(
+        self, exchange: Exchange, rest: str, request_json: Mapping[str, Any] | None
+    ) -> Plan:
+        """The request's key and controls; a DELETE of the admin path is answered."""
+        route, scope = exchange.route, exchange.scope
+        config = route.config
+        headers = scope["headers"]
+        owner = self._owner(exchange)
+        if rest.startswith(_ADMIN_PATH) and scope["method"] == "DELETE":
+            await self._delete(exchange, rest[len(_ADMIN_PATH) :], owner)
+            return Plan(None, Controls(), owner, answered=True)
+        controls = controls_of(
+            get_header(headers, b"cache-control"), get_header(headers, b"x-gateway-cache")
+        )
+        if controls.off:
+            return Plan(None, controls, owner, bypass="off")
+        body = exchange.body
+        digest = None if request_json is None else await self.bodies.run(body_digest, body)
+        if digest is None:
+            return Plan(None, controls, owner, bypass="not_json")
+        spec = exchange.spec
+        model = request_json.get("model") if request_json is not None else None
+        model = model if isinstance(model, str) else exchange.record.model or ""
+        pool = []
+        for endpoint in route.endpoints:
+            mapped = endpoint.models.get(model, endpoint.models.get("*")) if model else None
+            pool.append(f"{endpoint.name}={mapped or model}")
+        query = scope.get("query_string", b"").decode("latin-1")
+        parts = [
+            "gateway-cache/1",
+            spec.name,
+            route.name,
+            config.cache_namespace,
+            scope["method"],
+            rest + ("?" + query if query else ""),
+            "stream" if exchange.record.stream else "plain",
+            owner if config.cache_scope == "client" else "route",
+            "\x00".join(pool),
+            model,
+            digest,
+        ]
+        for name in spec.answer_headers:
+            value = get_header(headers, name)
+            parts.append(name.decode() + "=" + (value or b"").decode("latin-1"))
+        return Plan(key_of(parts), controls, owner)
+
+    def _owner(self, exchange: Exchange) -> str:
+        name = exchange.caller.name
+        if name != ANONYMOUS:
+            return "client:" + name
+        key = presented_key(exchange.scope["headers"])
+        if key:
+            return "key:" + hashlib.sha256(key).hexdigest()
+        return "anonymous"
+
+    # -- hit, follow, or lead ------------------------------------------------------------
+
+    async def serve(self, exchange: Exchange, plan: Plan) -> bool:
+        """Answer from the cache (True), or make ready to go upstream (False): the
+        request then leads (its answer is recorded) or bypasses the cache."""
+        route = exchange.route.name
+        if plan.key is None:
+            self.metrics.cached(route, "bypass", plan.bypass)
+            self._record(exchange, plan, None)
+            return False
+        try:
+            return await self._serve(exchange, plan)
+        except StoreError:
+            log.warning("route %s: the stream store failed; the request is not cached", route)
+            self.metrics.cached(route, "bypass", "store_error")
+            if plan.writer is not None:
+                writer, plan.writer = plan.writer, None
+                with contextlib.suppress(Exception):
+                    await writer.release()
+            plan.header = "BYPASS"
+            self._record(exchange, plan, None)
+            return False
+
+    async def _serve(self, exchange: Exchange, plan: Plan) -> bool:
+        route, config = exchange.route.name, exchange.route.config
+        assert plan.key is not None
+        name = _name(plan.key)
+        store = self.store
+        controls = plan.controls
+        for _ in range(3):
+            if controls.reads:
+                source = await self._find(name, controls, config.cache_ttl_seconds)
+                if source is not None and source.info.end is not None:
+                    if await self._replay(exchange, source):
+                        self.metrics.cached(route, "hit")
+                        return True
+                elif source is not None:
+                    if await self._follow(exchange, source):
+                        self.metrics.cached(route, "follow")
+                        return True
+                    break  # the leader gave nothing: go upstream alone
+            if not controls.stores:
+                break
+            writer = await store.open(
+                plan.owner,
+                {"key": plan.key, "route": route, "scope": config.cache_scope},
+                max_bytes=config.cache_max_entry_bytes + _HEAD_ROOM,
+                ttl=config.cache_ttl_seconds,
+                lease=_LEASE_SECONDS,
+            )
+            if writer is None:  # the store's budget is spent
+                plan.bypass = "store_full"
+                break
+            if not controls.reads:  # no-cache: a fresh answer replaces the entry
+                await self._forget_finished(name)
+            if await store.claim(name, writer.id, config.cache_ttl_seconds) is None:
+                plan.writer = writer
+                break
+            await writer.release()
+            await store.delete(writer.id)
+            if not controls.reads:
+                break  # an identical request leads already: this one goes alone
+        refused = await store.resolve(_refused_name(plan.key))
+        if plan.writer is not None:
+            plan.header = f"REFUSED; reason={refused}" if refused else "MISS"
+            self.metrics.cached(route, "refused" if refused else "miss", refused or "")
+        else:
+            plan.header = "BYPASS"
+            self.metrics.cached(route, "bypass", plan.bypass or "not_led")
+        self._record(exchange, plan, plan.writer)
+        return False
+
+    def _record(self, exchange: Exchange, plan: Plan, writer: Writer | None) -> None:
+        extra: RawHeaders = [(b"x-gateway-cache", plan.header.encode())]
+        if plan.key is not None and writer is not None:
+            extra.append((b"x-gateway-cache-key", plan.key.encode()))
+        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing)
+        exchange.send = plan.recorder
+
+    async def _find(self, name: str, controls: Controls, ttl: float) -> _Source | None:
+        """The entry or the answer in flight under ``name`` that this request may read."""
+        store = self.store
+        stream_id = await store.resolve(name)
+        if stream_id is None:
+            return None
+        info = await store.info(stream_id)
+        if info is None:
+            await self._forget_if(name, stream_id)
+            return None
+        end = info.end
+        if end is None:
+            if not info.leased or info.stopped:
+                if not info.leased:  # an orphan: its leader died
+                    await self._forget_if(name, stream_id)
+                return None
+            return _Source(stream_id, info)
+        if end.fields.get("stored") != "1":
+            return None
+        age = max(int(self._clock() - float(end.fields.get("at", "0"))), 0)
+        if age >= ttl or (controls.max_age is not None and age > controls.max_age):
+            return None
+        return _Source(stream_id, info, age)
+
+    async def _forget_if(self, name: str, stream_id: str) -> None:
+        if await self.store.resolve(name) == stream_id:
+            await self.store.forget(name)
+
+    async def _forget_finished(self, name: str) -> None:
+        stream_id = await self.store.resolve(name)
+        if stream_id is None:
+            return
+        info = await self.store.info(stream_id)
+        if info is None or info.end is not None or not info.leased:
+            await self._forget_if(name, stream_id)
+
+    # -- answering from a log --------------------------------------------------------------
+
+    async def _replay(self, exchange: Exchange, source: _Source) -> bool:
+        """Send a whole entry: its head, its bytes, a fresh trailer."""
+        end = source.info.end
+        assert end is not None
+        if not await self._relay_log(exchange, source, age=source.age):
+            return False
+        fields = end.fields
+        self.metrics.cache_saved(
+            exchange.route.name, _int(fields.get("input")) + _int(fields.get("output"))
+        )
+        return True
+
+    async def _follow(self, exchange: Exchange, source: _Source) -> bool:
+        """Send a leader's answer as it is written, and end it as the leader did."""
+        return await self._relay_log(exchange, source, age=0)
+
+    async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
+        """Send the log's head and events, then its ending; False when it had no head
+        (nothing was sent: the request goes upstream)."""
+        record = exchange.record
+        send = exchange.send
+        started = False
+        try:
+            async with asyncio.timeout(exchange.route.timeouts.total):
+                async for batch in follow(self.store, source.stream_id, 0, wait=_FOLLOW_WAIT):
+                    events = batch.events
+                    if events and not started:
+                        status, headers = decode_head(events[0])
+                        headers = with_request_id(headers, record.request_id)
+                        headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
+                        await send(
+                            {"type": "http.response.start", "status": status, "headers": headers}
+                        )
+                        record.status = status
+                        record.time_to_first_byte = time.monotonic() - record.started
+                        started = True
+                        events = events[1:]
+                    for event in events:
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                        record.bytes_out += len(event)
+                    if batch.end is not None:
+                        if not started:
+                            return False
+                        await self._end(exchange, batch.end, age)
+                        return True
+                    if not batch.events and not await self._alive(source.stream_id):
+                        if not started:
+                            return False
+                        raise AbortConnection
+        except (Vanished, StoreError):
+            if not started:
+                return False
+            raise AbortConnection from None
+        except TimeoutError:
+            record.status = record.status or 504
+            abort_connection(exchange.scope)
+            raise AbortConnection from None
+        except asyncio.CancelledError:
+            if not exchange.claim_stop():
+                raise
+            record.status = record.status or 499
+            return True
+        return started
+
+    async def _alive(self, stream_id: str) -> bool:
+        info = await self.store.info(stream_id)
+        return info is not None and (info.end is not None or info.leased)
+
+    async def _end(self, exchange: Exchange, end: End, age: int) -> None:
+        record = exchange.record
+        fields = end.fields
+        if fields.get("aborted") == "1":
+            raise AbortConnection
+        trailer = end.trailer
+        if fields.get("stored") == "1":
+            if trailer:
+                trailer = hit_trailer(fields.get("reason", "stop"), age, record.request_id)
+        elif trailer and fields.get("request_id"):
+            trailer = trailer.replace(fields["request_id"].encode(), record.request_id.encode())
+        await exchange.send({"type": "http.response.body", "body": trailer, "more_body": False})
+        record.bytes_out += len(trailer)
+        exchange.response_done = True
+        record.stream = fields.get("streamed") == "1"
+        reason = fields.get("reason", "")
+        if reason in _REASONS:
+            complete = fields.get("stored") == "1" or Reason(reason) in COMPLETE_REASONS
+            outcome = Outcome.COMPLETE if complete else Outcome.INCOMPLETE
+            record.verdict = Verdict(outcome=outcome, reason=Reason(reason))
+
+    # -- the leader's end ------------------------------------------------------------------
+
+    async def settle(self, exchange: Exchange, plan: Plan) -> None:
+        """The leader's request ended: end its log; keep the entry or say why not."""
+        writer, recorder = plan.writer, plan.recorder
+        if writer is None or recorder is None:
+            return
+        plan.writer = None
+        route = exchange.route
+        config = route.config
+        assert plan.key is not None
+        streamed = self._streamed(exchange, recorder)
+        trailer = b""
+        if recorder.ended:
+            if streamed:
+                trailer = recorder.final
+            elif recorder.final:
+                writer.append(recorder.final)
+                recorder.size += len(recorder.final)
+        refusal, reason = self._judge(exchange, recorder, writer, streamed)
+        verdict = exchange.record.verdict
+        usage = exchange.record.usage or (verdict.usage if verdict is not None else None)
+        fields = {
+            "stored": "0" if refusal else "1",
+            "reason": refusal or reason,
+            "at": repr(self._clock()),
+            "streamed": "1" if streamed else "0",
+            "request_id": exchange.record.request_id,
+            **_usage_fields(usage),
+        }
+        if not recorder.ended:
+            fields["aborted"] = "1"
+        store = self.store
+        name, refused_name = _name(plan.key), _refused_name(plan.key)
+        try:
+            await writer.finish(End(trailer, fields))
+            if refusal is None:
+                await store.forget(refused_name)
+                self.metrics.cached(route.name, "stored", fields["reason"])
+                return
+            self.metrics.cached(route.name, "refused", refusal)
+            await self._forget_if(name, writer.id)
+            await store.forget(refused_name)
+            await store.claim(refused_name, refusal, config.cache_ttl_seconds)
+        except StoreError:
+            log.warning("route %s: the stream store failed at an answer's end", route.name)
+            return
+        self._later_delete(writer.id)
+
+    def _later_delete(self, stream_id: str) -> None:
+        """Delete a refused log once its followers had time to read it."""
+
+        async def delete() -> None:
+            await asyncio.sleep(_REFUSED_GRACE_SECONDS)
+            with contextlib.suppress(StoreError):
+                await self.store.delete(stream_id)
+
+        task = asyncio.get_running_loop().create_task(delete())
+        self._pending.tasks.add(task)
+        task.add_done_callback(self._pending.tasks.discard)
+
+    @staticmethod
+    def _streamed(exchange: Exchange, recorder: Recorder) -> bool:
+        """Whether the answer went out as a guarded stream (its last send: the trailer)."""
+        status = recorder.status
+        framing = exchange.spec.framing
+        content_type = get_header(recorder.headers, b"content-type") or b""
+        return (
+            200 <= status < 300
+            and status not in (204, 205)
+            and framing.is_stream(content_type.decode("latin-1"))
+            and exchange.scope["method"] != "HEAD"
+            and (exchange.record.stream or not framing.announced_only)
+        )
+
+    @staticmethod
+    def _judge(
+        exchange: Exchange, recorder: Recorder, writer: Writer, streamed: bool
+    ) -> tuple[str | None, str]:
+        """(why the answer is not kept, or None: it is kept; its finish reason). The
+        reasons are a closed vocabulary: the verdict's, or ``upstream_status``,
+        ``continued``, ``too_large``, ``missing_finish``, a request error."""
+        record = exchange.record
+        config = exchange.route.config
+        verdict = record.verdict
+        if not recorder.ended:
+            if verdict is not None and not verdict.complete:
+                return str(verdict.reason), ""
+            return str(exchange.stop_reason or Reason.CLIENT_DISCONNECT), ""
+        if not 200 <= recorder.status < 300:
+            return "upstream_status", ""
+        if record.continued or record.billed is not None or b" continued=" in recorder.final:
+            return "continued", ""
+        if writer.stopped or recorder.size > config.cache_max_entry_bytes:
+            return "too_large", ""
+        if streamed:
+            if verdict is None:
+                return str(Reason.INVALID_SHAPE), ""
+            reason = str(verdict.reason)
+            if not verdict.complete or reason not in config.cache_reasons:
+                return reason, reason
+            return None, reason
+        if record.error is not None:
+            return str(record.error), ""
+        finish = plain_finish(exchange, recorder)
+        if finish is None:
+            return "missing_finish", ""
+        return (None if finish in config.cache_reasons else finish), finish
+
+    # -- invalidation ----------------------------------------------------------------------
+
+    async def _delete(self, exchange: Exchange, key: str, owner: str) -> None:
+        """``DELETE {prefix}/gateway/cache/{key}``: a named client with ``cache_admin``
+        deletes an entry of its own (or of the route's scope); any other key is 404."""
+        record = exchange.record
+        record.protocol = "cache_admin"
+        name = exchange.caller.name
+        if name == ANONYMOUS or name not in self._admins:
+            await self._answer(exchange, 403, "This client may not delete cache entries.")
+            return
+        found = None
+        if len(key) == _KEY_LENGTH and all(c in "0123456789abcdef" for c in key):
+            try:
+                stream_id = await self.store.resolve(_name(key))
+                info = await self.store.info(stream_id) if stream_id is not None else None
+            except StoreError:
+                await self._answer(exchange, 503, "The stream store is unavailable.")
+                return
+            if (
+                info is not None
+                and stream_id is not None
+                and info.meta.get("route") == exchange.route.name
+                and (info.owner == owner or info.meta.get("scope") == "route")
+            ):
+                found = stream_id
+        if found is None:
+            await self._answer(exchange, 404, "No such cache entry.")
+            return
+        await self._forget_if(_name(key), found)
+        await self.store.delete(found)
+        self.metrics.cached(exchange.route.name, "deleted")
+        record.status = 204
+        await exchange.send(
+            {
+                "type": "http.response.start",
+                "status": 204,
+                "headers": [(b"x-request-id", record.request_id.encode())],
+            }
+        )
+        await exchange.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _answer(self, exchange: Exchange, status: int, message: str) -> None:
+        record = exchange.record
+        record.status = status
+        type_ = "permission_error" if status == 403 else "not_found_error"
+        record.bytes_out += await send_error(
+            exchange.send,
+            exchange.spec.name,
+            status,
+            message,
+            type_,
+            "cache_entry" if status == 404 else "cache_admin",
+            record.request_id,
+        )
+
+
+def plain_finish(exchange: Exchange, recorder: Recorder) -> str | None:
+    """A whole plain answer's finish reason (``ProtocolSpec.answer_finish``), or None."""
+    finish = exchange.spec.answer_finish
+    if finish is None or get_header(recorder.headers, b"content-encoding"):
+        return None
+    content_type = (get_header(recorder.headers, b"content-type") or b"").lower()
+    if b"json" not in content_type or b"ndjson" in content_type:
+        return None
+    if recorder.body is None:
+        return None
+    try:
+        obj = loads(b"".join(recorder.body))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    reason = finish(obj)
+    return str(reason) if reason is not None else None
+
+
+def _usage_fields(usage: Usage | None) -> dict[str, str]:
+    if usage is None:
+        return {}
+    out = {}
+    if usage.input_tokens is not None:
+        out["input"] = str(usage.input_tokens)
+    if usage.output_tokens is not None:
+        out["output"] = str(usage.output_tokens)
+    return out
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0
+
+
+def _name(key: str) -> str:
+    return "cache:" + key
+
+
+def _refused_name(key: str) -> str:
+    return "cache-refused:" + key
