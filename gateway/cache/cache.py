@@ -295,9 +295,7 @@ class ResponseCache:
             if writer is None:  # the store's budget is spent
                 plan.bypass = "store_full"
                 break
-            if not controls.reads:  # no-cache: a fresh answer replaces the entry
-                await self._forget_finished(name)
-            if await store.claim(name, writer.id, config.cache_ttl_seconds) is None:
+            if await self._claim(name, writer.id, config.cache_ttl_seconds):
                 plan.writer = writer
                 break
             await writer.release()
@@ -349,13 +347,18 @@ class ResponseCache:
         if await self.store.resolve(name) == stream_id:
             await self.store.forget(name)
 
-    async def _forget_finished(self, name: str) -> None:
-        stream_id = await self.store.resolve(name)
-        if stream_id is None:
-            return
-        info = await self.store.info(stream_id)
-        if info is None or info.end is not None or not info.leased:
-            await self._forget_if(name, stream_id)
+    async def _claim(self, name: str, stream_id: str, ttl: float) -> bool:
+        """Lead under ``name``; an entry this request would not read (no-cache, too old
+        for its max-age, refused) or an orphan is replaced. False: a live leader has it."""
+        store = self.store
+        other = await store.claim(name, stream_id, ttl)
+        if other is None:
+            return True
+        info = await store.info(other)
+        if info is not None and info.end is None and info.leased:
+            return False
+        await self._forget_if(name, other)
+        return await store.claim(name, stream_id, ttl) is None
 
     # -- answering from a log --------------------------------------------------------------
 
@@ -467,6 +470,8 @@ class ResponseCache:
             elif recorder.final:
                 writer.append(recorder.final)
                 recorder.size += len(recorder.final)
+                if recorder.body is not None and not writer.stopped:
+                    recorder.body.append(recorder.final)
         refusal, reason = self._judge(exchange, recorder, writer, streamed)
         verdict = exchange.record.verdict
         usage = exchange.record.usage or (verdict.usage if verdict is not None else None)

@@ -1,30 +1,50 @@
 """The response cache (issue 36) through a real gateway in front of a real simulator.
 
-Every test counts what reached the simulator (its record store): a hit is an
-answer that never went upstream. Bytes are compared as the client got them,
-the gateway's trailer aside.
+Every test counts what reached the upstream (the simulator's record store): a
+hit is an answer that never went upstream. Bytes are compared as the client
+got them, the gateway's trailer aside.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.simulator import create_simulator_app
 from tests.conftest import ServerThread, running
-from tests.integration.helpers import gateway_for
+from tests.integration.helpers import gateway_for, metric_value
 
+#: The gateway's trailer: an error event (incomplete) and the comment line.
 TRAILER = re.compile(rb"(?:data: \{\"error\".*\n\n)?: gateway [^\n]*\n\Z", re.S)
 HIT_TRAILER = re.compile(
     rb": gateway outcome=complete reason=(?P<reason>[a-z_]+) cache=hit age=(?P<age>\d+) "
     rb"request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
 )
 CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+KEYS = {"alice": "key-alice", "bob": "key-bob", "carol": "key-carol"}
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+CLIENTS = [
+    {"name": "alice", "key_sha256": [digest(KEYS["alice"])], "cache_admin": True},
+    {"name": "bob", "key_sha256": [digest(KEYS["bob"])], "cache_admin": True},
+    {"name": "carol", "key_sha256": [digest(KEYS["carol"])]},
+]
 
 
 @pytest.fixture
@@ -34,35 +54,119 @@ def sim() -> Iterator[ServerThread]:
 
 
 def upstream_count(sim: ServerThread) -> int:
-    return len(sim.server.config.app.state.records)  # type: ignore[attr-defined]
+    return len(sim.server.config.app.state.records)
 
 
-def route(sim: ServerThread, **extra: Any) -> dict[str, Any]:
-    return {"name": "r", "prefix": "/v1", "upstream": f"{sim.url}/v1", "cache": True, **extra}
+def routes(sim: ServerThread, **extra: Any) -> list[dict[str, Any]]:
+    """One caching route per protocol family's prefix."""
+    common = {"cache": True, **extra}
+    return [
+        {"name": "r", "prefix": "/v1", "upstream": f"{sim.url}/v1", **common},
+        {"name": "g", "prefix": "/v1beta", "upstream": f"{sim.url}/v1beta", **common},
+        {
+            "name": "o",
+            "prefix": "/api",
+            "upstream": f"{sim.url}/api",
+            "protocol": "ollama",
+            **common,
+        },
+    ]
 
 
 def without_trailer(body: bytes) -> bytes:
     return TRAILER.sub(b"", body)
 
 
-def post(gw: ServerThread, body: Any, path: str = "/v1/chat/completions", **kw: Any) -> httpx.Response:
+def post(
+    gw: ServerThread, body: Any, path: str = "/v1/chat/completions", **kw: Any
+) -> httpx.Response:
     return httpx.post(f"{gw.url}{path}", json=body, timeout=30, **kw)
 
 
+def auth(client: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[client]}"}
+
+
 def test_a_whole_stream_is_replayed_byte_for_byte(sim: ServerThread) -> None:
-    with gateway_for("", routes=[route(sim)]) as gw:
+    with gateway_for("", routes=routes(sim, inject_include_usage=True)) as gw:
         miss = post(gw, CHAT)
         assert miss.headers["x-gateway-cache"] == "MISS"
         key = miss.headers["x-gateway-cache-key"]
         assert re.fullmatch("[0-9a-f]{64}", key)
         hit = post(gw, CHAT)
         assert hit.headers["x-gateway-cache"] == "HIT"
+        assert b'"usage":' in hit.content
+        assert "x-gateway-cache-key" not in hit.headers
         assert int(hit.headers["age"]) >= 0
         assert upstream_count(sim) == 1
         assert without_trailer(hit.content) == without_trailer(miss.content)
         found = HIT_TRAILER.search(hit.content)
-        assert found is not None and found["reason"] == b"stop"
-        assert found["rid"].decode() == hit.headers["x-request-id"] != miss.headers["x-request-id"]
+        assert found is not None
+        assert found["reason"] == b"stop"
+        assert found["rid"].decode() == hit.headers["x-request-id"]
+        assert hit.headers["x-request-id"] != miss.headers["x-request-id"]
+        metrics = httpx.get(f"{gw.url}/metrics").text
+        assert metric_value(metrics, "gateway_cache_total", route="r", result="hit", reason="")
+        assert metric_value(
+            metrics, "gateway_cache_total", route="r", result="stored", reason="stop"
+        )
+        assert metric_value(metrics, "gateway_cache_saved_tokens_total", route="r") > 0
+
+
+PROTOCOLS = [
+    ("/v1/chat/completions", CHAT, {}),
+    ("/v1/completions", {"model": "sim-1", "prompt": "hi", "stream": True}, {}),
+    ("/v1/responses", {"model": "sim-1", "input": "hi", "stream": True}, {}),
+    (
+        "/v1/messages",
+        {
+            "model": "sim-1",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        },
+        {"anthropic-version": "2023-06-01"},
+    ),
+    (
+        "/v1beta/models/sim-1:streamGenerateContent?alt=sse",
+        {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        {},
+    ),
+    ("/api/chat", {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}, {}),
+    ("/v1/chat/completions", {**CHAT, "stream": False}, {}),
+    (
+        "/v1/messages",
+        {"model": "sim-1", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]},
+        {"anthropic-version": "2023-06-01"},
+    ),
+    (
+        "/v1beta/models/sim-1:generateContent",
+        {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        {},
+    ),
+    (
+        "/api/chat",
+        {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stream": False},
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "headers"), PROTOCOLS)
+def test_hit_bytes_equal_miss_bytes_in_every_protocol(
+    sim: ServerThread, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    with gateway_for("", routes=routes(sim)) as gw:
+        miss = post(gw, body, path, headers=headers)
+        assert miss.status_code == 200
+        assert miss.headers["x-gateway-cache"] == "MISS"
+        hit = post(gw, body, path, headers=headers)
+        assert hit.headers["x-gateway-cache"] == "HIT", hit.headers
+        assert upstream_count(sim) == 1
+        assert hit.headers["content-type"] == miss.headers["content-type"]
+        assert without_trailer(hit.content) == without_trailer(miss.content)
+        if miss.content.endswith(b"\n") and b": gateway " in miss.content:
+            assert HIT_TRAILER.search(hit.content) is not None
 
 
 @pytest.mark.parametrize(
@@ -71,12 +175,15 @@ def test_a_whole_stream_is_replayed_byte_for_byte(sim: ServerThread) -> None:
         ("drop_before_done", "missing_done"),
         ("invalid_tool_arguments", "invalid_tool_arguments"),
         ("done_without_finish", "missing_finish"),
+        ("done_after_cut", "missing_finish"),
         ("length", "length"),
         ("error_event", "upstream_error"),
+        ("status", "upstream_status"),
+        ("tool_calls", "tool_calls"),
     ],
 )
 def test_an_answer_not_whole_is_refused(sim: ServerThread, fault: str, reason: str) -> None:
-    with gateway_for("", routes=[route(sim)]) as gw:
+    with gateway_for("", routes=routes(sim)) as gw:
         first = post(gw, CHAT, headers={"x-sim-fault": fault})
         assert first.headers["x-gateway-cache"] == "MISS"
         second = post(gw, CHAT)
@@ -85,3 +192,207 @@ def test_an_answer_not_whole_is_refused(sim: ServerThread, fault: str, reason: s
         assert third.headers["x-gateway-cache"] == "HIT"
         assert upstream_count(sim) == 2
         assert without_trailer(third.content) == without_trailer(second.content)
+
+
+def test_tool_calls_are_cached_when_the_route_says_so(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim, cache_reasons=["stop", "tool_calls"])) as gw:
+        first = post(gw, CHAT, headers={"x-sim-fault": "tool_calls"})
+        second = post(gw, CHAT, headers={"x-sim-fault": "tool_calls"})
+        assert second.headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 1
+        assert without_trailer(first.content) == without_trailer(second.content)
+        assert b"tool_calls" in second.content
+
+
+def test_a_plain_answer_cut_or_unfinished_is_refused(sim: ServerThread) -> None:
+    plain = {**CHAT, "stream": False}
+    with gateway_for("", routes=routes(sim)) as gw:
+        post(gw, plain, headers={"x-sim-fault": "length"})
+        second = post(gw, plain)
+        assert second.headers["x-gateway-cache"] == "REFUSED; reason=length"
+        assert post(gw, plain).headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 2
+
+
+def test_a_longer_answer_than_the_entry_bound_is_refused(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim, cache_max_entry_bytes=2048)) as gw:
+        post(gw, CHAT, headers={"x-sim-tokens": "200"})
+        second = post(gw, CHAT, headers={"x-sim-tokens": "200"})
+        assert second.headers["x-gateway-cache"] == "REFUSED; reason=too_large"
+        assert upstream_count(sim) == 2
+
+
+def test_client_scope_keeps_clients_apart_and_route_scope_shares(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim), clients=CLIENTS) as gw:
+        assert post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache"] == "MISS"
+        assert post(gw, CHAT, headers=auth("bob")).headers["x-gateway-cache"] == "MISS"
+        assert post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 2
+    with gateway_for("", routes=routes(sim, cache_scope="route"), clients=CLIENTS) as gw:
+        assert post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache"] == "MISS"
+        assert post(gw, CHAT, headers=auth("bob")).headers["x-gateway-cache"] == "HIT"
+
+
+def test_request_controls(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim)) as gw:
+        nostore = post(gw, CHAT, headers={"cache-control": "no-store"})
+        assert nostore.headers["x-gateway-cache"] == "BYPASS"
+        assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"  # nothing was stored
+        assert (
+            post(gw, CHAT, headers={"x-gateway-cache": "off"}).headers["x-gateway-cache"]
+            == "BYPASS"
+        )
+        assert upstream_count(sim) == 3
+        nocache = post(gw, CHAT, headers={"cache-control": "no-cache"})
+        assert nocache.headers["x-gateway-cache"] == "MISS"  # not read, stored again
+        assert upstream_count(sim) == 4
+        hit = post(gw, CHAT)
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert without_trailer(hit.content) == without_trailer(nocache.content)
+        time.sleep(1.2)
+        young = post(gw, CHAT, headers={"cache-control": "max-age=0"})
+        assert young.headers["x-gateway-cache"] == "MISS"
+        assert upstream_count(sim) == 5
+        old_enough = post(gw, CHAT, headers={"cache-control": "max-age=3600"})
+        assert old_enough.headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 5
+
+
+def test_entries_expire(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim, cache_ttl_seconds=1)) as gw:
+        post(gw, CHAT)
+        assert post(gw, CHAT).headers["x-gateway-cache"] == "HIT"
+        time.sleep(1.2)
+        assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"
+        assert upstream_count(sim) == 2
+
+
+def test_delete_by_an_admin_of_its_own_key_only(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim), clients=CLIENTS) as gw:
+        key = post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache-key"]
+        url = f"{gw.url}/v1/gateway/cache/{key}"
+        assert httpx.delete(url, headers=auth("bob")).status_code == 404
+        assert httpx.delete(url, headers=auth("carol")).status_code == 403
+        assert (
+            httpx.delete(f"{gw.url}/v1/gateway/cache/{'0' * 64}", headers=auth("alice")).status_code
+            == 404
+        )
+        assert post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache"] == "HIT"
+        assert httpx.delete(url, headers=auth("alice")).status_code == 204
+        assert httpx.delete(url, headers=auth("alice")).status_code == 404
+        assert post(gw, CHAT, headers=auth("alice")).headers["x-gateway-cache"] == "MISS"
+        assert upstream_count(sim) == 2
+
+
+def test_a_namespace_changes_every_key(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim, cache_namespace="a")) as gw:
+        key_a = post(gw, CHAT).headers["x-gateway-cache-key"]
+    with gateway_for("", routes=routes(sim, cache_namespace="b")) as gw:
+        key_b = post(gw, CHAT).headers["x-gateway-cache-key"]
+    assert key_a != key_b
+
+
+def test_the_key_reads_the_json_not_its_spelling(sim: ServerThread) -> None:
+    spelled = json.dumps(dict(reversed(list(CHAT.items()))), indent=2).encode()
+    with gateway_for("", routes=routes(sim)) as gw:
+        post(gw, CHAT)
+        again = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            content=spelled,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert again.headers["x-gateway-cache"] == "HIT"
+        other = post(gw, {**CHAT, "temperature": 0.5})
+        assert other.headers["x-gateway-cache"] == "MISS"
+        beta = post(gw, CHAT, headers={"openai-beta": "assistants=v2"})
+        assert beta.headers["x-gateway-cache"] == "MISS"
+
+
+def test_a_body_that_is_not_json_is_relayed_and_never_cached(sim: ServerThread) -> None:
+    with gateway_for("", routes=routes(sim)) as gw:
+        for _ in range(2):
+            got = httpx.post(
+                f"{gw.url}/v1/chat/completions",
+                content=b"not json {",
+                headers={"content-type": "application/json"},
+                timeout=30,
+            )
+            assert got.headers["x-gateway-cache"] == "BYPASS"
+        assert upstream_count(sim) == 2
+
+
+def test_a_10_mb_body_is_hashed_and_cached(sim: ServerThread) -> None:
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * (10 * 1024 * 1024)}]}
+    with gateway_for("", routes=routes(sim)) as gw:
+        first = post(gw, big)
+        assert first.headers["x-gateway-cache"] == "MISS"
+        second = post(gw, big)
+        assert second.headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 1
+
+
+def test_fifty_identical_requests_make_one_upstream_call(sim: ServerThread) -> None:
+    slow = {"x-sim-tps": "20", "x-sim-tokens": "20"}  # about a second of stream
+
+    async def all_of_them(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=60)) as c:
+            return await asyncio.gather(*(c.post(url, json=CHAT, headers=slow) for _ in range(50)))
+
+    with gateway_for("", routes=routes(sim)) as gw:
+        answers = asyncio.run(all_of_them(f"{gw.url}/v1/chat/completions"))
+        assert upstream_count(sim) == 1
+        bodies = {without_trailer(a.content) for a in answers}
+        assert len(bodies) == 1
+        assert all(a.status_code == 200 for a in answers)
+        assert all(b"data: [DONE]" in a.content for a in answers)
+        assert all(re.search(rb"outcome=complete", a.content) for a in answers)
+        assert sorted(a.headers["x-gateway-cache"] for a in answers).count("MISS") == 1
+
+
+def test_followers_end_as_the_leader_did_whole_or_not(sim: ServerThread) -> None:
+    cut = {"x-sim-tps": "20", "x-sim-tokens": "20", "x-sim-fault": "drop_before_done"}
+
+    async def both(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            leader = asyncio.ensure_future(c.post(url, json=CHAT, headers=cut))
+            await asyncio.sleep(0.3)
+            follower = await c.post(url, json=CHAT)
+            return [await leader, follower]
+
+    with gateway_for("", routes=routes(sim)) as gw:
+        leader, follower = asyncio.run(both(f"{gw.url}/v1/chat/completions"))
+        assert upstream_count(sim) == 1
+        assert b"outcome=incomplete reason=missing_done" in follower.content
+        assert without_trailer(follower.content) == without_trailer(leader.content)
+        assert follower.headers["x-request-id"].encode() in follower.content
+
+
+def _crlf_upstream(count: list[int]) -> Starlette:
+    chunk = (
+        b'data: {"id":"c1","object":"chat.completion.chunk","model":"m",\r\n'
+        b'data: "choices":[{"index":0,"delta":{"content":"two\\nlines"},"finish_reason":null}]}'
+        b"\r\n\r\n"
+        b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":'
+        b'[{"index":0,"delta":{},"finish_reason":"stop"}]}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
+
+    async def chat(request: Request) -> Response:
+        count.append(1)
+        return Response(chunk, media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_crlf_and_multi_line_data_are_replayed_as_they_came() -> None:
+    count: list[int] = []
+    with running(_crlf_upstream(count)) as up:
+        route = {"name": "r", "prefix": "/v1", "upstream": f"{up.url}/v1", "cache": True}
+        with gateway_for("", routes=[route]) as gw:
+            miss = post(gw, CHAT)
+            hit = post(gw, CHAT)
+    assert hit.headers["x-gateway-cache"] == "HIT"
+    assert len(count) == 1
+    assert b'"model":"m",\r\ndata: "choices"' in hit.content
+    assert without_trailer(hit.content) == without_trailer(miss.content)
