@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.simulator import create_simulator_app
-from tests.conftest import ServerThread, running
+from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import gateway_for, metric_value
 
 #: The gateway's trailer: an error event (incomplete) and the comment line.
@@ -396,3 +397,71 @@ def test_crlf_and_multi_line_data_are_replayed_as_they_came() -> None:
     assert len(count) == 1
     assert b'"model":"m",\r\ndata: "choices"' in hit.content
     assert without_trailer(hit.content) == without_trailer(miss.content)
+
+
+def test_a_continued_stream_is_never_stored() -> None:
+    with running(create_simulator_app(default_fault="drop_after_text", fault_requests=1)) as up:
+        route = {
+            "name": "r",
+            "prefix": "/v1",
+            "upstreams": [
+                {"name": "only", "url": f"{up.url}/v1", "continuation": "assistant_prefill"}
+            ],
+            "continue_after_cut": True,
+            "max_attempts": 3,
+            "cache": True,
+        }
+        with gateway_for("", routes=[route]) as gw:
+            first = post(gw, CHAT)
+            assert b"continued=1" in first.content
+            second = post(gw, CHAT)
+            assert second.headers["x-gateway-cache"] == "REFUSED; reason=continued"
+            assert post(gw, CHAT).headers["x-gateway-cache"] == "HIT"
+            # two requests upstream (the simulator keeps one record per request id: the
+            # cut and its continuation carry the same one), none for the hit
+            assert upstream_count(up) == 2
+
+
+def test_a_hit_costs_a_named_client_no_tokens(sim: ServerThread) -> None:
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_minute": 100000}}]
+    with gateway_for("", routes=routes(sim, inject_include_usage=True), clients=clients) as gw:
+        post(gw, CHAT, headers=auth("alice"))
+        after_miss = httpx.get(f"{gw.url}/metrics").text
+        spent = metric_value(after_miss, "gateway_client_tokens_total", client="alice")
+        assert spent > 0
+        hit = post(gw, CHAT, headers=auth("alice"))
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        after_hit = httpx.get(f"{gw.url}/metrics").text
+        assert metric_value(after_hit, "gateway_client_tokens_total", client="alice") == spent
+        assert metric_value(after_hit, "gateway_requests_total", client="alice", code="200") == 2
+
+
+def test_two_gateway_processes_share_entries_through_redis(
+    sim: ServerThread, tmp_path: Path
+) -> None:
+    from tests.integration.redis_server import redis_server
+
+    with redis_server() as redis:
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f'stream_store = "redis"\nredis_url = "{redis.url}"\naccess_log = false\n'
+            f'[[routes]]\nname = "r"\nprefix = "/v1"\nupstream = "{sim.url}/v1"\n'
+            "cache = true\n"
+        )
+        with (
+            gateway_process(["--config", str(config)]) as one,
+            gateway_process(["--config", str(config)]) as two,
+        ):
+            miss = httpx.post(f"{one.url}/v1/chat/completions", json=CHAT, timeout=30)
+            assert miss.headers["x-gateway-cache"] == "MISS"
+            hit = httpx.post(f"{two.url}/v1/chat/completions", json=CHAT, timeout=30)
+            assert hit.headers["x-gateway-cache"] == "HIT"
+            assert upstream_count(sim) == 1
+            assert without_trailer(hit.content) == without_trailer(miss.content)
+            key = miss.headers["x-gateway-cache-key"]
+            # expired or deleted in one process: gone in the other
+            plain = {**CHAT, "stream": False}
+            httpx.post(f"{two.url}/v1/chat/completions", json=plain, timeout=30)
+            again = httpx.post(f"{one.url}/v1/chat/completions", json=plain, timeout=30)
+            assert again.headers["x-gateway-cache"] == "HIT"
+            assert key
