@@ -276,10 +276,12 @@ class ResponseCache:
                 source = await self._find(name, controls, config.cache_ttl_seconds)
                 if source is not None and source.info.end is not None:
                     if await self._replay(exchange, source):
+                        exchange.record.cache = "hit"
                         self.metrics.cached(route, "hit")
                         return True
                 elif source is not None:
                     if await self._follow(exchange, source):
+                        exchange.record.cache = "follow"
                         self.metrics.cached(route, "follow")
                         return True
                     break  # the leader gave nothing: go upstream alone
@@ -313,6 +315,7 @@ class ResponseCache:
         return False
 
     def _record(self, exchange: Exchange, plan: Plan, writer: Writer | None) -> None:
+        exchange.record.cache = plan.header.split(";", 1)[0].lower()
         extra: RawHeaders = [(b"x-gateway-cache", plan.header.encode())]
         if plan.key is not None and writer is not None:
             extra.append((b"x-gateway-cache-key", plan.key.encode()))

@@ -64,6 +64,8 @@ class RequestRecord:
     error: RequestError | None = None  # a closed vocabulary, never exception text
     #: Continuations of a stream cut after some text reached the client.
     continued: int = 0
+    #: On a caching route: hit, follow, miss, refused or bypass (``gateway.cache``).
+    cache: str | None = None
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     transport: str = "http"  # "websocket": one response (or the end) of a WebSocket connection

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from gateway.simulator import create_simulator_app
 from tests.conftest import ServerThread, gateway_process, running
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import access_log_until, gateway_for, metric_value
 
 #: The gateway's trailer: an error event (incomplete) and the comment line.
 TRAILER = re.compile(rb"(?:data: \{\"error\".*\n\n)?: gateway [^\n]*\n\Z", re.S)
@@ -465,3 +465,23 @@ def test_two_gateway_processes_share_entries_through_redis(
             again = httpx.post(f"{one.url}/v1/chat/completions", json=plain, timeout=30)
             assert again.headers["x-gateway-cache"] == "HIT"
             assert key
+
+
+def test_the_access_log_says_what_the_cache_did(
+    sim: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with gateway_for("", routes=routes(sim), access_log=True) as gw:
+        miss = post(gw, CHAT)
+        hit = post(gw, CHAT)
+        lines = {
+            line["request_id"]: line
+            for line in access_log_until(capsys, hit.headers["x-request-id"])
+        }
+        miss_line, hit_line = (
+            lines[miss.headers["x-request-id"]],
+            lines[hit.headers["x-request-id"]],
+        )
+    assert miss_line["cache"] == "miss"
+    assert hit_line["cache"] == "hit"
+    assert hit_line["attempts"] == []
+    assert (hit_line["outcome"], hit_line["reason"]) == ("complete", "stop")
