@@ -8,6 +8,7 @@ got them, the gateway's trailer aside.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -333,14 +334,26 @@ def test_a_10_mb_body_is_hashed_and_cached(sim: ServerThread) -> None:
         assert upstream_count(sim) == 1
 
 
-def test_fifty_identical_requests_make_one_upstream_call(sim: ServerThread) -> None:
+@contextlib.contextmanager
+def store_settings(kind: str) -> Iterator[dict[str, Any]]:
+    if kind == "memory":
+        yield {}
+        return
+    from tests.integration.redis_server import redis_server
+
+    with redis_server() as redis:
+        yield {"stream_store": "redis", "redis_url": redis.url}
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_fifty_identical_requests_make_one_upstream_call(sim: ServerThread, store: str) -> None:
     slow = {"x-sim-tps": "20", "x-sim-tokens": "20"}  # about a second of stream
 
     async def all_of_them(url: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=60)) as c:
             return await asyncio.gather(*(c.post(url, json=CHAT, headers=slow) for _ in range(50)))
 
-    with gateway_for("", routes=routes(sim)) as gw:
+    with store_settings(store) as extra, gateway_for("", routes=routes(sim), **extra) as gw:
         answers = asyncio.run(all_of_them(f"{gw.url}/v1/chat/completions"))
         assert upstream_count(sim) == 1
         bodies = {without_trailer(a.content) for a in answers}
@@ -458,13 +471,17 @@ def test_two_gateway_processes_share_entries_through_redis(
             assert hit.headers["x-gateway-cache"] == "HIT"
             assert upstream_count(sim) == 1
             assert without_trailer(hit.content) == without_trailer(miss.content)
-            key = miss.headers["x-gateway-cache-key"]
-            # expired or deleted in one process: gone in the other
             plain = {**CHAT, "stream": False}
             httpx.post(f"{two.url}/v1/chat/completions", json=plain, timeout=30)
             again = httpx.post(f"{one.url}/v1/chat/completions", json=plain, timeout=30)
             assert again.headers["x-gateway-cache"] == "HIT"
-            assert key
+            # a refusal in one process is what the other says next
+            other = {**CHAT, "user": "cut"}
+            cut = {"x-sim-fault": "drop_before_done"}
+            httpx.post(f"{one.url}/v1/chat/completions", json=other, headers=cut, timeout=30)
+            after = httpx.post(f"{two.url}/v1/chat/completions", json=other, timeout=30)
+            assert after.headers["x-gateway-cache"] == "REFUSED; reason=missing_done"
+            assert upstream_count(sim) == 4
 
 
 def test_the_access_log_says_what_the_cache_did(
