@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.cache import body_digest
 from gateway.simulator import create_simulator_app
 from tests.conftest import ServerThread, gateway_process, running
 from tests.integration.helpers import access_log_until, gateway_for, metric_value
@@ -327,11 +328,26 @@ def test_a_body_that_is_not_json_is_relayed_and_never_cached(sim: ServerThread) 
 def test_a_10_mb_body_is_hashed_and_cached(sim: ServerThread) -> None:
     big = {**CHAT, "messages": [{"role": "user", "content": "x" * (10 * 1024 * 1024)}]}
     with gateway_for("", routes=routes(sim)) as gw:
+        bodies = gw.server.config.app.gateway.relay.bodies
+        hashed: list[int] = []
+        run = bodies.run
+
+        async def spy(work: Any, body: bytes, *args: Any) -> Any:
+            if work is body_digest:
+                hashed.append(len(body))
+            return await run(work, body, *args)
+
+        bodies.run = spy
         first = post(gw, big)
         assert first.headers["x-gateway-cache"] == "MISS"
         second = post(gw, big)
         assert second.headers["x-gateway-cache"] == "HIT"
         assert upstream_count(sim) == 1
+        # hashed by the body parser's helper process (bodies over its bound never
+        # parse on the loop), which is running now
+        assert len(hashed) == 2
+        assert min(hashed) > bodies.off_loop_bytes
+        assert bodies._pool is not None
 
 
 @contextlib.contextmanager
