@@ -178,7 +178,12 @@ class ResponseCache:
         self._pending = _Pending()
 
     async def start(self) -> None:
-        await self.store.prepare()
+        """Get the store ready; one that cannot be reached yet is not fatal: every
+        request goes upstream uncached until it can."""
+        try:
+            await self.store.prepare()
+        except StoreError as exc:
+            log.warning("the stream store is unavailable (%s): answers are not cached", exc)
 
     async def close(self) -> None:
         for task in list(self._pending.tasks):

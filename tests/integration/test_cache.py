@@ -518,3 +518,57 @@ def test_the_access_log_says_what_the_cache_did(
     assert hit_line["cache"] == "hit"
     assert hit_line["attempts"] == []
     assert (hit_line["outcome"], hit_line["reason"]) == ("complete", "stop")
+
+
+def test_a_store_that_fails_never_fails_a_request(sim: ServerThread) -> None:
+    from tests.integration.redis_server import redis_server
+
+    with redis_server() as redis:
+        settings = {"stream_store": "redis", "redis_url": redis.url}
+        with gateway_for("", routes=routes(sim), **settings) as gw:
+            assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"
+            redis.stop()
+            down = post(gw, CHAT)
+            assert down.status_code == 200
+            assert down.headers["x-gateway-cache"] == "BYPASS"
+            assert b"outcome=complete" in down.content
+            assert upstream_count(sim) == 2
+            text = httpx.get(f"{gw.url}/metrics").text
+            assert metric_value(
+                text, "gateway_cache_total", route="r", result="bypass", reason="store_error"
+            )
+
+
+def test_a_follower_reads_the_leaders_answer_while_it_is_written(sim: ServerThread) -> None:
+    slow = {"x-sim-tps": "10", "x-sim-tokens": "40"}  # about four seconds of stream
+
+    async def run(url: str) -> tuple[bool, bytes, bytes]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            leader_done = asyncio.Event()
+            leader_body = bytearray()
+            started = asyncio.Event()
+
+            async def lead() -> None:
+                async with c.stream("POST", url, json=CHAT, headers=slow) as response:
+                    async for chunk in response.aiter_raw():
+                        leader_body.extend(chunk)
+                        started.set()
+                leader_done.set()
+
+            task = asyncio.ensure_future(lead())
+            await started.wait()
+            async with c.stream("POST", url, json=CHAT) as follower:
+                assert follower.headers["x-gateway-cache"] == "HIT"
+                chunks = follower.aiter_raw()
+                first = await anext(chunks)
+                live = not leader_done.is_set()  # a byte came before the leader's end
+                rest = b"".join([chunk async for chunk in chunks])
+            await task
+            return live, first + rest, bytes(leader_body)
+
+    with gateway_for("", routes=routes(sim)) as gw:
+        live, follower, leader = asyncio.run(run(f"{gw.url}/v1/chat/completions"))
+    assert live
+    assert upstream_count(sim) == 1
+    assert without_trailer(follower) == without_trailer(leader)
+    assert HIT_TRAILER.search(follower) is not None
