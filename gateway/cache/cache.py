@@ -47,7 +47,17 @@ from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.proxy.request_body import BodyParser
 from gateway.settings import ANONYMOUS, ClientConfig
-from gateway.store import End, StoreError, StreamInfo, StreamStore, Vanished, Writer, follow
+from gateway.store import (
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    StreamStore,
+    Vanished,
+    Writer,
+    follow,
+)
 
 __all__ = ["Plan", "ResponseCache"]
 
@@ -419,7 +429,9 @@ class ResponseCache:
                         if not started:
                             return False
                         raise AbortConnection
-        except (Vanished, StoreError):
+        except (Vanished, StoreError, Gone, BeyondEnd):
+            # expired, deleted, unreachable, or stopped at its byte bound (an answer
+            # longer than cache_max_entry_bytes): nothing more can be read of it
             if not started:
                 return False
             raise AbortConnection from None

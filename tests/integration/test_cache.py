@@ -572,3 +572,70 @@ def test_a_follower_reads_the_leaders_answer_while_it_is_written(sim: ServerThre
     assert upstream_count(sim) == 1
     assert without_trailer(follower) == without_trailer(leader)
     assert HIT_TRAILER.search(follower) is not None
+
+
+def test_an_answer_longer_than_an_entry_is_not_shared_past_its_bound(sim: ServerThread) -> None:
+    # about three seconds, 150 KB: past the bound of a log (the entry's plus 64 KiB)
+    long = {"x-sim-tps": "50", "x-sim-tokens": "150", "x-sim-chunk-bytes": "1000"}
+
+    async def run(url: str) -> tuple[bytes, str, bool]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            got = asyncio.Event()
+
+            async def lead() -> bytes:
+                body = bytearray()
+                async with c.stream("POST", url, json=CHAT, headers=long) as response:
+                    async for chunk in response.aiter_raw():
+                        body.extend(chunk)
+                        if len(body) > 80_000:
+                            got.set()  # the leader's log stopped at its bound
+                return bytes(body)
+
+            task = asyncio.ensure_future(lead())
+            await got.wait()
+            late = await c.post(url, json=CHAT, headers=long)  # joins after the bound
+            return await task, late.headers["x-gateway-cache"], b"outcome=complete" in late.content
+
+    with gateway_for("", routes=routes(sim, cache_max_entry_bytes=2048)) as gw:
+        leader, late_header, late_whole = asyncio.run(run(f"{gw.url}/v1/chat/completions"))
+    assert b"outcome=complete" in leader
+    assert late_header == "BYPASS"  # went upstream alone, not stored
+    assert late_whole
+    assert upstream_count(sim) == 2
+
+
+def test_a_follower_past_the_bound_is_cut_never_given_a_false_end(sim: ServerThread) -> None:
+    long = {"x-sim-tps": "50", "x-sim-tokens": "150", "x-sim-chunk-bytes": "1000"}
+
+    async def run(url: str) -> tuple[bytes, bytes, bool]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            started = asyncio.Event()
+
+            async def lead() -> bytes:
+                body = bytearray()
+                async with c.stream("POST", url, json=CHAT, headers=long) as response:
+                    async for chunk in response.aiter_raw():
+                        body.extend(chunk)
+                        started.set()
+                return bytes(body)
+
+            task = asyncio.ensure_future(lead())
+            await started.wait()
+            got = bytearray()
+            cut = False
+            try:
+                async with c.stream("POST", url, json=CHAT) as follower:
+                    assert follower.headers["x-gateway-cache"] == "HIT"
+                    async for chunk in follower.aiter_raw():
+                        got.extend(chunk)
+            except httpx.TransportError:
+                cut = True
+            return await task, bytes(got), cut
+
+    with gateway_for("", routes=routes(sim, cache_max_entry_bytes=2048)) as gw:
+        leader, follower, cut = asyncio.run(run(f"{gw.url}/v1/chat/completions"))
+    assert b"outcome=complete" in leader
+    assert cut
+    assert b": gateway" not in follower
+    assert leader.startswith(follower)
+    assert upstream_count(sim) == 1
