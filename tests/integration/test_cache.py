@@ -639,3 +639,19 @@ def test_a_follower_past_the_bound_is_cut_never_given_a_false_end(sim: ServerThr
     assert b": gateway" not in follower
     assert leader.startswith(follower)
     assert upstream_count(sim) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers"),
+    [p for p in PROTOCOLS if p[0] in ("/v1/responses", "/v1/messages") and p[1].get("stream")],
+)
+def test_a_terminator_right_after_a_cut_is_refused_in_every_stream_protocol(
+    sim: ServerThread, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    with gateway_for("", routes=routes(sim)) as gw:
+        cut = post(gw, body, path, headers={**headers, "x-sim-fault": "done_after_cut"})
+        assert b"outcome=incomplete" in cut.content
+        again = post(gw, body, path, headers=headers)
+        assert again.headers["x-gateway-cache"].startswith("REFUSED; reason=")
+        assert post(gw, body, path, headers=headers).headers["x-gateway-cache"] == "HIT"
+        assert upstream_count(sim) == 2
