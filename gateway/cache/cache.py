@@ -84,6 +84,8 @@ class Plan:
     controls: Controls
     #: Whose entries these are (a client, a credential's digest, or the route).
     owner: str
+    #: The route's ``cache_ttl_seconds``.
+    ttl: float = 0.0
     #: The request was answered by the cache's admin path (a DELETE).
     answered: bool = False
     #: The ``X-Gateway-Cache`` value of an answer from upstream.
@@ -92,6 +94,8 @@ class Plan:
     recorder: Recorder | None = None
     #: Why the metric counts a bypass.
     bypass: str = ""
+    #: A whole entry found before the limits were asked (``peek``).
+    source: _Source | None = None
 
 
 class Recorder:
@@ -246,7 +250,7 @@ class ResponseCache:
         for name in spec.answer_headers:
             value = get_header(headers, name)
             parts.append(name.decode() + "=" + (value or b"").decode("latin-1"))
-        return Plan(key_of(parts), controls, owner)
+        return Plan(key_of(parts), controls, owner, ttl=config.cache_ttl_seconds)
 
     def _owner(self, exchange: Exchange) -> str:
         name = exchange.caller.name
@@ -258,6 +262,20 @@ class ResponseCache:
         return "anonymous"
 
     # -- hit, follow, or lead ------------------------------------------------------------
+
+    async def peek(self, plan: Plan) -> bool:
+        """Whether a whole entry would answer the request (kept for ``serve``): a named
+        client's limits then count the request and no tokens."""
+        if plan.key is None or not plan.controls.reads:
+            return False
+        try:
+            source = await self._find(_name(plan.key), plan.controls, plan.ttl)
+        except StoreError:
+            return False
+        if source is None or source.info.end is None:
+            return False
+        plan.source = source
+        return True
 
     async def serve(self, exchange: Exchange, plan: Plan) -> bool:
         """Answer from the cache (True), or make ready to go upstream (False): the
@@ -288,7 +306,8 @@ class ResponseCache:
         controls = plan.controls
         for _ in range(3):
             if controls.reads:
-                source = await self._find(name, controls, config.cache_ttl_seconds)
+                source = plan.source or await self._find(name, controls, plan.ttl)
+                plan.source = None
                 if source is not None and source.info.end is not None:
                     if await self._replay(exchange, source):
                         exchange.record.cache = "hit"

@@ -272,14 +272,16 @@ class Relay:
         limiter = self.limiter
         reservation = None
         if limiter is not None and limiter.limited(record.client_name):
+            # A cache hit is counted as a request that spends no tokens.
+            hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
-                    request_json,
-                    input_estimate(request_json, len(body)),
-                    route.config.default_output_reservation,
+                    None if hit else request_json,
+                    0 if hit else input_estimate(request_json, len(body)),
+                    0 if hit else route.config.default_output_reservation,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,

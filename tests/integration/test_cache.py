@@ -452,14 +452,19 @@ def test_a_continued_stream_is_never_stored() -> None:
 
 
 def test_a_hit_costs_a_named_client_no_tokens(sim: ServerThread) -> None:
-    clients = [{**CLIENTS[0], "limits": {"tokens_per_minute": 100000}}]
-    with gateway_for("", routes=routes(sim, inject_include_usage=True), clients=clients) as gw:
-        post(gw, CHAT, headers=auth("alice"))
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_minute": 1_000_000}}]
+    caching = routes(sim, inject_include_usage=True, default_output_reservation=5000)
+    with gateway_for("", routes=caching, clients=clients) as gw:
+        miss = post(gw, CHAT, headers=auth("alice"))
+        # a miss reserves its estimate (input and 5000 output tokens) before it goes upstream
+        assert int(miss.headers["x-ratelimit-remaining-tokens"]) <= 1_000_000 - 5000
         after_miss = httpx.get(f"{gw.url}/metrics").text
         spent = metric_value(after_miss, "gateway_client_tokens_total", client="alice")
         assert spent > 0
         hit = post(gw, CHAT, headers=auth("alice"))
         assert hit.headers["x-gateway-cache"] == "HIT"
+        # a hit reserves nothing: what is used is what the miss cost, no more
+        assert int(hit.headers["x-ratelimit-remaining-tokens"]) >= 1_000_000 - spent
         after_hit = httpx.get(f"{gw.url}/metrics").text
         assert metric_value(after_hit, "gateway_client_tokens_total", client="alice") == spent
         assert metric_value(after_hit, "gateway_requests_total", client="alice", code="200") == 2
