@@ -28,8 +28,8 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Message, Send
@@ -167,11 +167,6 @@ class _Source:
     age: int = 0
 
 
-@dataclass(slots=True)
-class _Pending:
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-
 class ResponseCache:
     """The routes' response cache over one stream store."""
 
@@ -182,14 +177,15 @@ class ResponseCache:
         bodies: BodyParser,
         clients: list[ClientConfig],
         *,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.bodies = bodies
         self._admins = {c.name for c in clients if c.cache_admin}
         self._clock = clock
-        self._pending = _Pending()
+        #: Deletions of refused logs, waiting for their followers.
+        self._pending: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Get the store ready; one that cannot be reached yet is not fatal: every
@@ -200,7 +196,7 @@ class ResponseCache:
             log.warning("the stream store is unavailable (%s): answers are not cached", exc)
 
     async def close(self) -> None:
-        for task in list(self._pending.tasks):
+        for task in list(self._pending):
             task.cancel()
         await self.store.close()
 
@@ -550,8 +546,8 @@ class ResponseCache:
                 await self.store.delete(stream_id)
 
         task = asyncio.get_running_loop().create_task(delete())
-        self._pending.tasks.add(task)
-        task.add_done_callback(self._pending.tasks.discard)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     @staticmethod
     def _streamed(exchange: Exchange, recorder: Recorder) -> bool:

@@ -236,8 +236,17 @@ def test_client_scope_keeps_clients_apart_and_route_scope_shares(sim: ServerThre
         assert post(gw, CHAT, headers=auth("bob")).headers["x-gateway-cache"] == "HIT"
 
 
+class Clock:
+    """The cache's clock in a running gateway, moved by the test (no sleeping)."""
+
+    def __init__(self, gw: ServerThread) -> None:
+        self.now = time.time()
+        gw.server.config.app.gateway.relay.cache._clock = lambda: self.now
+
+
 def test_request_controls(sim: ServerThread) -> None:
     with gateway_for("", routes=routes(sim)) as gw:
+        clock = Clock(gw)
         nostore = post(gw, CHAT, headers={"cache-control": "no-store"})
         assert nostore.headers["x-gateway-cache"] == "BYPASS"
         assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"  # nothing was stored
@@ -252,20 +261,26 @@ def test_request_controls(sim: ServerThread) -> None:
         hit = post(gw, CHAT)
         assert hit.headers["x-gateway-cache"] == "HIT"
         assert without_trailer(hit.content) == without_trailer(nocache.content)
-        time.sleep(1.2)
-        young = post(gw, CHAT, headers={"cache-control": "max-age=0"})
+        clock.now += 5
+        assert post(gw, CHAT).headers["age"] == "5"
+        young = post(gw, CHAT, headers={"cache-control": "max-age=4"})
         assert young.headers["x-gateway-cache"] == "MISS"
         assert upstream_count(sim) == 5
-        old_enough = post(gw, CHAT, headers={"cache-control": "max-age=3600"})
-        assert old_enough.headers["x-gateway-cache"] == "HIT"
+        old_enough = post(gw, CHAT, headers={"cache-control": "max-age=4"})
+        assert old_enough.headers["x-gateway-cache"] == "HIT"  # the new one, age 0
+        assert old_enough.headers["age"] == "0"
         assert upstream_count(sim) == 5
 
 
 def test_entries_expire(sim: ServerThread) -> None:
-    with gateway_for("", routes=routes(sim, cache_ttl_seconds=1)) as gw:
+    with gateway_for("", routes=routes(sim, cache_ttl_seconds=100)) as gw:
+        clock = Clock(gw)
         post(gw, CHAT)
-        assert post(gw, CHAT).headers["x-gateway-cache"] == "HIT"
-        time.sleep(1.2)
+        clock.now += 99
+        hit = post(gw, CHAT)
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert HIT_TRAILER.search(hit.content)["age"] == b"99"
+        clock.now += 1
         assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"
         assert upstream_count(sim) == 2
 
