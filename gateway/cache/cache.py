@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -243,7 +244,10 @@ class ResponseCache:
             model,
             digest,
         ]
-        for name in spec.answer_headers:
+        names = spec.answer_headers
+        if not exchange.record.stream:  # a plain answer is replayed in its content coding
+            names = (*names, b"accept-encoding")
+        for name in names:
             value = get_header(headers, name)
             parts.append(name.decode() + "=" + (value or b"").decode("latin-1"))
         return Plan(key_of(parts), controls, owner, ttl=config.cache_ttl_seconds)
@@ -657,21 +661,51 @@ class ResponseCache:
 def plain_finish(exchange: Exchange, recorder: Recorder) -> str | None:
     """A whole plain answer's finish reason (``ProtocolSpec.answer_finish``), or None."""
     finish = exchange.spec.answer_finish
-    if finish is None or get_header(recorder.headers, b"content-encoding"):
-        return None
     content_type = (get_header(recorder.headers, b"content-type") or b"").lower()
-    if b"json" not in content_type or b"ndjson" in content_type:
+    if finish is None or b"json" not in content_type or b"ndjson" in content_type:
         return None
     if recorder.body is None:
         return None
+    body = decoded(
+        b"".join(recorder.body),
+        get_header(recorder.headers, b"content-encoding"),
+        exchange.route.config.cache_max_entry_bytes * _DECODED_RATIO,
+    )
+    if body is None:
+        return None
     try:
-        obj = loads(b"".join(recorder.body))
+        obj = loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
     reason = finish(obj)
     return str(reason) if reason is not None else None
+
+
+#: A plain answer's decoded body may be this many times its stored size, at most.
+_DECODED_RATIO = 32
+
+
+def decoded(body: bytes, coding: bytes | None, limit: int) -> bytes | None:
+    """A body in ``Content-Encoding`` ``coding`` decoded (gzip, deflate), at most ``limit``
+    bytes; None for a coding this cannot read, a broken body, or one too large."""
+    name = (coding or b"identity").strip().lower()
+    if name == b"identity":
+        return body
+    if name in (b"gzip", b"x-gzip"):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif name == b"deflate":
+        decoder = zlib.decompressobj(zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS)
+    else:
+        return None
+    try:
+        out = decoder.decompress(body, limit)
+    except zlib.error:
+        return None
+    if decoder.unconsumed_tail or not decoder.eof:
+        return None
+    return out
 
 
 def _usage_fields(usage: Usage | None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import hashlib
 import json
 import re
@@ -675,3 +676,65 @@ def test_a_terminator_right_after_a_cut_is_refused_in_every_stream_protocol(
         assert again.headers["x-gateway-cache"].startswith("REFUSED; reason=")
         assert post(gw, body, path, headers=headers).headers["x-gateway-cache"] == "HIT"
         assert upstream_count(sim) == 2
+
+
+def _gzip_upstream(count: list[str]) -> Starlette:
+    answer = json.dumps(
+        {
+            "id": "chatcmpl-z",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "zipped"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    ).encode()
+
+    async def chat(request: Request) -> Response:
+        coding = request.headers.get("accept-encoding", "")
+        count.append(coding)
+        if "gzip" in coding:
+            body = gzip.compress(answer)
+            return Response(
+                body, media_type="application/json", headers={"content-encoding": "gzip"}
+            )
+        return Response(answer, media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_a_compressed_plain_answer_is_read_for_its_finish_and_replayed_as_it_came() -> None:
+    count: list[str] = []
+    plain = {**CHAT, "stream": False}
+
+    def raw(gw: ServerThread, coding: str) -> tuple[httpx.Headers, bytes]:
+        with httpx.stream(
+            "POST",
+            f"{gw.url}/v1/chat/completions",
+            json=plain,
+            headers={"accept-encoding": coding},
+            timeout=30,
+        ) as response:
+            return response.headers, b"".join(response.iter_raw())
+
+    with running(_gzip_upstream(count)) as up:
+        route = {"name": "r", "prefix": "/v1", "upstream": f"{up.url}/v1", "cache": True}
+        with gateway_for("", routes=[route]) as gw:
+            miss_headers, miss = raw(gw, "gzip")
+            hit_headers, hit = raw(gw, "gzip")
+            identity_headers, identity = raw(gw, "identity")
+    assert miss_headers["x-gateway-cache"] == "MISS"
+    assert hit_headers["x-gateway-cache"] == "HIT"
+    assert hit_headers["content-encoding"] == "gzip"
+    assert hit == miss
+    assert gzip.decompress(hit).startswith(b'{"id": "chatcmpl-z"')
+    # another content coding is another entry: never gzip bytes to a client that did not ask
+    assert identity_headers["x-gateway-cache"] == "MISS"
+    assert "content-encoding" not in identity_headers
+    assert identity.startswith(b'{"id": "chatcmpl-z"')
+    assert len(count) == 2

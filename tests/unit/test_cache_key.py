@@ -157,3 +157,21 @@ def test_a_redis_stream_store_needs_redis_url() -> None:
         Settings(upstream_url="http://x", stream_store="redis")
     ok = Settings(upstream_url="http://x", stream_store="redis", redis_url="redis://127.0.0.1/0")
     assert ok.stream_store == "redis"
+
+
+def test_a_plain_answer_is_decoded_to_read_its_finish_within_a_bound() -> None:
+    import gzip
+    import zlib
+
+    from gateway.cache.cache import decoded
+
+    text = b'{"choices": []}' * 10
+    assert decoded(text, None, 1000) == text
+    assert decoded(gzip.compress(text), b"gzip", 1000) == text
+    assert decoded(zlib.compress(text), b"deflate", 1000) == text
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decoded(raw.compress(text) + raw.flush(), b"Deflate", 1000) == text
+    assert decoded(gzip.compress(b"0" * 100_000), b"gzip", 1000) is None  # past the bound
+    assert decoded(gzip.compress(text)[:-4], b"gzip", 1000) is None  # cut
+    assert decoded(b"not gzip", b"gzip", 1000) is None
+    assert decoded(text, b"br", 1000) is None
