@@ -607,7 +607,6 @@ class ResponseCache:
         """``DELETE {prefix}/gateway/cache/{key}``: a named client with ``cache_admin``
         deletes an entry of its own (or of the route's scope); any other key is 404."""
         record = exchange.record
-        record.protocol = "cache_admin"
         name = exchange.caller.name
         if name == ANONYMOUS or name not in self._admins:
             await self._answer(exchange, 403, "This client may not delete cache entries.")
