@@ -1,9 +1,12 @@
 """The response cache (issue 36): only an answer verified whole, replayed byte for byte.
 
 ``key`` makes a request's key and reads its controls (pure); ``entry`` says
-what an entry's log holds; ``cache`` is a request's way through it (hit,
-follow a leader live, or lead and record) over the stream store
-(``gateway.store``). The relay calls ``plan``, ``serve`` and ``settle``.
+what an entry's log holds; ``recorder`` tees the leader's sends into its log;
+``judge`` decides whether an answer becomes an entry; ``admin`` answers the
+DELETE of an entry; ``cache`` is a request's way through it all (hit, follow
+a leader live, or lead and record) over the stream store (``gateway.store``).
+The relay calls ``plan``, ``peek`` (for a named client's limits), ``serve``
+and ``settle``.
 """
 
 from __future__ import annotations

@@ -28,22 +28,26 @@ import contextlib
 import hashlib
 import logging
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Message, Send
-
-from gateway.cache.entry import decode_head, encode_head, hit_trailer, with_request_id
+from gateway.cache.admin import ADMIN_PATH, delete_entry
+from gateway.cache.entry import (
+    decode_head,
+    entry_name,
+    hit_trailer,
+    refused_name,
+    with_request_id,
+)
+from gateway.cache.judge import judge, streamed
 from gateway.cache.key import Controls, body_digest, controls_of, key_of
-from gateway.guard import Framing, Outcome, Reason, Usage, Verdict
-from gateway.guard.jsonparse import loads
+from gateway.cache.recorder import Recorder
+from gateway.guard import Outcome, Reason, Usage, Verdict
 from gateway.guard.verdict import COMPLETE_REASONS
 from gateway.observe import Metrics
 from gateway.proxy.admission import presented_key
 from gateway.proxy.connection import abort_connection
-from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.proxy.request_body import BodyParser
@@ -72,8 +76,6 @@ _LEASE_SECONDS = 10.0
 _REFUSED_GRACE_SECONDS = 60.0
 #: A follower looks at its leader this often while no event comes.
 _FOLLOW_WAIT = 1.0
-_ADMIN_PATH = "/gateway/cache/"
-_KEY_LENGTH = 64
 _REASONS = frozenset(str(reason) for reason in Reason)
 
 
@@ -97,66 +99,6 @@ class Plan:
     bypass: str = ""
     #: A whole entry found before the limits were asked (``peek``).
     source: _Source | None = None
-
-
-class Recorder:
-    """``send`` that also appends the response to the leader's log: the head as event 1,
-    each body send as one event; the last send (a stream's trailer) is kept apart."""
-
-    __slots__ = (
-        "_framing",
-        "_send",
-        "body",
-        "ended",
-        "extra",
-        "final",
-        "headers",
-        "size",
-        "status",
-        "writer",
-    )
-
-    def __init__(
-        self, send: Send, writer: Writer | None, extra: RawHeaders, framing: Framing
-    ) -> None:
-        self._send = send
-        self._framing = framing
-        self.writer = writer
-        self.extra = extra
-        #: A plain answer's body, kept to read its finish (None: a stream, or too long).
-        self.body: list[bytes] | None = None
-        self.status = 0
-        self.headers: RawHeaders = []
-        self.size = 0
-        self.final = b""
-        self.ended = False
-
-    async def __call__(self, message: Message) -> None:
-        kind = message["type"]
-        writer = self.writer
-        if kind == "http.response.start":
-            self.status = message["status"]
-            self.headers = list(message.get("headers", ()))
-            if writer is not None:
-                writer.append(encode_head(self.status, self.headers))
-                content_type = get_header(self.headers, b"content-type") or b""
-                if not self._framing.is_stream(content_type.decode("latin-1")):
-                    self.body = []
-            message = {**message, "headers": [*self.headers, *self.extra]}
-        elif kind == "http.response.body":
-            body = message.get("body", b"")
-            if message.get("more_body", False):
-                if body and writer is not None:
-                    writer.append(body)
-                    self.size += len(body)
-                    if self.body is not None:
-                        self.body.append(body)
-                        if writer.stopped:
-                            self.body = None
-            else:
-                self.final = body
-                self.ended = True
-        await self._send(message)
 
 
 @dataclass(slots=True)
@@ -183,7 +125,7 @@ class ResponseCache:
         self.store = store
         self.metrics = metrics
         self.bodies = bodies
-        self._admins = {c.name for c in clients if c.cache_admin}
+        self._admins = frozenset(c.name for c in clients if c.cache_admin)
         self._clock = clock
         #: Deletions of refused logs, waiting for their followers.
         self._pending: set[asyncio.Task[None]] = set()
@@ -211,8 +153,9 @@ class ResponseCache:
         config = route.config
         headers = scope["headers"]
         owner = self._owner(exchange)
-        if rest.startswith(_ADMIN_PATH) and scope["method"] == "DELETE":
-            await self._delete(exchange, rest[len(_ADMIN_PATH) :], owner)
+        if rest.startswith(ADMIN_PATH) and scope["method"] == "DELETE":
+            key = rest[len(ADMIN_PATH) :]
+            await delete_entry(self.store, self.metrics, self._admins, exchange, key, owner)
             return Plan(None, Controls(), owner, answered=True)
         controls = controls_of(
             get_header(headers, b"cache-control"), get_header(headers, b"x-gateway-cache")
@@ -269,7 +212,7 @@ class ResponseCache:
         if plan.key is None or not plan.controls.reads:
             return False
         try:
-            source = await self._find(_name(plan.key), plan.controls, plan.ttl)
+            source = await self._find(entry_name(plan.key), plan.controls, plan.ttl)
         except StoreError:
             return False
         if source is None or source.info.end is None:
@@ -301,7 +244,7 @@ class ResponseCache:
     async def _serve(self, exchange: Exchange, plan: Plan) -> bool:
         route, config = exchange.route.name, exchange.route.config
         assert plan.key is not None
-        name = _name(plan.key)
+        name = entry_name(plan.key)
         store = self.store
         controls = plan.controls
         for _ in range(3):
@@ -338,7 +281,7 @@ class ResponseCache:
             await store.delete(writer.id)
             if not controls.reads:
                 break  # an identical request leads already: this one goes alone
-        refused = await store.resolve(_refused_name(plan.key))
+        refused = await store.resolve(refused_name(plan.key))
         if plan.writer is not None:
             plan.header = f"REFUSED; reason={refused}" if refused else "MISS"
             self.metrics.cached(route, "refused" if refused else "miss", refused or "")
@@ -501,41 +444,41 @@ class ResponseCache:
         route = exchange.route
         config = route.config
         assert plan.key is not None
-        streamed = self._streamed(exchange, recorder)
+        stream = streamed(exchange, recorder)
         trailer = b""
         if recorder.ended:
-            if streamed:
+            if stream:
                 trailer = recorder.final
             elif recorder.final:
                 writer.append(recorder.final)
                 recorder.size += len(recorder.final)
                 if recorder.body is not None and not writer.stopped:
                     recorder.body.append(recorder.final)
-        refusal, reason = self._judge(exchange, recorder, writer, streamed)
+        refusal, reason = judge(exchange, recorder, writer, stream)
         verdict = exchange.record.verdict
         usage = exchange.record.usage or (verdict.usage if verdict is not None else None)
         fields = {
             "stored": "0" if refusal else "1",
             "reason": refusal or reason,
             "at": repr(self._clock()),
-            "streamed": "1" if streamed else "0",
+            "streamed": "1" if stream else "0",
             "request_id": exchange.record.request_id,
             **_usage_fields(usage),
         }
         if not recorder.ended:
             fields["aborted"] = "1"
         store = self.store
-        name, refused_name = _name(plan.key), _refused_name(plan.key)
+        name, refused = entry_name(plan.key), refused_name(plan.key)
         try:
             await writer.finish(End(trailer, fields))
             if refusal is None:
-                await store.forget(refused_name)
+                await store.forget(refused)
                 self.metrics.cached(route.name, "stored", fields["reason"])
                 return
             self.metrics.cached(route.name, "refused", refusal)
             await self._forget_if(name, writer.id)
-            await store.forget(refused_name)
-            await store.claim(refused_name, refusal, config.cache_ttl_seconds)
+            await store.forget(refused)
+            await store.claim(refused, refusal, config.cache_ttl_seconds)
         except StoreError:
             log.warning("route %s: the stream store failed at an answer's end", route.name)
             return
@@ -553,158 +496,7 @@ class ResponseCache:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    @staticmethod
-    def _streamed(exchange: Exchange, recorder: Recorder) -> bool:
-        """Whether the answer went out as a guarded stream (its last send: the trailer)."""
-        status = recorder.status
-        framing = exchange.spec.framing
-        content_type = get_header(recorder.headers, b"content-type") or b""
-        return (
-            200 <= status < 300
-            and status not in (204, 205)
-            and framing.is_stream(content_type.decode("latin-1"))
-            and exchange.scope["method"] != "HEAD"
-            and (exchange.record.stream or not framing.announced_only)
-        )
-
-    @staticmethod
-    def _judge(
-        exchange: Exchange, recorder: Recorder, writer: Writer, streamed: bool
-    ) -> tuple[str | None, str]:
-        """(why the answer is not kept, or None: it is kept; its finish reason). The
-        reasons are a closed vocabulary: the verdict's, or ``upstream_status``,
-        ``continued``, ``too_large``, ``missing_finish``, a request error."""
-        record = exchange.record
-        config = exchange.route.config
-        verdict = record.verdict
-        if not recorder.ended:
-            if verdict is not None and not verdict.complete:
-                return str(verdict.reason), ""
-            return str(exchange.stop_reason or Reason.CLIENT_DISCONNECT), ""
-        if not 200 <= recorder.status < 300:
-            return "upstream_status", ""
-        if record.continued or record.billed is not None or b" continued=" in recorder.final:
-            return "continued", ""
-        if writer.stopped or recorder.size > config.cache_max_entry_bytes:
-            return "too_large", ""
-        if streamed:
-            if verdict is None:
-                return str(Reason.INVALID_SHAPE), ""
-            reason = str(verdict.reason)
-            if not verdict.complete or reason not in config.cache_reasons:
-                return reason, reason
-            return None, reason
-        if record.error is not None:
-            return str(record.error), ""
-        finish = plain_finish(exchange, recorder)
-        if finish is None:
-            return "missing_finish", ""
-        return (None if finish in config.cache_reasons else finish), finish
-
     # -- invalidation ----------------------------------------------------------------------
-
-    async def _delete(self, exchange: Exchange, key: str, owner: str) -> None:
-        """``DELETE {prefix}/gateway/cache/{key}``: a named client with ``cache_admin``
-        deletes an entry of its own (or of the route's scope); any other key is 404."""
-        record = exchange.record
-        name = exchange.caller.name
-        if name == ANONYMOUS or name not in self._admins:
-            await self._answer(exchange, 403, "This client may not delete cache entries.")
-            return
-        found = None
-        if len(key) == _KEY_LENGTH and all(c in "0123456789abcdef" for c in key):
-            try:
-                stream_id = await self.store.resolve(_name(key))
-                info = await self.store.info(stream_id) if stream_id is not None else None
-            except StoreError:
-                await self._answer(exchange, 503, "The stream store is unavailable.")
-                return
-            if (
-                info is not None
-                and stream_id is not None
-                and info.meta.get("route") == exchange.route.name
-                and (info.owner == owner or info.meta.get("scope") == "route")
-            ):
-                found = stream_id
-        if found is None:
-            await self._answer(exchange, 404, "No such cache entry.")
-            return
-        await self._forget_if(_name(key), found)
-        await self.store.delete(found)
-        self.metrics.cached(exchange.route.name, "deleted")
-        record.status = 204
-        await exchange.send(
-            {
-                "type": "http.response.start",
-                "status": 204,
-                "headers": [(b"x-request-id", record.request_id.encode())],
-            }
-        )
-        await exchange.send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _answer(self, exchange: Exchange, status: int, message: str) -> None:
-        record = exchange.record
-        record.status = status
-        type_ = "permission_error" if status == 403 else "not_found_error"
-        record.bytes_out += await send_error(
-            exchange.send,
-            exchange.spec.name,
-            status,
-            message,
-            type_,
-            "cache_entry" if status == 404 else "cache_admin",
-            record.request_id,
-        )
-
-
-def plain_finish(exchange: Exchange, recorder: Recorder) -> str | None:
-    """A whole plain answer's finish reason (``ProtocolSpec.answer_finish``), or None."""
-    finish = exchange.spec.answer_finish
-    content_type = (get_header(recorder.headers, b"content-type") or b"").lower()
-    if finish is None or b"json" not in content_type or b"ndjson" in content_type:
-        return None
-    if recorder.body is None:
-        return None
-    body = decoded(
-        b"".join(recorder.body),
-        get_header(recorder.headers, b"content-encoding"),
-        exchange.route.config.cache_max_entry_bytes * _DECODED_RATIO,
-    )
-    if body is None:
-        return None
-    try:
-        obj = loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    reason = finish(obj)
-    return str(reason) if reason is not None else None
-
-
-#: A plain answer's decoded body may be this many times its stored size, at most.
-_DECODED_RATIO = 32
-
-
-def decoded(body: bytes, coding: bytes | None, limit: int) -> bytes | None:
-    """A body in ``Content-Encoding`` ``coding`` decoded (gzip, deflate), at most ``limit``
-    bytes; None for a coding this cannot read, a broken body, or one too large."""
-    name = (coding or b"identity").strip().lower()
-    if name == b"identity":
-        return body
-    if name in (b"gzip", b"x-gzip"):
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif name == b"deflate":
-        decoder = zlib.decompressobj(zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS)
-    else:
-        return None
-    try:
-        out = decoder.decompress(body, limit)
-    except zlib.error:
-        return None
-    if decoder.unconsumed_tail or not decoder.eof:
-        return None
-    return out
 
 
 def _usage_fields(usage: Usage | None) -> dict[str, str]:
@@ -720,11 +512,3 @@ def _usage_fields(usage: Usage | None) -> dict[str, str]:
 
 def _int(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
-
-
-def _name(key: str) -> str:
-    return "cache:" + key
-
-
-def _refused_name(key: str) -> str:
-    return "cache-refused:" + key

@@ -17,7 +17,14 @@ import json
 
 from gateway.proxy.headers import RawHeaders
 
-__all__ = ["decode_head", "encode_head", "hit_trailer", "with_request_id"]
+__all__ = [
+    "decode_head",
+    "encode_head",
+    "entry_name",
+    "hit_trailer",
+    "refused_name",
+    "with_request_id",
+]
 
 
 def encode_head(status: int, headers: RawHeaders) -> bytes:
@@ -44,3 +51,13 @@ def hit_trailer(reason: str, age: int, request_id: str) -> bytes:
     return (
         f": gateway outcome=complete reason={reason} cache=hit age={age} request_id={request_id}\n"
     ).encode()
+
+
+def entry_name(key: str) -> str:
+    """The store name that points at a key's entry (or its leader's log)."""
+    return "cache:" + key
+
+
+def refused_name(key: str) -> str:
+    """The store name that holds why a key's last answer was not stored."""
+    return "cache-refused:" + key

@@ -163,7 +163,7 @@ def test_a_plain_answer_is_decoded_to_read_its_finish_within_a_bound() -> None:
     import gzip
     import zlib
 
-    from gateway.cache.cache import decoded
+    from gateway.cache.judge import decoded
 
     text = b'{"choices": []}' * 10
     assert decoded(text, None, 1000) == text
