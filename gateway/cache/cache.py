@@ -27,10 +27,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.types import Message
 
 from gateway.cache.admin import ADMIN_PATH, delete_entry
 from gateway.cache.entry import (
@@ -47,10 +50,12 @@ from gateway.guard import Outcome, Reason, Usage, Verdict
 from gateway.guard.verdict import COMPLETE_REASONS
 from gateway.observe import Metrics
 from gateway.proxy.admission import presented_key
+from gateway.proxy.answers import drop_stalled_client
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.proxy.request_body import BodyParser
+from gateway.proxy.timer import Deadline
 from gateway.settings import ANONYMOUS, ClientConfig
 from gateway.store import (
     BeyondEnd,
@@ -108,6 +113,33 @@ class _Source:
     stream_id: str
     info: StreamInfo
     age: int = 0
+
+
+class _Sends:
+    """A replay's sends to the client: each within ``client_send``, all within the
+    route's total (one timer, moved, as the relay's plain answers do)."""
+
+    __slots__ = ("_client_send", "_loop", "_send", "_total", "_until", "deadline")
+
+    def __init__(self, exchange: Exchange) -> None:
+        loop = exchange.task.get_loop()
+        self._loop = loop
+        self._send = exchange.send
+        self._client_send = exchange.route.timeouts.client_send
+        self._total = loop.time() + exchange.route.timeouts.total
+        self._until = math.inf
+        self.deadline = Deadline(loop, exchange.task, self._total)
+
+    async def __call__(self, message: Message) -> None:
+        self._until = self._loop.time() + self._client_send
+        self.deadline.move(min(self._until, self._total))
+        await self._send(message)
+        self._until = math.inf
+        self.deadline.move(self._total)
+
+    def stalled(self) -> bool:
+        """The deadline that passed was a send's: the client stopped reading."""
+        return self._loop.time() >= self._until
 
 
 class ResponseCache:
@@ -251,17 +283,23 @@ class ResponseCache:
             if controls.reads:
                 source = plan.source or await self._find(name, controls, plan.ttl)
                 plan.source = None
-                if source is not None and source.info.end is not None:
-                    if await self._replay(exchange, source):
-                        exchange.record.cache = "hit"
-                        self.metrics.cached(route, "hit")
+                if source is not None:
+                    whole = source.info.end is not None
+                    kind = exchange.record.cache = "hit" if whole else "follow"
+                    try:
+                        served = await (
+                            self._replay(exchange, source)
+                            if whole
+                            else self._follow(exchange, source)
+                        )
+                    except AbortConnection:  # begun, then cut: counted all the same
+                        self.metrics.cached(route, kind)
+                        raise
+                    if served:
+                        self.metrics.cached(route, kind)
                         return True
-                elif source is not None:
-                    if await self._follow(exchange, source):
-                        exchange.record.cache = "follow"
-                        self.metrics.cached(route, "follow")
-                        return True
-                    break  # the leader gave nothing: go upstream alone
+                    if not whole:
+                        break  # the leader gave nothing: go upstream alone
             if not controls.stores:
                 break
             writer = await store.open(
@@ -360,59 +398,66 @@ class ResponseCache:
 
     async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
         """Send the log's head and events, then its ending; False when it had no head
-        (nothing was sent: the request goes upstream)."""
+        (nothing was sent: the request goes upstream). Each send is bounded by the
+        client-send timeout (a client that stops reading is dropped), all of it by the
+        route's total."""
         record = exchange.record
-        send = exchange.send
+        send = _Sends(exchange)
         started = False
         try:
-            async with asyncio.timeout(exchange.route.timeouts.total):
-                async for batch in follow(self.store, source.stream_id, 0, wait=_FOLLOW_WAIT):
-                    events = batch.events
-                    if events and not started:
-                        status, headers = decode_head(events[0])
-                        headers = with_request_id(headers, record.request_id)
-                        headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
-                        await send(
-                            {"type": "http.response.start", "status": status, "headers": headers}
-                        )
-                        record.status = status
-                        record.time_to_first_byte = time.monotonic() - record.started
-                        started = True
-                        events = events[1:]
-                    for event in events:
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
-                        record.bytes_out += len(event)
-                    if batch.end is not None:
-                        if not started:
-                            return False
-                        await self._end(exchange, batch.end, age)
-                        return True
-                    if not batch.events and not await self._alive(source.stream_id):
-                        if not started:
-                            return False
-                        raise AbortConnection
+            async for batch in follow(self.store, source.stream_id, 0, wait=_FOLLOW_WAIT):
+                events = batch.events
+                if events and not started:
+                    status, headers = decode_head(events[0])
+                    headers = with_request_id(headers, record.request_id)
+                    headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
+                    await send(
+                        {"type": "http.response.start", "status": status, "headers": headers}
+                    )
+                    record.status = status
+                    record.time_to_first_byte = time.monotonic() - record.started
+                    started = True
+                    events = events[1:]
+                for event in events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                    record.bytes_out += len(event)
+                if batch.end is not None:
+                    if not started:
+                        return False
+                    await self._end(exchange, batch.end, age, send)
+                    return True
+                if not batch.events and not await self._alive(source.stream_id):
+                    if not started:
+                        return False
+                    raise AbortConnection
         except (Vanished, StoreError, Gone, BeyondEnd):
             # expired, deleted, unreachable, or stopped at its byte bound (an answer
             # longer than cache_max_entry_bytes): nothing more can be read of it
             if not started:
                 return False
             raise AbortConnection from None
-        except TimeoutError:
-            record.status = record.status or 504
-            abort_connection(exchange.scope)
-            raise AbortConnection from None
         except asyncio.CancelledError:
+            if send.deadline.expired():
+                if record.stream:
+                    record.verdict = Verdict(Outcome.INCOMPLETE, Reason.CLIENT_STALLED)
+                if send.stalled():
+                    drop_stalled_client(exchange)  # raises AbortConnection
+                record.status = record.status or 504
+                abort_connection(exchange.scope)
+                raise AbortConnection from None
             if not exchange.claim_stop():
                 raise
             record.status = record.status or 499
             return True
+        finally:
+            send.deadline.cancel()
         return started
 
     async def _alive(self, stream_id: str) -> bool:
         info = await self.store.info(stream_id)
         return info is not None and (info.end is not None or info.leased)
 
-    async def _end(self, exchange: Exchange, end: End, age: int) -> None:
+    async def _end(self, exchange: Exchange, end: End, age: int, send: _Sends) -> None:
         record = exchange.record
         fields = end.fields
         if fields.get("aborted") == "1":
@@ -423,7 +468,7 @@ class ResponseCache:
                 trailer = hit_trailer(fields.get("reason", "stop"), age, record.request_id)
         elif trailer and fields.get("request_id"):
             trailer = trailer.replace(fields["request_id"].encode(), record.request_id.encode())
-        await exchange.send({"type": "http.response.body", "body": trailer, "more_body": False})
+        await send({"type": "http.response.body", "body": trailer, "more_body": False})
         record.bytes_out += len(trailer)
         exchange.response_done = True
         record.stream = fields.get("streamed") == "1"

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -738,3 +739,29 @@ def test_a_compressed_plain_answer_is_read_for_its_finish_and_replayed_as_it_cam
     assert "content-encoding" not in identity_headers
     assert identity.startswith(b'{"id": "chatcmpl-z"')
     assert len(count) == 2
+
+
+def test_a_client_that_stops_reading_a_hit_is_dropped(
+    sim: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = {"x-sim-tokens": "400", "x-sim-chunk-bytes": "10000"}  # a 4 MB entry
+    caching = routes(sim, cache_max_entry_bytes=8 * 1024 * 1024)
+    with gateway_for("", routes=caching, timeouts={"client_send": 1.0}, access_log=True) as gw:
+        assert post(gw, CHAT, headers=big).headers["x-gateway-cache"] == "MISS"
+        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        conn.connect(("127.0.0.1", gw.port))
+        body = json.dumps(CHAT).encode()
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: stalled-hit\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        with conn:  # never read: the gateway must give up on it by itself
+            lines = access_log_until(capsys, "stalled-hit")
+        line = next(entry for entry in lines if entry["request_id"] == "stalled-hit")
+        text = httpx.get(f"{gw.url}/metrics").text
+    assert line["cache"] == "hit"
+    assert line["error"] == "client_stalled"
+    assert (line["outcome"], line["reason"]) == ("incomplete", "client_stalled")
+    assert metric_value(text, "gateway_active_streams") == 0
+    assert upstream_count(sim) == 1
