@@ -447,6 +447,9 @@ class ResponseCache:
                 raise AbortConnection from None
             if not exchange.claim_stop():
                 raise
+            assert exchange.stop_reason is not None
+            if record.stream:  # the client left, or the drain ended it
+                record.verdict = Verdict(Outcome.INCOMPLETE, exchange.stop_reason)
             record.status = record.status or 499
             return True
         finally:

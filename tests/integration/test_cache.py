@@ -744,8 +744,9 @@ def test_a_compressed_plain_answer_is_read_for_its_finish_and_replayed_as_it_cam
 def test_a_client_that_stops_reading_a_hit_is_dropped(
     sim: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    big = {"x-sim-tokens": "400", "x-sim-chunk-bytes": "10000"}  # a 4 MB entry
-    caching = routes(sim, cache_max_entry_bytes=8 * 1024 * 1024)
+    # a 16 MB entry: more than the loopback's socket buffers take, so the sends wait
+    big = {"x-sim-tokens": "800", "x-sim-chunk-bytes": "20000"}
+    caching = routes(sim, cache_max_entry_bytes=32 * 1024 * 1024)
     with gateway_for("", routes=caching, timeouts={"client_send": 1.0}, access_log=True) as gw:
         assert post(gw, CHAT, headers=big).headers["x-gateway-cache"] == "MISS"
         conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -765,3 +766,35 @@ def test_a_client_that_stops_reading_a_hit_is_dropped(
     assert (line["outcome"], line["reason"]) == ("incomplete", "client_stalled")
     assert metric_value(text, "gateway_active_streams") == 0
     assert upstream_count(sim) == 1
+
+
+def _unread_request(port: int, request_id: str) -> socket.socket:
+    """A chat request on a socket with a small receive buffer, its answer left unread."""
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    conn.connect(("127.0.0.1", port))
+    body = json.dumps(CHAT).encode()
+    conn.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (request_id.encode(), len(body), body)
+    )
+    return conn
+
+
+def test_a_client_that_leaves_a_hit_ends_it(
+    sim: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a 16 MB entry: more than the loopback's socket buffers take, so the sends wait
+    big = {"x-sim-tokens": "800", "x-sim-chunk-bytes": "20000"}
+    caching = routes(sim, cache_max_entry_bytes=32 * 1024 * 1024)
+    with gateway_for("", routes=caching, access_log=True) as gw:
+        post(gw, CHAT, headers=big)
+        with _unread_request(gw.port, "left-hit") as conn:
+            assert b"x-gateway-cache: HIT" in conn.recv(65536)
+        lines = access_log_until(capsys, "left-hit")
+        line = next(entry for entry in lines if entry["request_id"] == "left-hit")
+        text = httpx.get(f"{gw.url}/metrics").text
+    assert line["cache"] == "hit"
+    assert (line["outcome"], line["reason"]) == ("incomplete", "client_disconnect")
+    assert metric_value(text, "gateway_active_streams") == 0
