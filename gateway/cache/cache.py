@@ -77,7 +77,7 @@ log = logging.getLogger("gateway")
 _HEAD_ROOM = 64 * 1024
 #: A leader's lease on its log (renewed while it writes).
 _LEASE_SECONDS = 10.0
-#: How long a refused log stays readable for the requests that followed it.
+#: How long a refused or replaced log stays readable for the requests reading it.
 _REFUSED_GRACE_SECONDS = 60.0
 #: A follower looks at its leader this often while no event comes.
 _FOLLOW_WAIT = 1.0
@@ -376,6 +376,8 @@ class ResponseCache:
         if info is not None and info.end is None and info.leased:
             return False
         await self._forget_if(name, other)
+        if info is not None:  # replaced: its bytes go once its readers had time
+            self._later_delete(other)
         return await store.claim(name, stream_id, ttl) is None
 
     # -- answering from a log --------------------------------------------------------------
@@ -533,7 +535,7 @@ class ResponseCache:
         self._later_delete(writer.id)
 
     def _later_delete(self, stream_id: str) -> None:
-        """Delete a refused log once its followers had time to read it."""
+        """Delete a refused or replaced log once its readers had time to read it."""
 
         async def delete() -> None:
             await asyncio.sleep(_REFUSED_GRACE_SECONDS)
