@@ -62,6 +62,7 @@ from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
 from gateway.settings import RouteConfig, Settings
 from gateway.signals import install_drain_handlers, restore_handlers
+from gateway.store import StoreError
 from gateway.wsedge import WsEdge, ws_edge_state
 
 __all__ = ["create_app"]
@@ -296,14 +297,24 @@ class _Gateway:
         if limiter is not None:
             await limiter.start()
             self._owns(stack, "limiter", limiter.close)
-        resumes = relay.resumes
-        if resumes is not None:
-            await resumes.prepare()  # the stream store (Redis: connect now)
-            self._owns(stack, "resumes", resumes.close)
+        store = relay.store
+        if store is not None:
+            self._owns(stack, "stream_store", store.close)
+            try:
+                await store.prepare()  # Redis: connect now
+            except StoreError as exc:  # not fatal: resume and the cache wait for it
+                log.warning(
+                    "stream store not ready at start (%s): streams go without "
+                    "resume and answers uncached until it answers",
+                    exc,
+                )
+        cache = relay.cache
+        if cache is not None:
+            self._owns(stack, "cache", cache.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
             self.settings.limits_backend if limiter is not None else "none",
-            self.settings.stream_store if resumes is not None else "none",
+            self.settings.stream_store if store is not None else "none",
             len(self.settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )

@@ -217,6 +217,14 @@ class Limits(_Strict):
 #: ``context_length`` is opt-in too: a 400 saying the prompt is too long, retried on a
 #: higher priority tier only (a larger-context model).
 RetryCause = Literal["connect", "first_byte_timeout", "429", "5xx", "early_eof", "context_length"]
+#: Finish reasons a cached answer may have (never length, content_filter or incomplete).
+CacheReason = Literal["stop", "tool_calls"]
+
+
+def _default_cache_reasons() -> list[CacheReason]:
+    return ["stop"]
+
+
 DEFAULT_RETRY_ON: tuple[RetryCause, ...] = ("connect", "429", "5xx", "early_eof")
 #: An upstream's name: a bounded metric label.
 _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -462,6 +470,27 @@ class RouteConfig(_Strict):
         description='A client that leaves a stream: "finish" reads the answer on into the '
         'log, "cancel" closes the upstream (default: finish with resume, else cancel).',
     )
+    cache: bool = Field(
+        False,
+        description="Cache answers verified whole, replayed byte for byte (docs/caching.md).",
+    )
+    cache_ttl_seconds: float = Field(3600.0, gt=0, description="How long an entry is served.")
+    cache_max_entry_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest answer stored; a longer one is not."
+    )
+    cache_reasons: list[CacheReason] = Field(
+        default_factory=_default_cache_reasons,
+        min_length=1,
+        description='Finish reasons an entry may have: "stop", "tool_calls".',
+    )
+    cache_scope: Literal["client", "route"] = Field(
+        "client",
+        description='"client": entries only for the client (or credential) that made them; '
+        '"route": shared by every client of the route.',
+    )
+    cache_namespace: str = Field(
+        "", max_length=200, description="Part of every key: change it to drop every entry."
+    )
 
     @field_validator("client_key_sha256")
     @classmethod
@@ -634,6 +663,9 @@ class ClientConfig(_Strict):
     max_websocket_connections: int | None = Field(
         None, gt=0, description="Its WebSocket connections open at once (beyond: refused)."
     )
+    cache_admin: bool = Field(
+        False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
+    )
 
     @field_validator("name")
     @classmethod
@@ -722,7 +754,8 @@ class Settings(BaseSettings):
     )
     stream_store: Literal["memory", "redis"] = Field(
         "memory",
-        description="Where resumable streams are kept: this process, or Redis (redis_url).",
+        description="Where stream logs live (resumable streams, the response cache): this "
+        "process, or Redis (redis_url) shared by every worker and replica.",
     )
     stream_store_max_bytes: int = Field(
         256 * 1024 * 1024, gt=0, description="The most the stream store holds, in bytes."

@@ -137,6 +137,8 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     }
     if record.websocket is not None:
         fields["websocket"] = record.websocket
+    if record.cache is not None:
+        fields["cache"] = record.cache
     return fields
 
 

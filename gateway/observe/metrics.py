@@ -344,6 +344,19 @@ class Metrics:
             ["reason"],
             registry=reg,
         )
+        self.cache = Counter(
+            "gateway_cache_total",
+            "Response cache decisions: hit, miss, bypass, follow (a live leader's answer), "
+            "stored, refused (not stored: why).",
+            ["route", "result", "reason"],
+            registry=reg,
+        )
+        self.cache_saved_tokens = Counter(
+            "gateway_cache_saved_tokens_total",
+            "Provider tokens (input + output) that cache hits did not spend.",
+            ["route"],
+            registry=reg,
+        )
         self.request_errors = Counter(
             "gateway_request_errors_total",
             "Requests whose exchange with the upstream or the client failed, by kind.",
@@ -488,6 +501,14 @@ class Metrics:
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
+
+    def cached(self, route: str, result: str, reason: str = "") -> None:
+        """One response-cache decision (``reason``: a closed vocabulary, or empty)."""
+        self._child(self.cache, route, result, reason).inc()
+
+    def cache_saved(self, route: str, tokens: int) -> None:
+        if tokens > 0:
+            self._child(self.cache_saved_tokens, route).inc(tokens)
 
     def limited(self, client: str, limit: str) -> None:
         self._child(self.limited_requests, client, limit).inc()

@@ -70,6 +70,8 @@ class RequestRecord:
     continued: int = 0
     #: The client left a resumable stream and its answer was read on into the log.
     detached: bool = False
+    #: On a caching route: hit, follow, miss, refused or bypass (``gateway.cache``).
+    cache: str | None = None
     tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     transport: str = "http"  # "websocket": one response (or the end) of a WebSocket connection

@@ -195,6 +195,12 @@ class ProtocolSpec:
     #: (``GET {prefix}/responses/{id}?stream=true&starting_after=N``): a resumable
     #: stream's log is then found under that id too (``gateway.resume``).
     retrieved_by_response_id: bool = False
+    #: Request headers that change an answer (the response cache keys on them), lowercase.
+    answer_headers: tuple[bytes, ...] = ()
+    #: The finish reason of a whole non-streamed answer, in the bounded vocabulary;
+    #: None when it did not finish (or the protocol's answer has no such reason). The
+    #: response cache stores a plain answer only with a finish in ``cache_reasons``.
+    answer_finish: Callable[[Json], Reason | None] | None = None
 
     @property
     def name(self) -> str:

@@ -14,6 +14,7 @@ from gateway.protocols._spec import (
     Tool,
     body_says_stream,
 )
+from gateway.protocols.finish import messages_finish
 
 __all__ = ["MESSAGES", "anthropic_error"]
 
@@ -84,4 +85,6 @@ MESSAGES = ProtocolSpec(
     error_shape=anthropic_error,
     continuable=True,
     hosts=("anthropic",),
+    answer_headers=(b"anthropic-version", b"anthropic-beta"),
+    answer_finish=messages_finish,
 )

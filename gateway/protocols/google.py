@@ -19,6 +19,7 @@ from gateway.guard.gemini import (
     is_gemini_path,
 )
 from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
+from gateway.protocols.finish import gemini_finish
 
 __all__ = ["GEMINI"]
 
@@ -107,4 +108,5 @@ GEMINI = ProtocolSpec(
     genai_provider="gcp.gemini",
     error_shape=_error,
     hosts=("googleapis",),
+    answer_finish=gemini_finish,
 )

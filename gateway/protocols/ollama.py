@@ -19,6 +19,7 @@ from typing import Any
 from gateway.guard import OllamaContract, Protocol
 from gateway.guard.ollama import is_ollama_path, ollama_usage, ollama_wants_stream
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Redactor, Tool
+from gateway.protocols.finish import ollama_finish
 
 __all__ = ["OLLAMA"]
 
@@ -62,4 +63,5 @@ OLLAMA = ProtocolSpec(
     genai_provider="ollama",
     error_shape=_error,
     redaction=_redaction,
+    answer_finish=ollama_finish,
 )

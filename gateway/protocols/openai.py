@@ -8,6 +8,7 @@ from typing import Any
 from gateway.guard import ChatContract, CompletionsContract, Protocol, ResponsesContract
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
+from gateway.protocols.finish import chat_finish, responses_finish
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
 
@@ -94,6 +95,8 @@ CHAT = ProtocolSpec(
     genai_operation="chat",
     genai_provider="openai",
     continuable=True,
+    answer_headers=(b"openai-beta",),
+    answer_finish=chat_finish,
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -112,6 +115,8 @@ COMPLETIONS = ProtocolSpec(
     genai_operation="text_completion",
     genai_provider="openai",
     continuable=True,
+    answer_headers=(b"openai-beta",),
+    answer_finish=chat_finish,
 )
 
 RESPONSES = ProtocolSpec(
@@ -127,4 +132,6 @@ RESPONSES = ProtocolSpec(
     output_limit=("max_output_tokens",),
     genai_operation="chat",
     genai_provider="openai",
+    answer_headers=(b"openai-beta",),
+    answer_finish=responses_finish,
 )

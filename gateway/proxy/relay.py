@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from gateway.cache import Plan, build_cache
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.limits import LimitRefused, build_limiter
@@ -101,6 +102,7 @@ from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.resume import build_resumes
 from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
+from gateway.store import StreamStore, build_store
 
 __all__ = ["Relay"]
 
@@ -161,8 +163,13 @@ class Relay:
         warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: The stream store (``stream_store``), shared by resumable streams and the response
+        #: cache; None when no route resumes or caches. The app opens and closes it.
+        self.store = _stream_store(settings)
         #: Resumable streams (gateway.resume); None when no route has resume on.
-        self.resumes = build_resumes(settings, metrics, upstream)
+        self.resumes = build_resumes(settings, metrics, upstream, self.store)
+        #: The response cache; None when no route caches (``gateway.cache``).
+        self.cache = build_cache(settings, metrics, self.bodies, self.store)
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
@@ -269,6 +276,11 @@ class Relay:
         record.stream = spec.wants_stream(rest, request_json)
         limiter = self.limiter
         limited = limiter is not None and limiter.limited(record.client_name)
+        plan = None  # the response cache's, keyed on the client's body before any rewrite
+        if self.cache is not None and route.config.cache:
+            plan = await self.cache.plan(exchange, rest, request_json)
+            if plan.answered:
+                return
         if (
             record.stream
             and request_json is not None
@@ -289,18 +301,20 @@ class Relay:
         reservation = None
         if limiter is not None and limited:
             strict = limiter.strict(record.client_name)
+            # A cache hit is counted as a request that spends no tokens.
+            hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
-                    request_json,
-                    input_estimate(request_json, len(exchange.body)),
-                    route.config.default_output_reservation,
+                    None if hit else request_json,
+                    0 if hit else input_estimate(request_json, len(exchange.body)),
+                    0 if hit else route.config.default_output_reservation,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,
-                    strict_input(request_json, len(exchange.body)) if strict else None,
+                    strict_input(request_json, len(exchange.body)) if strict and not hit else None,
                 )
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
@@ -321,8 +335,11 @@ class Relay:
             exchange.counted = True
             self.metrics.stream_started(route.name)
         try:
-            await self._send(exchange, target, body, request_json)
+            if plan is None or not await self._cached(exchange, plan):
+                await self._send(exchange, target, body, request_json)
         finally:
+            if plan is not None and self.cache is not None:
+                await self.cache.settle(exchange, plan)
             if exchange.counted:
                 self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
@@ -345,6 +362,10 @@ class Relay:
         if rewritten is not None:
             self._hold(exchange, len(rewritten) - len(exchange.body))
             exchange.body = rewritten
+
+    async def _cached(self, exchange: Exchange, plan: Plan) -> bool:
+        """Answered from the response cache (else the answer is recorded for it)."""
+        return self.cache is not None and await self.cache.serve(exchange, plan)
 
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
@@ -930,6 +951,19 @@ class _Tally:
     def stopped(self) -> None:
         self.answered = False
         self.cancelled = True
+
+
+def _stream_store(settings: Settings) -> StreamStore | None:
+    """The configured stream store when a route resumes or caches; else None."""
+    routes = settings.effective_routes()
+    if not any(route.resume or route.cache for route in routes):
+        return None
+    return build_store(
+        settings.stream_store,
+        max_bytes=settings.stream_store_max_bytes,
+        url=settings.redis_url,
+        timeout=settings.stream_store_timeout,
+    )
 
 
 def warn_uncredentialed(settings: Settings, admission: Admission) -> None:

@@ -290,6 +290,12 @@ class BodyParser:
             return body, ""
         return await self._run(continuation_body, body, protocol, style, partial, model)
 
+    async def run(self, work: Callable[..., T], body: bytes, *args: Any) -> T | None:
+        """``work(body, *args)``: on the loop for a small body, in the helper process for a
+        large one (``work`` must be a module-level function: it crosses processes); None
+        when its memory would pass the helper's budget."""
+        return await self._run(work, body, *args)
+
     async def _run(self, work: Callable[..., T | None], body: bytes, *args: Any) -> T | None:
         if len(body) <= self.off_loop_bytes:
             return work(body, *args)

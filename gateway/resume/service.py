@@ -53,7 +53,6 @@ from gateway.store import (
     StreamInfo,
     StreamStore,
     Vanished,
-    build_store,
     follow,
 )
 
@@ -111,9 +110,6 @@ class Resumes:
             await self.store.prepare()
         except StoreError as exc:
             log.warning("stream store not ready at start (%s): streams go without resume", exc)
-
-    async def close(self) -> None:
-        await self.store.close()
 
     # -- recording ---------------------------------------------------------------------
 
@@ -478,15 +474,10 @@ class Resumes:
 
 
 def build_resumes(
-    settings: Settings, metrics: Metrics, upstream: Upstream | None = None
+    settings: Settings, metrics: Metrics, upstream: Upstream | None, store: StreamStore | None
 ) -> Resumes | None:
-    """The feature, when a route has ``resume = true``; else None (nothing is paid)."""
-    if not any(route.resume for route in settings.effective_routes()):
+    """The feature, when a route has ``resume = true``; else None (nothing is paid). The
+    store is the relay's (shared with the response cache), opened and closed by its owner."""
+    if store is None or not any(route.resume for route in settings.effective_routes()):
         return None
-    store = build_store(
-        settings.stream_store,
-        max_bytes=settings.stream_store_max_bytes,
-        url=settings.redis_url,
-        timeout=settings.stream_store_timeout,
-    )
     return Resumes(settings, store, metrics, upstream)

@@ -45,6 +45,7 @@ FAULTS: Final[tuple[str, ...]] = (
     "heartbeats_forever",
     "status",
     "huge_event",
+    "done_after_cut",
 )
 
 DEFAULT_STALL_SECONDS: Final = 3600.0

@@ -72,6 +72,7 @@ _MID_FAULTS: Final = frozenset(
         "invalid_json",
         "invalid_shape",
         "huge_event",
+        "done_after_cut",
     }
 )
 
@@ -102,6 +103,9 @@ def _mid_fault(
         return True
     if fault == "error_event":
         yield Write(r.error_event())
+        return True
+    if fault == "done_after_cut":  # a server that ends an aborted generation cleanly
+        yield from _writes(r.terminator())
         return True
     if fault == "heartbeats_forever":
         beat = r.framer.comment("ping")

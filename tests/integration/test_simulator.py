@@ -685,6 +685,7 @@ GEMINI_VERDICTS = {
     "stall_mid_stream": Reason.STOP,
     "heartbeats_forever": Reason.MISSING_DONE,
     "huge_event": Reason.STOP,
+    "done_after_cut": Reason.MISSING_DONE,  # no terminator: a clean end after a few deltas
 }
 
 

@@ -6,6 +6,8 @@
 - ``gateway/guard/`` is sans-IO and imports nothing of the package but itself.
 - Nothing imports ``gateway.cli`` (the command line is the top), and nothing
   but the command line and the probe imports ``gateway.app``.
+- ``gateway/store/`` imports nothing of the package but itself (no HTTP, no
+  protocol, no cache), and the cache's key (``gateway.cache.key``) does no I/O.
 - No import cycle among the package's modules, imports inside functions included.
 
 The import graph is read from the source (``ast``), so lazy imports count; the
@@ -100,6 +102,22 @@ def test_policy_imports_no_io(module: str) -> None:
 def test_guard_imports_nothing_of_the_package(module: str) -> None:
     outside = sorted(
         m for m in GRAPH[module] if not m.startswith("gateway.guard") and m != "gateway"
+    )
+    assert not outside, f"{module} imports {outside}"
+
+
+def test_the_cache_key_is_pure() -> None:
+    """What makes a request's key (``gateway.cache.key``) does no I/O and knows no relay."""
+    reachable = _reachable("gateway.cache.key")
+    offending = sorted(f"{m} imports {lib}" for m in reachable for lib in EXTERNAL[m] & set(_IO))
+    assert not offending, offending
+    assert not any(m.startswith("gateway.proxy") for m in reachable)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gateway.store")))
+def test_the_stream_store_knows_no_http_and_no_cache(module: str) -> None:
+    outside = sorted(
+        m for m in GRAPH[module] if not m.startswith("gateway.store") and m != "gateway"
     )
     assert not outside, f"{module} imports {outside}"
 

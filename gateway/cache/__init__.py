@@ -1,0 +1,39 @@
+"""The response cache (issue 36): only an answer verified whole, replayed byte for byte.
+
+``key`` makes a request's key and reads its controls (pure); ``entry`` says
+what an entry's log holds; ``recorder`` tees the leader's sends into its log;
+``judge`` decides whether an answer becomes an entry; ``admin`` answers the
+DELETE of an entry; ``cache`` is a request's way through it all (hit, follow
+a leader live, or lead and record) over the stream store (``gateway.store``).
+The relay calls ``plan``, ``peek`` (for a named client's limits), ``serve``
+and ``settle``.
+"""
+
+from __future__ import annotations
+
+from gateway.cache.cache import Plan, ResponseCache
+from gateway.cache.key import Controls, body_digest, controls_of, key_of
+from gateway.observe import Metrics
+from gateway.proxy.request_body import BodyParser
+from gateway.settings import Settings
+from gateway.store import StreamStore
+
+__all__ = [
+    "Controls",
+    "Plan",
+    "ResponseCache",
+    "body_digest",
+    "build_cache",
+    "controls_of",
+    "key_of",
+]
+
+
+def build_cache(
+    settings: Settings, metrics: Metrics, bodies: BodyParser, store: StreamStore | None
+) -> ResponseCache | None:
+    """The response cache over the relay's stream store (the one resumable streams use,
+    opened and closed by its owner); None when no route caches."""
+    if store is None or not any(route.cache for route in settings.effective_routes()):
+        return None
+    return ResponseCache(store, metrics, bodies, settings.clients)

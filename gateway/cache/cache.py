@@ -1,0 +1,564 @@
+"""The response cache: one request's way through it, and what decides an entry.
+
+For a request on a route with ``cache = true`` the relay asks, in order:
+
+- ``plan``: the request's key (``gateway.cache.key``; a body over the body
+  parser's bound is hashed in its helper process, never on the loop) and its
+  controls; a ``DELETE {prefix}/gateway/cache/{key}`` is answered here.
+- ``serve`` (after the limits and the stream caps admitted it): an entry that
+  may be served (whole, fresh, young enough for ``max-age``) is replayed byte
+  for byte with a fresh trailer (a **hit**); an answer being written now by
+  an identical request (the **leader**) is followed live from its log and
+  ends as the leader's did, whole or not; otherwise this request leads: its
+  name claims the key (one leader per key, across workers with Redis) and
+  every byte it sends the client is also appended to a new log (``Recorder``).
+- ``settle`` (the request ended): the leader's log gets its end, and the
+  entry is kept only when the answer is whole with a reason in
+  ``cache_reasons``, 2xx, not continued and within ``cache_max_entry_bytes``;
+  a refused one stays readable a short while for its followers, and the next
+  identical request learns why (``X-Gateway-Cache: REFUSED; reason=...``).
+
+Store failures never fail a request: it goes upstream uncached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Message
+
+from gateway.cache.admin import ADMIN_PATH, delete_entry
+from gateway.cache.entry import (
+    decode_head,
+    entry_name,
+    hit_trailer,
+    refused_name,
+    with_request_id,
+)
+from gateway.cache.judge import judge, streamed
+from gateway.cache.key import Controls, body_digest, controls_of, key_of
+from gateway.cache.recorder import Recorder
+from gateway.guard import Outcome, Reason, Usage, Verdict
+from gateway.guard.verdict import COMPLETE_REASONS
+from gateway.observe import Metrics
+from gateway.proxy.admission import presented_key
+from gateway.proxy.answers import drop_stalled_client
+from gateway.proxy.connection import abort_connection
+from gateway.proxy.exchange import AbortConnection, Exchange
+from gateway.proxy.headers import RawHeaders, get_header
+from gateway.proxy.request_body import BodyParser
+from gateway.proxy.timer import Deadline
+from gateway.settings import ANONYMOUS, ClientConfig
+from gateway.store import (
+    BeyondEnd,
+    End,
+    Gone,
+    StoreError,
+    StreamInfo,
+    StreamStore,
+    Vanished,
+    Writer,
+    follow,
+)
+
+__all__ = ["Plan", "ResponseCache"]
+
+log = logging.getLogger("gateway")
+
+#: Bytes of a log beyond ``cache_max_entry_bytes``: the head event.
+_HEAD_ROOM = 64 * 1024
+#: A leader's lease on its log (renewed while it writes).
+_LEASE_SECONDS = 10.0
+#: How long a refused or replaced log stays readable for the requests reading it.
+_REFUSED_GRACE_SECONDS = 60.0
+#: A follower looks at its leader this often while no event comes.
+_FOLLOW_WAIT = 1.0
+_REASONS = frozenset(str(reason) for reason in Reason)
+
+
+@dataclass(slots=True)
+class Plan:
+    """One request's way through the cache."""
+
+    key: str | None
+    controls: Controls
+    #: Whose entries these are (a client, a credential's digest, or the route).
+    owner: str
+    #: The route's ``cache_ttl_seconds``.
+    ttl: float = 0.0
+    #: The request was answered by the cache's admin path (a DELETE).
+    answered: bool = False
+    #: The ``X-Gateway-Cache`` value of an answer from upstream.
+    header: str = "BYPASS"
+    writer: Writer | None = None
+    recorder: Recorder | None = None
+    #: Why the metric counts a bypass.
+    bypass: str = ""
+    #: A whole entry found before the limits were asked (``peek``).
+    source: _Source | None = None
+
+
+@dataclass(slots=True)
+class _Source:
+    """An entry found for a request: a whole one, or a leader's answer in flight."""
+
+    stream_id: str
+    info: StreamInfo
+    age: int = 0
+
+
+class _Sends:
+    """A replay's sends to the client: each within ``client_send``, all within the
+    route's total (one timer, moved, as the relay's plain answers do)."""
+
+    __slots__ = ("_client_send", "_loop", "_send", "_total", "_until", "deadline")
+
+    def __init__(self, exchange: Exchange) -> None:
+        loop = exchange.task.get_loop()
+        self._loop = loop
+        self._send = exchange.send
+        self._client_send = exchange.route.timeouts.client_send
+        self._total = loop.time() + exchange.route.timeouts.total
+        self._until = math.inf
+        self.deadline = Deadline(loop, exchange.task, self._total)
+
+    async def __call__(self, message: Message) -> None:
+        self._until = self._loop.time() + self._client_send
+        self.deadline.move(min(self._until, self._total))
+        await self._send(message)
+        self._until = math.inf
+        self.deadline.move(self._total)
+
+    def stalled(self) -> bool:
+        """The deadline that passed was a send's: the client stopped reading."""
+        return self._loop.time() >= self._until
+
+
+class ResponseCache:
+    """The routes' response cache over one stream store."""
+
+    def __init__(
+        self,
+        store: StreamStore,
+        metrics: Metrics,
+        bodies: BodyParser,
+        clients: list[ClientConfig],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.bodies = bodies
+        self._admins = frozenset(c.name for c in clients if c.cache_admin)
+        self._clock = clock
+        #: Deletions of refused logs, waiting for their followers.
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Get the store ready; one that cannot be reached yet is not fatal: every
+        request goes upstream uncached until it can."""
+        try:
+            await self.store.prepare()
+        except StoreError as exc:
+            log.warning("the stream store is unavailable (%s): answers are not cached", exc)
+
+    async def close(self) -> None:
+        """Stop what it has under way (the store is its owner's to close)."""
+        for task in list(self._pending):
+            task.cancel()
+
+    # -- before the request goes anywhere -----------------------------------------------
+
+    async def plan(
+        self, exchange: Exchange, rest: str, request_json: Mapping[str, Any] | None
+    ) -> Plan:
+        """The request's key and controls; a DELETE of the admin path is answered."""
+        route, scope = exchange.route, exchange.scope
+        config = route.config
+        headers = scope["headers"]
+        owner = self._owner(exchange)
+        if rest.startswith(ADMIN_PATH) and scope["method"] == "DELETE":
+            key = rest[len(ADMIN_PATH) :]
+            await delete_entry(self.store, self.metrics, self._admins, exchange, key, owner)
+            return Plan(None, Controls(), owner, answered=True)
+        controls = controls_of(
+            get_header(headers, b"cache-control"), get_header(headers, b"x-gateway-cache")
+        )
+        if controls.off:
+            return Plan(None, controls, owner, bypass="off")
+        body = exchange.body
+        digest = None if request_json is None else await self.bodies.run(body_digest, body)
+        if digest is None:
+            return Plan(None, controls, owner, bypass="not_json")
+        spec = exchange.spec
+        model = request_json.get("model") if request_json is not None else None
+        model = model if isinstance(model, str) else exchange.record.model or ""
+        pool = []
+        for endpoint in route.endpoints:
+            mapped = endpoint.models.get(model, endpoint.models.get("*")) if model else None
+            pool.append(f"{endpoint.name}={mapped or model}")
+        query = scope.get("query_string", b"").decode("latin-1")
+        parts = [
+            "gateway-cache/1",
+            spec.name,
+            route.name,
+            config.cache_namespace,
+            scope["method"],
+            rest + ("?" + query if query else ""),
+            "stream" if exchange.record.stream else "plain",
+            owner if config.cache_scope == "client" else "route",
+            "\x00".join(pool),
+            model,
+            digest,
+        ]
+        names = spec.answer_headers
+        if not exchange.record.stream:  # a plain answer is replayed in its content coding
+            names = (*names, b"accept-encoding")
+        for name in names:
+            value = get_header(headers, name)
+            parts.append(name.decode() + "=" + (value or b"").decode("latin-1"))
+        return Plan(key_of(parts), controls, owner, ttl=config.cache_ttl_seconds)
+
+    def _owner(self, exchange: Exchange) -> str:
+        name = exchange.caller.name
+        if name != ANONYMOUS:
+            return "client:" + name
+        key = presented_key(exchange.scope["headers"])
+        if key:
+            return "key:" + hashlib.sha256(key).hexdigest()
+        return "anonymous"
+
+    # -- hit, follow, or lead ------------------------------------------------------------
+
+    async def peek(self, plan: Plan) -> bool:
+        """Whether a whole entry would answer the request (kept for ``serve``): a named
+        client's limits then count the request and no tokens."""
+        if plan.key is None or not plan.controls.reads:
+            return False
+        try:
+            source = await self._find(entry_name(plan.key), plan.controls, plan.ttl)
+        except StoreError:
+            return False
+        if source is None or source.info.end is None:
+            return False
+        plan.source = source
+        return True
+
+    async def serve(self, exchange: Exchange, plan: Plan) -> bool:
+        """Answer from the cache (True), or make ready to go upstream (False): the
+        request then leads (its answer is recorded) or bypasses the cache."""
+        route = exchange.route.name
+        if plan.key is None:
+            self.metrics.cached(route, "bypass", plan.bypass)
+            self._record(exchange, plan, None)
+            return False
+        try:
+            return await self._serve(exchange, plan)
+        except StoreError:
+            log.warning("route %s: the stream store failed; the request is not cached", route)
+            self.metrics.cached(route, "bypass", "store_error")
+            if plan.writer is not None:
+                writer, plan.writer = plan.writer, None
+                with contextlib.suppress(Exception):
+                    await writer.release()
+            plan.header = "BYPASS"
+            self._record(exchange, plan, None)
+            return False
+
+    async def _serve(self, exchange: Exchange, plan: Plan) -> bool:
+        route, config = exchange.route.name, exchange.route.config
+        assert plan.key is not None
+        name = entry_name(plan.key)
+        store = self.store
+        controls = plan.controls
+        for _ in range(3):
+            if controls.reads:
+                source = plan.source or await self._find(name, controls, plan.ttl)
+                plan.source = None
+                if source is not None:
+                    whole = source.info.end is not None
+                    kind = exchange.record.cache = "hit" if whole else "follow"
+                    try:
+                        served = await (
+                            self._replay(exchange, source)
+                            if whole
+                            else self._follow(exchange, source)
+                        )
+                    except AbortConnection:  # begun, then cut: counted all the same
+                        self.metrics.cached(route, kind)
+                        raise
+                    if served:
+                        self.metrics.cached(route, kind)
+                        return True
+                    if not whole:
+                        break  # the leader gave nothing: go upstream alone
+            if not controls.stores:
+                break
+            writer = await store.open(
+                plan.owner,
+                {"key": plan.key, "route": route, "scope": config.cache_scope},
+                max_bytes=config.cache_max_entry_bytes + _HEAD_ROOM,
+                ttl=config.cache_ttl_seconds,
+                lease=_LEASE_SECONDS,
+            )
+            if writer is None:  # the store's budget is spent
+                plan.bypass = "store_full"
+                break
+            if await self._claim(name, writer.id, config.cache_ttl_seconds):
+                plan.writer = writer
+                break
+            await writer.release()
+            await store.delete(writer.id)
+            if not controls.reads:
+                break  # an identical request leads already: this one goes alone
+        refused = await store.resolve(refused_name(plan.key))
+        if plan.writer is not None:
+            plan.header = f"REFUSED; reason={refused}" if refused else "MISS"
+            self.metrics.cached(route, "refused" if refused else "miss", refused or "")
+        else:
+            plan.header = "BYPASS"
+            self.metrics.cached(route, "bypass", plan.bypass or "not_led")
+        self._record(exchange, plan, plan.writer)
+        return False
+
+    def _record(self, exchange: Exchange, plan: Plan, writer: Writer | None) -> None:
+        exchange.record.cache = plan.header.split(";", 1)[0].lower()
+        extra: RawHeaders = [(b"x-gateway-cache", plan.header.encode())]
+        if plan.key is not None and writer is not None:
+            extra.append((b"x-gateway-cache-key", plan.key.encode()))
+        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing)
+        exchange.send = plan.recorder
+
+    async def _find(self, name: str, controls: Controls, ttl: float) -> _Source | None:
+        """The entry or the answer in flight under ``name`` that this request may read."""
+        store = self.store
+        stream_id = await store.resolve(name)
+        if stream_id is None:
+            return None
+        info = await store.info(stream_id)
+        if info is None:
+            await self._forget_if(name, stream_id)
+            return None
+        end = info.end
+        if end is None:
+            if not info.leased or info.stopped:
+                if not info.leased:  # an orphan: its leader died
+                    await self._forget_if(name, stream_id)
+                return None
+            return _Source(stream_id, info)
+        if end.fields.get("stored") != "1":
+            return None
+        age = max(int(self._clock() - float(end.fields.get("at", "0"))), 0)
+        if age >= ttl or (controls.max_age is not None and age > controls.max_age):
+            return None
+        return _Source(stream_id, info, age)
+
+    async def _forget_if(self, name: str, stream_id: str) -> None:
+        if await self.store.resolve(name) == stream_id:
+            await self.store.forget(name)
+
+    async def _claim(self, name: str, stream_id: str, ttl: float) -> bool:
+        """Lead under ``name``; an entry this request would not read (no-cache, too old
+        for its max-age, refused) or an orphan is replaced. False: a live leader has it."""
+        store = self.store
+        other = await store.claim(name, stream_id, ttl)
+        if other is None:
+            return True
+        info = await store.info(other)
+        if info is not None and info.end is None and info.leased:
+            return False
+        await self._forget_if(name, other)
+        if info is not None:  # replaced: its bytes go once its readers had time
+            self._later_delete(other)
+        return await store.claim(name, stream_id, ttl) is None
+
+    # -- answering from a log --------------------------------------------------------------
+
+    async def _replay(self, exchange: Exchange, source: _Source) -> bool:
+        """Send a whole entry: its head, its bytes, a fresh trailer."""
+        end = source.info.end
+        assert end is not None
+        if not await self._relay_log(exchange, source, age=source.age):
+            return False
+        fields = end.fields
+        self.metrics.cache_saved(
+            exchange.route.name, _int(fields.get("input")) + _int(fields.get("output"))
+        )
+        return True
+
+    async def _follow(self, exchange: Exchange, source: _Source) -> bool:
+        """Send a leader's answer as it is written, and end it as the leader did."""
+        return await self._relay_log(exchange, source, age=0)
+
+    async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
+        """Send the log's head and events, then its ending; False when it had no head
+        (nothing was sent: the request goes upstream). Each send is bounded by the
+        client-send timeout (a client that stops reading is dropped), all of it by the
+        route's total."""
+        record = exchange.record
+        send = _Sends(exchange)
+        started = False
+        try:
+            async for batch in follow(self.store, source.stream_id, 0, wait=_FOLLOW_WAIT):
+                events = batch.events
+                if events and not started:
+                    status, headers = decode_head(events[0])
+                    headers = with_request_id(headers, record.request_id)
+                    headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
+                    await send(
+                        {"type": "http.response.start", "status": status, "headers": headers}
+                    )
+                    record.status = status
+                    record.time_to_first_byte = time.monotonic() - record.started
+                    started = True
+                    events = events[1:]
+                for event in events:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                    record.bytes_out += len(event)
+                if batch.end is not None:
+                    if not started:
+                        return False
+                    await self._end(exchange, batch.end, age, send)
+                    return True
+                if not batch.events and not await self._alive(source.stream_id):
+                    if not started:
+                        return False
+                    raise AbortConnection
+        except (Vanished, StoreError, Gone, BeyondEnd):
+            # expired, deleted, unreachable, or stopped at its byte bound (an answer
+            # longer than cache_max_entry_bytes): nothing more can be read of it
+            if not started:
+                return False
+            raise AbortConnection from None
+        except asyncio.CancelledError:
+            if send.deadline.expired():
+                if record.stream:
+                    record.verdict = Verdict(Outcome.INCOMPLETE, Reason.CLIENT_STALLED)
+                if send.stalled():
+                    drop_stalled_client(exchange)  # raises AbortConnection
+                record.status = record.status or 504
+                abort_connection(exchange.scope)
+                raise AbortConnection from None
+            if not exchange.claim_stop():
+                raise
+            assert exchange.stop_reason is not None
+            if record.stream:  # the client left, or the drain ended it
+                record.verdict = Verdict(Outcome.INCOMPLETE, exchange.stop_reason)
+            record.status = record.status or 499
+            return True
+        finally:
+            send.deadline.cancel()
+        return started
+
+    async def _alive(self, stream_id: str) -> bool:
+        info = await self.store.info(stream_id)
+        return info is not None and (info.end is not None or info.leased)
+
+    async def _end(self, exchange: Exchange, end: End, age: int, send: _Sends) -> None:
+        record = exchange.record
+        fields = end.fields
+        if fields.get("aborted") == "1":
+            raise AbortConnection
+        trailer = end.trailer
+        if fields.get("stored") == "1":
+            if trailer:
+                trailer = hit_trailer(fields.get("reason", "stop"), age, record.request_id)
+        elif trailer and fields.get("request_id"):
+            trailer = trailer.replace(fields["request_id"].encode(), record.request_id.encode())
+        await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        record.bytes_out += len(trailer)
+        exchange.response_done = True
+        record.stream = fields.get("streamed") == "1"
+        reason = fields.get("reason", "")
+        if reason in _REASONS:
+            complete = fields.get("stored") == "1" or Reason(reason) in COMPLETE_REASONS
+            outcome = Outcome.COMPLETE if complete else Outcome.INCOMPLETE
+            record.verdict = Verdict(outcome=outcome, reason=Reason(reason))
+
+    # -- the leader's end ------------------------------------------------------------------
+
+    async def settle(self, exchange: Exchange, plan: Plan) -> None:
+        """The leader's request ended: end its log; keep the entry or say why not."""
+        writer, recorder = plan.writer, plan.recorder
+        if writer is None or recorder is None:
+            return
+        plan.writer = None
+        route = exchange.route
+        config = route.config
+        assert plan.key is not None
+        stream = streamed(exchange, recorder)
+        trailer = b""
+        if recorder.ended:
+            if stream:
+                trailer = recorder.final
+            elif recorder.final:
+                writer.append(recorder.final)
+                recorder.size += len(recorder.final)
+                if recorder.body is not None and not writer.stopped:
+                    recorder.body.append(recorder.final)
+        refusal, reason = judge(exchange, recorder, writer, stream)
+        verdict = exchange.record.verdict
+        usage = exchange.record.usage or (verdict.usage if verdict is not None else None)
+        fields = {
+            "stored": "0" if refusal else "1",
+            "reason": refusal or reason,
+            "at": repr(self._clock()),
+            "streamed": "1" if stream else "0",
+            "request_id": exchange.record.request_id,
+            **_usage_fields(usage),
+        }
+        if not recorder.ended:
+            fields["aborted"] = "1"
+        store = self.store
+        name, refused = entry_name(plan.key), refused_name(plan.key)
+        try:
+            await writer.finish(End(trailer, fields))
+            if refusal is None:
+                await store.forget(refused)
+                self.metrics.cached(route.name, "stored", fields["reason"])
+                return
+            self.metrics.cached(route.name, "refused", refusal)
+            await self._forget_if(name, writer.id)
+            await store.forget(refused)
+            await store.claim(refused, refusal, config.cache_ttl_seconds)
+        except StoreError:
+            log.warning("route %s: the stream store failed at an answer's end", route.name)
+            return
+        self._later_delete(writer.id)
+
+    def _later_delete(self, stream_id: str) -> None:
+        """Delete a refused or replaced log once its readers had time to read it."""
+
+        async def delete() -> None:
+            await asyncio.sleep(_REFUSED_GRACE_SECONDS)
+            with contextlib.suppress(StoreError):
+                await self.store.delete(stream_id)
+
+        task = asyncio.get_running_loop().create_task(delete())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    # -- invalidation ----------------------------------------------------------------------
+
+
+def _usage_fields(usage: Usage | None) -> dict[str, str]:
+    if usage is None:
+        return {}
+    out = {}
+    if usage.input_tokens is not None:
+        out["input"] = str(usage.input_tokens)
+    if usage.output_tokens is not None:
+        out["output"] = str(usage.output_tokens)
+    return out
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0

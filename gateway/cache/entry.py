@@ -1,0 +1,63 @@
+"""What a cache entry holds in its stream log, and the trailer a hit ends with.
+
+An entry is one stream log (``gateway.store``): event 1 is the response head
+(status and headers as the client got them, JSON), every later event is one
+body send as it went to the client (a stream's are event-aligned), and the
+log's ``End`` carries the trailer the client got (the annotation; empty for a
+plain answer) and these fields: ``stored`` ("1": an entry that may be served;
+"0": refused, kept only for the requests that followed it live), ``reason``
+(the verdict's, or why it was refused), ``at`` (when it was stored, Unix
+seconds), ``streamed``, ``input`` / ``output`` (usage, where reported) and
+``aborted`` (the leader's response never ended: its followers are cut too).
+"""
+
+from __future__ import annotations
+
+import json
+
+from gateway.proxy.headers import RawHeaders
+
+__all__ = [
+    "decode_head",
+    "encode_head",
+    "entry_name",
+    "hit_trailer",
+    "refused_name",
+    "with_request_id",
+]
+
+
+def encode_head(status: int, headers: RawHeaders) -> bytes:
+    pairs = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in headers]
+    return json.dumps({"status": status, "headers": pairs}, separators=(",", ":")).encode()
+
+
+def decode_head(data: bytes) -> tuple[int, RawHeaders]:
+    head = json.loads(data)
+    return int(head["status"]), [
+        (k.encode("latin-1"), v.encode("latin-1")) for k, v in head["headers"]
+    ]
+
+
+def with_request_id(headers: RawHeaders, request_id: str) -> RawHeaders:
+    """The stored head's headers with this request's id in place of the first one's."""
+    out = [(k, v) for k, v in headers if k != b"x-request-id"]
+    out.append((b"x-request-id", request_id.encode()))
+    return out
+
+
+def hit_trailer(reason: str, age: int, request_id: str) -> bytes:
+    """The comment line a replayed stream ends with (docs/wire-contract.md, "Cache")."""
+    return (
+        f": gateway outcome=complete reason={reason} cache=hit age={age} request_id={request_id}\n"
+    ).encode()
+
+
+def entry_name(key: str) -> str:
+    """The store name that points at a key's entry (or its leader's log)."""
+    return "cache:" + key
+
+
+def refused_name(key: str) -> str:
+    """The store name that holds why a key's last answer was not stored."""
+    return "cache-refused:" + key
