@@ -162,14 +162,6 @@ class ResponseCache:
         #: Deletions of refused logs, waiting for their followers.
         self._pending: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> None:
-        """Get the store ready; one that cannot be reached yet is not fatal: every
-        request goes upstream uncached until it can."""
-        try:
-            await self.store.prepare()
-        except StoreError as exc:
-            log.warning("the stream store is unavailable (%s): answers are not cached", exc)
-
     async def close(self) -> None:
         """Stop what it has under way (the store is its owner's to close)."""
         for task in list(self._pending):

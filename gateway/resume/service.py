@@ -103,14 +103,6 @@ class Resumes:
         #: How long a reader waits for news before it looks at the writer's lease.
         self.wait = min(1.0, self.lease)
 
-    async def prepare(self) -> None:
-        """Get the store ready; one not there yet is logged (streams then go without
-        resume until it answers), not fatal."""
-        try:
-            await self.store.prepare()
-        except StoreError as exc:
-            log.warning("stream store not ready at start (%s): streams go without resume", exc)
-
     # -- recording ---------------------------------------------------------------------
 
     async def record(
