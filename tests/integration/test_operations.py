@@ -258,6 +258,8 @@ def _readme_default(value: object) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if value == "":
+        return '`""`'  # an empty string, written as one
     return f"`{json.dumps(value)}`" if isinstance(value, list | dict) else f"`{value}`"
 
 
