@@ -304,6 +304,9 @@ class ResponseCache:
             if writer is None:  # the store's budget is spent
                 plan.bypass = "store_full"
                 break
+            # The log exists before its name points at it (a store may write a new log
+            # lazily, with its first events): a follower that finds the name finds the log.
+            await writer.flush()
             if await self._claim(name, writer.id, config.cache_ttl_seconds):
                 plan.writer = writer
                 break
