@@ -19,8 +19,9 @@ waits), and a thread would not help: the parsers hold the interpreter lock
 throughout. A body over ``OFF_LOOP_BYTES`` is therefore parsed in a helper
 process (one per worker, started at the first such body, with the same
 standard of JSON as ``gateway.guard.jsonparse``); the loop only waits for
-its answer. A body that a broken helper could not take is parsed on the loop
-(correct, only slow), and the next one gets a new helper.
+its answer. A body on which the helper died (its memory bound can end it
+outside Python's reach) is forwarded unparsed, never parsed on the loop
+instead, and the next one gets a new helper.
 
 The helper's memory is bounded: its data (heap and private mappings,
 ``RLIMIT_DATA``) may grow by at most ``PARSE_BUDGET`` beyond what it holds at
@@ -312,10 +313,16 @@ class BodyParser:
                 self._pool, _in_helper, work, body, *args
             )
         except BrokenProcessPool:
-            log.warning("the body parser's helper process died; a new one is started")
+            # Died on this body (its memory bound can end it outside Python's reach): the
+            # body is one it cannot parse, never parsed on the loop instead.
+            log.warning(
+                "the body parser's helper process died on a body of %d bytes: forwarded "
+                "unparsed; a new one is started",
+                len(body),
+            )
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-            return work(body, *args)
+            return None
         if isinstance(answer, str) and answer == _TOO_COMPLEX:
             if self._too_complex_log.open():
                 log.warning(

@@ -85,3 +85,31 @@ def test_the_summary_keeps_the_model_whatever_its_length() -> None:
     assert kept is not None
     assert kept["model"] == long
     assert "note" not in kept  # other long strings are still left out
+
+
+def _die(body: bytes) -> int:
+    """Ends the helper process it runs in, as its memory bound can."""
+    import os
+
+    os._exit(1)
+
+
+def _size(body: bytes) -> int:
+    return len(body)
+
+
+def test_a_body_the_helper_dies_on_is_not_parsed_on_the_loop() -> None:
+    """The helper died on a body: the answer is None (the body goes on unparsed), never
+    the work done on the loop instead; the next body gets a new helper."""
+    import asyncio
+
+    async def run() -> tuple[int | None, int | None]:
+        parser = BodyParser(off_loop_bytes=10)
+        try:
+            died = await parser.run(_die, b"x" * 100)
+            again = await parser.run(_size, b"y" * 100)
+        finally:
+            parser.close()
+        return died, again
+
+    assert asyncio.run(run()) == (None, 100)
