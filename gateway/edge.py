@@ -82,7 +82,7 @@ from uvicorn.server import ServerState
 from gateway.proxy.connection import ABORT_EXTENSION
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import request_id_of
-from gateway.settings import Limits, Timeouts
+from gateway.settings import GatewayLimits, Timeouts
 
 __all__ = [
     "EdgeConfig",
@@ -127,7 +127,7 @@ class EdgeConfig:
     @classmethod
     def of(
         cls,
-        limits: Limits,
+        limits: GatewayLimits,
         timeouts: Timeouts,
         reject: Callable[[str], None],
         log: Callable[[EdgeRefusal], None],
@@ -151,11 +151,11 @@ def _unlogged(refusal: EdgeRefusal) -> None:
     return None
 
 
-_DEFAULT = EdgeConfig.of(Limits(), Timeouts(), _uncounted, _unlogged)
+_DEFAULT = EdgeConfig.of(GatewayLimits(), Timeouts(), _uncounted, _unlogged)
 
 
 def edge_state(
-    limits: Limits,
+    limits: GatewayLimits,
     timeouts: Timeouts,
     reject: Callable[[str], None],
     log: Callable[[EdgeRefusal], None],

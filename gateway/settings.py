@@ -55,7 +55,7 @@ __all__ = [
     "AwsSigning",
     "ClientConfig",
     "ClientLimits",
-    "Limits",
+    "GatewayLimits",
     "RetryCause",
     "RouteConfig",
     "Settings",
@@ -172,8 +172,9 @@ class RouteTimeouts(_Strict):
     total: float | None = Field(None, gt=0)
 
 
-class Limits(_Strict):
-    """Byte and concurrency limits."""
+class GatewayLimits(_Strict):
+    """The gateway's own byte and concurrency limits, on every request whoever sends it
+    (the ``[limits]`` table). A named client's are ``ClientLimits``."""
 
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Request body limit (413).")
     max_buffered_request_bytes: int = Field(
@@ -710,7 +711,7 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=64)
     routes: list[RouteConfig] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
-    limits: Limits = Limits()
+    limits: GatewayLimits = GatewayLimits()
     annotate: bool = Field(True, description="Append the complete/incomplete annotation.")
     access_log: bool = Field(
         True, description="One JSON line per request under a route prefix, on stdout."

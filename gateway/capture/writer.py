@@ -32,7 +32,7 @@ from gateway.logsetup import LogGate
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
 from gateway.observe.writer_thread import WriterThread
-from gateway.settings import Limits, RouteConfig, Settings
+from gateway.settings import GatewayLimits, RouteConfig, Settings
 
 __all__ = ["QUEUE_SIZE", "CaptureWriter"]
 
@@ -58,7 +58,7 @@ class CaptureWriter:
     def __init__(
         self,
         routes: Mapping[str, RouteConfig],
-        limits: Limits,
+        limits: GatewayLimits,
         *,
         on_written: Callable[[str], None] = lambda route: None,
         on_dropped: Callable[[str, str], None] = lambda route, reason: None,

@@ -1,6 +1,6 @@
 """What a limits backend does: reserve all of a request's counters or none, settle them.
 
-A backend is told the checks (``gateway.policy.limits.Check``) and applies
+A backend is told the checks (``gateway.policy.quota.Check``) and applies
 them atomically: either every counter had room and all were increased, or
 none was and the first one without room is named. Every reservation has its
 own identity (``Ask.member``) and expiry (``Ask.hold``): settling it is
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from gateway.policy.limits import Check
+from gateway.policy.quota import Check
 
 __all__ = ["Ask", "Backend", "BackendError", "Reserved"]
 

@@ -5,7 +5,7 @@ share of the route, its share of the model) with the reservation estimate,
 and asks the backend to apply them all or none: a refusal is a
 ``LimitRefused`` (429, in the protocol's own shape), an admission a
 ``Reservation``. ``settle`` replaces the reservation by the cost
-(``gateway.policy.limits.cost_of``) and counts the stream out.
+(``gateway.policy.quota.cost_of``) and counts the stream out.
 
 ``budget_enforcement = "strict"`` (per client) reserves an upper bound of the
 input and at most the output the token counters have left, and the
@@ -37,7 +37,7 @@ from typing import Any
 
 from gateway.limits.backend import Ask, Backend, BackendError
 from gateway.limits.memory import MemoryBackend
-from gateway.policy.limits import (
+from gateway.policy.quota import (
     Check,
     Cost,
     Limit,

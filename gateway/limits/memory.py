@@ -12,7 +12,7 @@ fail or arrive late, so a reservation's identity is the limiter's business
 from __future__ import annotations
 
 from gateway.limits.backend import Ask, Reserved
-from gateway.policy.limits import Check
+from gateway.policy.quota import Check
 
 __all__ = ["MemoryBackend"]
 

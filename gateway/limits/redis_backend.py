@@ -29,7 +29,7 @@ from typing import Any
 
 from gateway.limits.backend import Ask, BackendError, Reserved
 from gateway.limits.redis_link import RedisLink, Script
-from gateway.policy.limits import Check
+from gateway.policy.quota import Check
 
 __all__ = ["RedisBackend"]
 

@@ -10,7 +10,7 @@ from gateway.policy.errors import RequestError
 
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
-    from gateway.policy.limits import Cost
+    from gateway.policy.quota import Cost
 
 __all__ = ["Attempt", "RequestRecord"]
 

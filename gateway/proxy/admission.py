@@ -42,7 +42,7 @@ from starlette.types import Receive, Scope
 from gateway.policy.routing import PathRejected, Route, Target, request_target
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
-from gateway.settings import ANONYMOUS, ClientConfig, Limits, RouteConfig
+from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig
 
 __all__ = [
     "ANONYMOUS_CALLER",
@@ -98,7 +98,7 @@ class Admission:
 
     def __init__(
         self,
-        limits: Limits,
+        limits: GatewayLimits,
         client_key_sha256: list[str],
         routes: Iterable[RouteConfig] = (),
         clients: Iterable[ClientConfig] = (),

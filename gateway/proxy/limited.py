@@ -19,7 +19,7 @@ from starlette.types import Message, Send
 
 from gateway.limits import LimitRefused
 from gateway.observe import RequestRecord
-from gateway.policy.limits import Cost, cost_of, output_estimate
+from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import RawHeaders
 

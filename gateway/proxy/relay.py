@@ -60,8 +60,8 @@ from gateway.policy.failover import (
     retry_after_ms,
     retry_after_seconds,
 )
-from gateway.policy.limits import NOTHING
 from gateway.policy.pool import Change, Health, Lease
+from gateway.policy.quota import NOTHING
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols.continuation import ContinuationStyle

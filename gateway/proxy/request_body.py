@@ -53,7 +53,7 @@ from gateway.guard import Protocol
 from gateway.guard.joint import dumps_utf8
 from gateway.guard.jsonparse import loads
 from gateway.logsetup import LogGate
-from gateway.policy.limits import (
+from gateway.policy.quota import (
     MESSAGE_OVERHEAD,
     REQUEST_OVERHEAD,
     estimate_from,
@@ -90,7 +90,7 @@ _TOO_COMPLEX = "too complex"
 class Summary(dict[str, Any]):
     """The top-level members of a JSON object body that the gateway keeps (see
     ``summary``), and, where named clients are configured, the input tokens the
-    whole document's text is estimated at (``policy.limits.estimate_input``: its
+    whole document's text is estimated at (``policy.quota.estimate_input``: its
     messages are not kept, so the estimate is made while they are at hand)."""
 
     __slots__ = ("input_bound", "input_tokens")
@@ -100,7 +100,7 @@ class Summary(dict[str, Any]):
     ) -> None:
         super().__init__(members)
         self.input_tokens = input_tokens
-        #: the strict upper bound of the input (``policy.limits.input_bound``)
+        #: the strict upper bound of the input (``policy.quota.input_bound``)
         self.input_bound = input_bound
 
     def __reduce__(self) -> tuple[Any, ...]:  # across the helper process

@@ -14,13 +14,13 @@ import httpx
 from gateway.guard import StreamGuard
 from gateway.protocols import ContractOptions
 from gateway.proxy.exchange import Exchange
-from gateway.settings import Limits
+from gateway.settings import GatewayLimits
 
 __all__ = ["stream_guard"]
 
 
 def stream_guard(
-    exchange: Exchange, response: httpx.Response, limits: Limits
+    exchange: Exchange, response: httpx.Response, limits: GatewayLimits
 ) -> StreamGuard | None:
     """A guard for a 2xx stream in the protocol's framing (its media type, and for a
     framing that is also a bulk format, a request that asked for a stream); None for

@@ -66,8 +66,8 @@ from gateway.limits import Limiter
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observers, RequestRecord
 from gateway.observe.record import Attempt
 from gateway.policy.failover import Result
-from gateway.policy.limits import Cost, cost_of, output_estimate
 from gateway.policy.pool import Health
+from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.policy.routing import Route, Target
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
 from gateway.proxy.connection import peer_of

@@ -40,7 +40,7 @@ from gateway.proxy.request_body import continuation_body
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
 from gateway.resume.events import Splitter
-from gateway.settings import Limits
+from gateway.settings import GatewayLimits
 from gateway.store import End, StreamInfo, StreamStore, Writer
 
 __all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
@@ -121,7 +121,7 @@ async def end_orphan(
     annotate: bool,
     upstream: Upstream | None,
     metrics: Metrics,
-    limits: Limits,
+    limits: GatewayLimits,
 ) -> str:
     """Write the adopted log's end: continued, or ``owner_lost``; the resume result."""
     guard = await _logged_guard(store, stream_id, info, route)
@@ -155,7 +155,7 @@ async def _continue(
     guard: StreamGuard,
     upstream: Upstream,
     metrics: Metrics,
-    limits: Limits,
+    limits: GatewayLimits,
 ) -> tuple[int, bytes, StreamGuard] | None:
     """The rest of the logged answer, by the existing continuation; None: not continued
     (the log then ends ``owner_lost``)."""

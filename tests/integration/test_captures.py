@@ -25,7 +25,7 @@ from gateway.capture import SUFFIX, Tap, load, replay
 from gateway.capture.writer import CaptureWriter
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
-from gateway.settings import Limits, RouteConfig, load_settings
+from gateway.settings import GatewayLimits, RouteConfig, load_settings
 from tests import web
 from tests.cli import run_cli
 from tests.conftest import ServerThread, running
@@ -372,7 +372,7 @@ def test_a_full_queue_drops_and_counts_and_the_relay_never_waits(tmp_path: Path)
     )
     writer = CaptureWriter(
         {"v1": route},
-        Limits(),
+        GatewayLimits(),
         on_written=written.append,
         on_dropped=lambda r, why: dropped.append((r, why)),
         queue_size=2,
@@ -397,7 +397,7 @@ def test_a_write_that_fails_is_counted(tmp_path: Path) -> None:
         name="v1", upstream="http://upstream.test/v1", capture="all", capture_dir=directory
     )
     writer = CaptureWriter(
-        {"v1": route}, Limits(), on_dropped=lambda r, why: dropped.append((r, why))
+        {"v1": route}, GatewayLimits(), on_dropped=lambda r, why: dropped.append((r, why))
     )
     directory.write_text("a file where the directory should be")
     writer.observe(_tapped_record("w-1"))

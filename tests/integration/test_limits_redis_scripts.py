@@ -16,7 +16,7 @@ import redis as redis_py
 from gateway.limits import BackendError
 from gateway.limits.backend import Ask
 from gateway.limits.redis_backend import RedisBackend
-from gateway.policy.limits import Check, Limit, Rule, checks_for
+from gateway.policy.quota import Check, Limit, Rule, checks_for
 from tests.integration.redis_server import RedisServer, redis_server
 
 #: 30 s into a minute an hour from now: the keys' expiries (EXPIREAT) lie in the future

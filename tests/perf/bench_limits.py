@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import tests.conftest  # noqa: E402, F401  # first: it chooses the guard's build before any import of it
 from gateway.limits import Limiter  # noqa: E402
 from gateway.limits.memory import MemoryBackend  # noqa: E402
-from gateway.policy.limits import Cost, Source, estimate_input  # noqa: E402
+from gateway.policy.quota import Cost, Source, estimate_input  # noqa: E402
 from gateway.settings import ClientConfig, ClientLimits  # noqa: E402
 
 KEY = "sk-bench-client"

@@ -9,6 +9,9 @@
 - ``gateway/store/`` imports nothing of the package but itself (no HTTP, no
   protocol, no cache), and the cache's key (``gateway.cache.key``) does no I/O.
 - No import cycle among the package's modules, imports inside functions included.
+- A name names one room: one module or package is called ``limits`` (the client
+  limits' counters and limiter), one ``quota`` (their arithmetic, in ``policy``);
+  the ``[limits]`` table's model is ``GatewayLimits``, a client's ``ClientLimits``.
 
 The import graph is read from the source (``ast``), so lazy imports count; the
 loaded-module checks run in a fresh interpreter, so nothing a test imported
@@ -120,6 +123,21 @@ def test_the_stream_store_knows_no_http_and_no_cache(module: str) -> None:
         m for m in GRAPH[module] if not m.startswith("gateway.store") and m != "gateway"
     )
     assert not outside, f"{module} imports {outside}"
+
+
+@pytest.mark.parametrize("name", ["limits", "quota"])
+def test_a_name_names_one_room(name: str) -> None:
+    rooms = sorted(m for m in MODULES if m.rpartition(".")[2] == name)
+    assert len(rooms) == 1, f"{name!r} names {rooms}"
+
+
+def test_the_two_kinds_of_limit_have_two_names() -> None:
+    import gateway.settings as settings
+
+    # the [limits] table (the gateway's own) and [clients.limits] (a named client's)
+    assert settings.Settings.model_fields["limits"].annotation is settings.GatewayLimits
+    assert settings.ClientConfig.model_fields["limits"].annotation is settings.ClientLimits
+    assert not hasattr(settings, "Limits")
 
 
 def test_nothing_imports_the_command_line() -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.limits import BackendError, Limiter, LimitRefused, Reserved
 from gateway.limits.backend import Ask
 from gateway.limits.memory import MemoryBackend
-from gateway.policy.limits import (
+from gateway.policy.quota import (
     Check,
     Cost,
     Limit,

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.policy.limits import (
+from gateway.policy.quota import (
     _INPUT_FIELDS,
     MESSAGE_OVERHEAD,
     REQUEST_OVERHEAD,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.limits.backend import Ask
 from gateway.limits.memory import MemoryBackend
-from gateway.policy.limits import Limit, Rule, checks_for
+from gateway.policy.quota import Limit, Rule, checks_for
 
 _STEP = st.tuples(
     st.integers(min_value=0, max_value=2),  # which rules

@@ -1,8 +1,12 @@
-"""Client limits as arithmetic: windows, the reservation estimate, the settlement.
+"""A client's quota as arithmetic: what each limit is, its windows, the reservation
+estimate, the settlement.
 
 Pure: no clock (``now`` is always passed in, seconds since the epoch), no I/O.
-The backends (``gateway.limits``) keep the counters; this module says which
-counters a request touches, by how much, and what it finally cost.
+The counters and the limiter that keeps them are ``gateway.limits``; the
+gateway's own byte and concurrency limits (the ``[limits]`` table) are
+``gateway.settings.GatewayLimits``. This module says what a limit is (``Limit``:
+each kind with its own facts), which counters a request touches, by how much,
+and what it finally cost.
 
 - Windows are fixed UTC windows: a minute, a day, a month. A counter is named
   by its scope, its limit and its window's start, and lives until the
