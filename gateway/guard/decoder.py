@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gateway.guard.errors import GuardError
+
 __all__ = ["Decoder", "Event"]
 
 
@@ -55,6 +57,7 @@ class Decoder:
         #: After a GuardError: the events the failing ``feed`` completed before the
         #: offending line (they are whole and valid; the caller may still judge them).
         self.events_before_error: list[Event] = []
+        self._error: GuardError | None = None
 
     @property
     def boundary(self) -> int:
@@ -72,12 +75,33 @@ class Decoder:
         return self._received
 
     def feed(self, data: bytes) -> list[Event]:
-        """Consume ``data`` and return the events it completed, in order."""
-        raise NotImplementedError
+        """Consume ``data`` and return the events it completed, in order. A
+        ``GuardError`` kills the decoder: it is raised again by every later call."""
+        if self._error is not None:
+            raise self._error
+        events: list[Event] = []
+        try:
+            self._feed(data, events)
+        except GuardError as exc:
+            self._error = exc
+            self.events_before_error = events
+            raise
+        return events
 
     def close(self) -> list[Event]:
         """The body ended: the events only its end completes (an unfinished one is dropped)."""
+        if self._error is not None:
+            raise self._error
+        events: list[Event] = []
+        self._close(events)
+        return events
+
+    def _feed(self, data: bytes, events: list[Event]) -> None:
+        """Consume ``data``, appending the events it completes to ``events``."""
         raise NotImplementedError
+
+    def _close(self, events: list[Event]) -> None:
+        """Append the events only the end of the body completes (by default none)."""
 
     def clean_end(self, held: bytes) -> bool:
         """Whether a body that ended with ``held`` unforwarded ended between events (line

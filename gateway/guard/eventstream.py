@@ -156,28 +156,11 @@ class EventStreamDecoder(Decoder):
         self.max_frame_bytes = max_event_bytes
         self._buffer = bytearray()  # bytes after ``boundary``
         self._need = 0  # the total length of the frame being buffered (0: unknown yet)
-        self._error: GuardError | None = None
 
-    def feed(self, data: bytes) -> list[Event]:
-        """Consume ``data`` and return the frames it completed, in order."""
-        if self._error is not None:
-            raise self._error
-        events: list[Event] = []
+    def _feed(self, data: bytes, events: list[Event]) -> None:
         self._received += len(data)
         self._buffer += data
-        try:
-            self._frames(events)
-        except GuardError as exc:
-            self._error = exc
-            self.events_before_error = events
-            raise
-        return events
-
-    def close(self) -> list[Event]:
-        """The body ended: a frame it cut is dropped; no frame completes."""
-        if self._error is not None:
-            raise self._error
-        return []
+        self._frames(events)
 
     def clean_end(self, held: bytes) -> bool:
         """Only an end between frames is clean: any byte left over is a torn frame."""

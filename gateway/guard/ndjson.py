@@ -26,7 +26,7 @@ Goals and bounds, as for the SSE decoder:
 from __future__ import annotations
 
 from gateway.guard.decoder import Decoder, Event
-from gateway.guard.errors import GuardError, LineTooLong
+from gateway.guard.errors import LineTooLong
 from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 
 __all__ = ["NDJSONDecoder"]
@@ -54,26 +54,6 @@ class NDJSONDecoder(Decoder):
         #: the unfinished line (no LF yet), as the pieces that brought it
         self._tail: list[bytes] = []
         self._tail_len = 0
-        self._error: GuardError | None = None
-
-    def feed(self, data: bytes) -> list[Event]:
-        """Consume ``data`` and return the lines (events) it completed, in order."""
-        if self._error is not None:
-            raise self._error
-        events: list[Event] = []
-        try:
-            self._feed(data, events)
-        except GuardError as exc:
-            self._error = exc
-            self.events_before_error = events
-            raise
-        return events
-
-    def close(self) -> list[Event]:
-        """The body ended: an unfinished last line (no LF) is dropped; no event completes."""
-        if self._error is not None:
-            raise self._error
-        return []
 
     def _feed(self, data: bytes, events: list[Event]) -> None:
         size = len(data)

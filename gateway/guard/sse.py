@@ -34,7 +34,7 @@ Invalid UTF-8 becomes U+FFFD, never an exception.
 from __future__ import annotations
 
 from gateway.guard.decoder import Decoder, Event
-from gateway.guard.errors import EventTooLarge, GuardError, LineTooLong
+from gateway.guard.errors import EventTooLarge, LineTooLong
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_MAX_LINE_BYTES", "Event", "SSEDecoder"]
 
@@ -87,7 +87,6 @@ class SSEDecoder(Decoder):
         self._data_size = 0
         self._event_type = b""
         self._block_retry: int | None = None
-        self._error: GuardError | None = None
         #: The last event ID string, carried from event to event (spec: never reset).
         self.last_event_id = ""
         #: The reconnection time in milliseconds, if the stream set one.
@@ -102,31 +101,14 @@ class SSEDecoder(Decoder):
 
     # -- feeding --------------------------------------------------------------
 
-    def feed(self, data: bytes) -> list[Event]:
-        """Consume ``data`` and return the events it completed, in order."""
-        if self._error is not None:
-            raise self._error
-        events: list[Event] = []
-        try:
-            self._feed(data, events)
-        except GuardError as exc:
-            self._error = exc
-            self.events_before_error = events
-            raise
-        return events
-
-    def close(self) -> list[Event]:
-        """The stream ended: return the event a final CR-ended blank line dispatches.
+    def _close(self, events: list[Event]) -> None:
+        """The stream ended: the event a final CR-ended blank line dispatches.
 
         An unfinished line or block is discarded, as the standard says.
         """
-        if self._error is not None:
-            raise self._error
-        events: list[Event] = []
         if self._blank_pending is not None:
             at, self._blank_pending = self._blank_pending, None
             self._line(b"", at, at + 1, events)
-        return events
 
     def _feed(self, data: bytes, events: list[Event]) -> None:
         size = len(data)
