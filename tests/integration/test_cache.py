@@ -487,6 +487,39 @@ def test_a_hit_costs_a_named_client_no_tokens(sim: ServerThread) -> None:
         assert metric_value(after_hit, "gateway_requests_total", client="alice", code="200") == 2
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_a_client_past_its_token_limit_still_gets_a_hit(sim: ServerThread, backend: str) -> None:
+    """A hit reserves no tokens, so a token limit that is over does not refuse it; a miss
+    (an answer that would spend tokens) is refused as before."""
+    # the day's budget as well as the minute's: both over, so that a minute that ends
+    # between the requests changes nothing
+    limits = {"tokens_per_minute": 30, "tokens_per_day": 30}
+    clients = [{**CLIENTS[0], "limits": limits}]
+    caching = routes(sim, inject_include_usage=True, default_output_reservation=1)
+    many = {"x-sim-tokens": "60"}  # the answer costs more than the limit
+    with contextlib.ExitStack() as stack:
+        extra: dict[str, Any] = {}
+        if backend == "redis":
+            from tests.integration.redis_server import redis_server
+
+            redis = stack.enter_context(redis_server())
+            extra = {"limits_backend": "redis", "redis_url": redis.url}
+        gw = stack.enter_context(gateway_for("", routes=caching, clients=clients, **extra))
+        miss = post(gw, CHAT, headers={**auth("alice"), **many})
+        assert miss.headers["x-gateway-cache"] == "MISS"
+        assert b"outcome=complete" in miss.content
+        text = httpx.get(f"{gw.url}/metrics").text
+        assert metric_value(text, "gateway_client_tokens_total", client="alice") > 30
+        hit = post(gw, CHAT, headers=auth("alice"))
+        assert hit.status_code == 200
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert without_trailer(hit.content) == without_trailer(miss.content)
+        other = {**CHAT, "messages": [{"role": "user", "content": "something else"}]}
+        refused = post(gw, other, headers=auth("alice"))
+        assert refused.status_code == 429
+        assert upstream_count(sim) == 1
+
+
 def test_two_gateway_processes_share_entries_through_redis(
     sim: ServerThread, tmp_path: Path
 ) -> None:
