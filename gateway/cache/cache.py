@@ -347,7 +347,7 @@ class ResponseCache:
     def _leader_left(self, exchange: Exchange, stream_id: str, detachment: Detachment) -> None:
         """The leader's client left: its answer is read on when others follow it, else
         the request stops as any whose client left."""
-        exchange.detach = None
+        exchange.detach = _once  # told once: a second notice changes nothing
 
         async def read_on_if_followed() -> None:
             try:
@@ -585,6 +585,10 @@ class ResponseCache:
         task.add_done_callback(self._pending.discard)
 
     # -- invalidation ----------------------------------------------------------------------
+
+
+def _once() -> None:
+    """A leader's client left already: the question is asked (``_leader_left``)."""
 
 
 def _usage_fields(usage: Usage | None) -> dict[str, str]:
