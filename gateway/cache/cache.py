@@ -12,6 +12,10 @@ For a request on a route with ``cache = true`` the relay asks, in order:
   ends as the leader's did, whole or not; otherwise this request leads: its
   name claims the key (one leader per key, across workers with Redis) and
   every byte it sends the client is also appended to a new log (``Recorder``).
+  A follower marks the log followed; a leader whose client leaves while its
+  log is followed reads its answer on to the end, into the log alone
+  (``gateway.proxy.detach``, as a resumable stream does), within the route's
+  total deadline: its followers get the whole answer and the entry is kept.
 - ``settle`` (the request ended): the leader's log gets its end, and the
   entry is kept only when the answer is whole with a reason in
   ``cache_reasons``, 2xx, not continued and within ``cache_max_entry_bytes``;
@@ -39,6 +43,7 @@ from gateway.cache.admin import ADMIN_PATH, delete_entry
 from gateway.cache.entry import (
     decode_head,
     entry_name,
+    followed_name,
     hit_trailer,
     refused_name,
     with_request_id,
@@ -52,6 +57,7 @@ from gateway.observe import Metrics
 from gateway.proxy.admission import presented_key
 from gateway.proxy.answers import drop_stalled_client
 from gateway.proxy.connection import abort_connection
+from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.proxy.request_body import BodyParser
@@ -159,7 +165,8 @@ class ResponseCache:
         self.bodies = bodies
         self._admins = frozenset(c.name for c in clients if c.cache_admin)
         self._clock = clock
-        #: Deletions of refused logs, waiting for their followers.
+        #: Deletions of refused logs, waiting for their followers; leaders whose client
+        #: left, asking whether they are followed.
         self._pending: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -329,8 +336,35 @@ class ResponseCache:
         extra: RawHeaders = [(b"x-gateway-cache", plan.header.encode())]
         if plan.key is not None and writer is not None:
             extra.append((b"x-gateway-cache-key", plan.key.encode()))
-        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing)
+        detachment = None
+        if writer is not None:
+            # The leader's client leaving does not stop it at once: see ``_leader_left``.
+            detachment = Detachment(exchange, self.metrics)
+            exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
+        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing, detachment)
         exchange.send = plan.recorder
+
+    def _leader_left(self, exchange: Exchange, stream_id: str, detachment: Detachment) -> None:
+        """The leader's client left: its answer is read on when others follow it, else
+        the request stops as any whose client left."""
+        exchange.detach = _once  # told once: a second notice changes nothing
+
+        async def read_on_if_followed() -> None:
+            try:
+                followed = await self.store.resolve(followed_name(stream_id)) is not None
+            except StoreError:
+                followed = False
+            if followed and not exchange.response_done:
+                # (the total deadline is set once the request goes upstream)
+                loop = asyncio.get_running_loop()
+                total = exchange.total_deadline
+                detachment.start(total or loop.time() + exchange.route.timeouts.total)
+            else:
+                exchange.stop(Reason.CLIENT_DISCONNECT)
+
+        task = asyncio.get_running_loop().create_task(read_on_if_followed())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _find(self, name: str, controls: Controls, ttl: float) -> _Source | None:
         """The entry or the answer in flight under ``name`` that this request may read."""
@@ -390,7 +424,13 @@ class ResponseCache:
         return True
 
     async def _follow(self, exchange: Exchange, source: _Source) -> bool:
-        """Send a leader's answer as it is written, and end it as the leader did."""
+        """Send a leader's answer as it is written, and end it as the leader did. The log
+        is marked followed: its leader reads on if its own client leaves."""
+        await self.store.claim(
+            followed_name(source.stream_id),
+            exchange.record.request_id,
+            exchange.route.timeouts.total + _LEASE_SECONDS,
+        )
         return await self._relay_log(exchange, source, age=0)
 
     async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
@@ -486,6 +526,9 @@ class ResponseCache:
         if writer is None or recorder is None:
             return
         plan.writer = None
+        exchange.detach = None
+        if recorder.detachment is not None:
+            recorder.detachment.end()
         route = exchange.route
         config = route.config
         assert plan.key is not None
@@ -542,6 +585,10 @@ class ResponseCache:
         task.add_done_callback(self._pending.discard)
 
     # -- invalidation ----------------------------------------------------------------------
+
+
+def _once() -> None:
+    """A leader's client left already: the question is asked (``_leader_left``)."""
 
 
 def _usage_fields(usage: Usage | None) -> dict[str, str]:

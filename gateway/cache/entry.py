@@ -21,6 +21,7 @@ __all__ = [
     "decode_head",
     "encode_head",
     "entry_name",
+    "followed_name",
     "hit_trailer",
     "refused_name",
     "with_request_id",
@@ -56,6 +57,12 @@ def hit_trailer(reason: str, age: int, request_id: str) -> bytes:
 def entry_name(key: str) -> str:
     """The store name that points at a key's entry (or its leader's log)."""
     return "cache:" + key
+
+
+def followed_name(stream_id: str) -> str:
+    """The store name that says a leader's log has followers (its leader reads on when
+    its own client leaves)."""
+    return "cache-followed:" + stream_id
 
 
 def refused_name(key: str) -> str:

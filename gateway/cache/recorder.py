@@ -5,7 +5,8 @@ event (a stream's are event-aligned: the relay only sends whole events); the
 last send, a stream's trailer, is kept apart for the log's end. A plain
 answer's body is also kept (up to the log's bound) so that its finish can be
 read once it is whole. ``extra`` headers (``X-Gateway-Cache``) go to the
-client only, never into the log.
+client only, never into the log. Once the leader's client left while others
+follow its answer (``detachment`` started), the sends go into the log alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from starlette.types import Message, Send
 
 from gateway.cache.entry import encode_head
 from gateway.guard import Framing
+from gateway.proxy.detach import Detachment
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.store import Writer
 
@@ -28,6 +30,7 @@ class Recorder:
         "_framing",
         "_send",
         "body",
+        "detachment",
         "ended",
         "extra",
         "final",
@@ -38,7 +41,12 @@ class Recorder:
     )
 
     def __init__(
-        self, send: Send, writer: Writer | None, extra: RawHeaders, framing: Framing
+        self,
+        send: Send,
+        writer: Writer | None,
+        extra: RawHeaders,
+        framing: Framing,
+        detachment: Detachment | None = None,
     ) -> None:
         self._send = send
         self._framing = framing
@@ -51,6 +59,7 @@ class Recorder:
         self.size = 0
         self.final = b""
         self.ended = False
+        self.detachment = detachment
 
     async def __call__(self, message: Message) -> None:
         kind = message["type"]
@@ -77,4 +86,6 @@ class Recorder:
             else:
                 self.final = body
                 self.ended = True
+        if self.detachment is not None and self.detachment.skip(message):
+            return
         await self._send(message)

@@ -4,7 +4,8 @@ Counters are a dict keyed by the check's key; a window's counter is dropped
 once its window has ended (swept at most once a minute), so the dict holds
 at most the configured scopes' current windows. Nothing awaits: a
 reservation is a few dictionary operations (well under 10 µs), and the limiter
-calls ``reserve_now`` and ``settle_now`` without a coroutine. Nothing can
+calls ``reserve_now`` and ``settle_now`` without a coroutine. A reservation of
+no tokens (a cache hit) fits every token counter, even one over its limit. Nothing can
 fail or arrive late, so a reservation's identity is the limiter's business
 (it settles each once).
 """
@@ -50,7 +51,7 @@ class MemoryBackend:
             self._sweep(now)
         counters = self._counters
         get = counters.get
-        if strict:
+        if strict and output:  # (a request that reserves no output has none to cap)
             for check in checks:
                 if check.tokens:
                     room = check.value - get(check.key, 0) - input_
@@ -76,7 +77,9 @@ class MemoryBackend:
             else:
                 count += step
             counters[key] = count
-            if count > value:
+            # a reservation of no tokens (a cache hit) is refused by no token counter,
+            # even one over its limit: only its request and stream counters count it
+            if count > value and step:
                 return self._refused(checks, len(after), amount, output, fresh)
             after.append(count)
         return Reserved(None, after, output)

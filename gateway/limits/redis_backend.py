@@ -40,7 +40,8 @@ ID_MARGIN = 300
 #: KEYS: the id, then the counters. ARGV: now, member, the id's ttl, input, output, strict
 #: (1/0), then per counter: kind (c: requests, t: tokens, z: streams), limit, expiry.
 #: Returns {0, output, used...} admitted, {index, output, used...} refused at a counter
-#: (1-based; used before), {-1} when the id was closed already.
+#: (1-based; used before), {-1} when the id was closed already. A reservation of no
+#: tokens (a cache hit) fits every token counter, even one over its limit.
 RESERVE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1}
@@ -57,7 +58,7 @@ for i = 2, #KEYS do
     used[i - 1] = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
 end
-if ARGV[6] == '1' then
+if ARGV[6] == '1' and output > 0 then
   for i = 2, #KEYS do
     local at = 7 + (i - 2) * 3
     if ARGV[at] == 't' then
@@ -75,7 +76,7 @@ for i = 2, #KEYS do
   if ARGV[at] == 't' then
     step = amount
   end
-  if used[i - 1] + step > tonumber(ARGV[at + 1]) then
+  if step > 0 and used[i - 1] + step > tonumber(ARGV[at + 1]) then
     return {i - 1, output, unpack(used)}
   end
 end

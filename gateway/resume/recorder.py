@@ -14,7 +14,8 @@ Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
 default with resume), a client that leaves no longer stops the request
 (``Exchange.detach``): the recorder *detaches*: the relay goes on at the
 upstream's pace, every send now goes to the log alone, for at most
-``detach_max_seconds`` (then ``total_timeout``). A client that stalls past
+``detach_max_seconds`` (then ``total_timeout``; ``gateway.proxy.detach``). A
+client that stalls past
 ``timeouts.client_send`` is cut (``client_stalled``) and detaches the same way.
 A cancel request (``POST .../cancel``, seen by the store) stops the request with
 ``cancelled``.
@@ -33,6 +34,7 @@ from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.errors import RequestError
 from gateway.proxy.connection import abort_connection
+from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import Exchange
 from gateway.resume.events import Splitter
 from gateway.store import End, StoreError, Writer
@@ -63,10 +65,8 @@ class Recorder:
         self.guard = guard
         self.metrics = metrics
         self.splitter = Splitter(ndjson=not exchange.spec.framing.comments)
-        self.detached = False
-        self._unsent = 0  # bytes "sent" while detached: they never reached the client
+        self.detachment = Detachment(exchange, metrics)
         self._trailer: bytes | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._send: Send = exchange.send
         exchange.send = self.send
         writer.on_cancel = self._cancel
@@ -90,9 +90,7 @@ class Recorder:
             if self.exchange.route.config.detaches:
                 # From now on the client knows the stream's id: leaving, it detaches.
                 self.exchange.detach = self.detach
-        if self.detached:
-            if kind == "http.response.body":
-                self._unsent += len(message.get("body", b""))
+        if self.detachment.skip(message):
             return
         try:
             await self._send(message)
@@ -129,15 +127,10 @@ class Recorder:
 
     def detach(self) -> None:
         """The client left: go on without it, for at most ``detach_max_seconds``."""
-        if self.detached:
-            return
-        self.detached = True
         exchange = self.exchange
-        exchange.record.detached = True
-        self.metrics.detached(exchange.route.name, 1)
         loop = asyncio.get_running_loop()
         at = min(loop.time() + exchange.route.config.detach_max_seconds, exchange.total_deadline)
-        self._timer = loop.call_at(at, exchange.stop, Reason.TOTAL_TIMEOUT)
+        self.detachment.start(at)
 
     def _cancel(self) -> None:
         self.exchange.stop(Reason.CANCELLED)
@@ -146,11 +139,7 @@ class Recorder:
         """The stream ended (or failed): its end goes into the log."""
         exchange = self.exchange
         exchange.detach = None
-        if self._timer is not None:
-            self._timer.cancel()
-        if self.detached:
-            self.metrics.detached(exchange.route.name, -1)
-            exchange.record.bytes_out -= self._unsent
+        self.detachment.end()
         trailer = self._trailer
         verdict = exchange.record.verdict
         if trailer is None:  # never sent (the connection was dropped): the log has it

@@ -415,6 +415,92 @@ def test_followers_end_as_the_leader_did_whole_or_not(sim: ServerThread) -> None
         assert follower.headers["x-request-id"].encode() in follower.content
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_followers_get_the_whole_answer_when_the_leaders_client_leaves(
+    sim: ServerThread, store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The leader's client drops after its first events: the leader reads on into its log
+    for the five requests following it, which all get the whole answer; it is stored (the
+    next request is a hit) and the leader's access-log line says it was detached."""
+    slow = {"x-sim-tps": "10", "x-sim-tokens": "30"}  # about three seconds of stream
+
+    async def run(url: str) -> tuple[str, list[bytes]]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=10)) as c:
+            leader_id = ""
+            first_events = asyncio.Event()
+            followers_in = [asyncio.Event() for _ in range(5)]
+
+            async def lead() -> None:
+                nonlocal leader_id
+                async with c.stream("POST", url, json=CHAT, headers=slow) as response:
+                    assert response.headers["x-gateway-cache"] == "MISS"
+                    leader_id = response.headers["x-request-id"]
+                    chunks = response.aiter_raw()  # held: its end would close the response
+                    while b"data: {" not in await anext(chunks):
+                        pass
+                    first_events.set()
+                    for joined in followers_in:
+                        await joined.wait()
+                # leaving the block unread closes the leader's connection
+
+            async def follow(joined: asyncio.Event) -> bytes:
+                await first_events.wait()
+                async with c.stream("POST", url, json=CHAT) as response:
+                    assert response.headers["x-gateway-cache"] == "HIT"
+                    joined.set()
+                    return b"".join([chunk async for chunk in response.aiter_raw()])
+
+            bodies = await asyncio.gather(lead(), *(follow(j) for j in followers_in))
+            return leader_id, list(bodies[1:])
+
+    with (
+        store_settings(store) as extra,
+        gateway_for("", routes=routes(sim), access_log=True, **extra) as gw,
+    ):
+        leader_id, followers = asyncio.run(run(f"{gw.url}/v1/chat/completions"))
+        assert upstream_count(sim) == 1
+        for body in followers:
+            assert b"data: [DONE]" in body
+            assert HIT_TRAILER.search(body) is not None  # the answer was whole, and kept
+        assert len({without_trailer(body) for body in followers}) == 1
+        hit = post(gw, CHAT)
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert without_trailer(hit.content) == without_trailer(followers[0])
+        assert upstream_count(sim) == 1
+        lines = access_log_until(capsys, hit.headers["x-request-id"])
+    leader = next(line for line in lines if line["request_id"] == leader_id)
+    assert leader["detached"] is True
+    assert (leader["outcome"], leader["reason"]) == ("complete", "stop")
+    assert leader["cache"] == "miss"
+
+
+def test_a_leader_whose_client_leaves_unfollowed_stops(
+    sim: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nobody follows: the leader's request stops when its client leaves, as before (the
+    upstream is not read on for nobody), and nothing is stored."""
+    slow = {"x-sim-tps": "10", "x-sim-tokens": "100"}  # about ten seconds of stream
+
+    async def run(url: str) -> str:
+        async with (
+            httpx.AsyncClient(timeout=60) as c,
+            c.stream("POST", url, json=CHAT, headers=slow) as response,
+        ):
+            async for chunk in response.aiter_raw():
+                if b"data: {" in chunk:
+                    break
+            return response.headers["x-request-id"]
+
+    with gateway_for("", routes=routes(sim), access_log=True) as gw:
+        leader_id = asyncio.run(run(f"{gw.url}/v1/chat/completions"))
+        lines = access_log_until(capsys, leader_id)
+        leader = next(line for line in lines if line["request_id"] == leader_id)
+        assert leader["detached"] is False
+        assert leader["reason"] == "client_disconnect"
+        nxt = post(gw, CHAT)
+        assert nxt.headers["x-gateway-cache"] == "REFUSED; reason=client_disconnect"
+
+
 def _crlf_upstream(count: list[int]) -> Starlette:
     chunk = (
         b'data: {"id":"c1","object":"chat.completion.chunk","model":"m",\r\n'
@@ -485,6 +571,39 @@ def test_a_hit_costs_a_named_client_no_tokens(sim: ServerThread) -> None:
         after_hit = httpx.get(f"{gw.url}/metrics").text
         assert metric_value(after_hit, "gateway_client_tokens_total", client="alice") == spent
         assert metric_value(after_hit, "gateway_requests_total", client="alice", code="200") == 2
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_a_client_past_its_token_limit_still_gets_a_hit(sim: ServerThread, backend: str) -> None:
+    """A hit reserves no tokens, so a token limit that is over does not refuse it; a miss
+    (an answer that would spend tokens) is refused as before."""
+    # the day's budget as well as the minute's: both over, so that a minute that ends
+    # between the requests changes nothing
+    limits = {"tokens_per_minute": 30, "tokens_per_day": 30}
+    clients = [{**CLIENTS[0], "limits": limits}]
+    caching = routes(sim, inject_include_usage=True, default_output_reservation=1)
+    many = {"x-sim-tokens": "60"}  # the answer costs more than the limit
+    with contextlib.ExitStack() as stack:
+        extra: dict[str, Any] = {}
+        if backend == "redis":
+            from tests.integration.redis_server import redis_server
+
+            redis = stack.enter_context(redis_server())
+            extra = {"limits_backend": "redis", "redis_url": redis.url}
+        gw = stack.enter_context(gateway_for("", routes=caching, clients=clients, **extra))
+        miss = post(gw, CHAT, headers={**auth("alice"), **many})
+        assert miss.headers["x-gateway-cache"] == "MISS"
+        assert b"outcome=complete" in miss.content
+        text = httpx.get(f"{gw.url}/metrics").text
+        assert metric_value(text, "gateway_client_tokens_total", client="alice") > 30
+        hit = post(gw, CHAT, headers=auth("alice"))
+        assert hit.status_code == 200
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert without_trailer(hit.content) == without_trailer(miss.content)
+        other = {**CHAT, "messages": [{"role": "user", "content": "something else"}]}
+        refused = post(gw, other, headers=auth("alice"))
+        assert refused.status_code == 429
+        assert upstream_count(sim) == 1
 
 
 def test_two_gateway_processes_share_entries_through_redis(

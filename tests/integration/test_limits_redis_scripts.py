@@ -157,6 +157,34 @@ def test_strict_reserves_what_is_left_and_a_refusal_tells_every_counter(
     _run(redis, work)
 
 
+def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over(
+    redis: RedisServer,
+) -> None:
+    """A cache hit reserves no tokens: a client whose tokens are spent past the limit is
+    still admitted, and counted in its requests, which still refuse it at theirs."""
+    rule = Rule("team", {Limit.REQUESTS_PER_MINUTE: 3, Limit.TOKENS_PER_MINUTE: 100})
+    checks = checks_for([rule], False, NOW)
+
+    async def work(backend: RedisBackend) -> None:
+        assert (await backend.reserve(checks, _ask("a"), NOW)).refused is None
+        # it cost more than it reserved: the token counter is over its limit
+        assert await backend.settle(checks, checks, _ask("a"), 100, 400) == [1, 400]
+        hit = await backend.reserve(checks, _ask("h1", 0, 0), NOW)
+        assert (hit.refused, hit.used) == (None, [2, 400])
+        # a request that spends tokens is refused by the token limit, and counts nothing
+        miss = await backend.reserve(checks, _ask("b"), NOW)
+        assert (miss.refused, miss.used) == (1, [2, 400])
+        # strict has no output to cap in a reservation of none
+        strict = await backend.reserve(checks, _ask("h2", 0, 0, strict=True), NOW)
+        assert (strict.refused, strict.output, strict.used) == (None, 0, [3, 400])
+        # the request limit still refuses a reservation of no tokens
+        over = await backend.reserve(checks, _ask("h3", 0, 0), NOW)
+        assert (over.refused, over.used) == (0, [3, 400])
+
+    _run(redis, work)
+    assert _values(redis, checks) == [3, 400]
+
+
 def test_a_burst_of_reservations_shares_a_few_round_trips(redis: RedisServer) -> None:
     """200 reservations asked at once go in a few pipelines, not 200 round trips, and each
     gets its own answer: exactly the limit is admitted."""

@@ -71,3 +71,33 @@ def test_reservations_are_all_or_none_and_never_pass_a_limit(
                         assert backend._counters.get(check.key, 0) <= check.value
 
     asyncio.run(run())
+
+
+def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over() -> None:
+    """A cache hit reserves no tokens: a client whose tokens are spent past the limit is
+    still admitted, and counted in its requests, which still refuse it at theirs."""
+    rule = Rule("c", {Limit.REQUESTS_PER_MINUTE: 3, Limit.TOKENS_PER_MINUTE: 100})
+    now = 1_800_000_030.0
+    checks = checks_for([rule], False, now)
+    backend = MemoryBackend()
+
+    async def run() -> None:
+        first = await backend.reserve(checks, Ask("a", 90, 10, False, 60.0), now)
+        assert first.refused is None
+        # it cost more than it reserved: the token counter is over its limit
+        await backend.settle(checks, checks, Ask("a", 90, 10, False, 60.0), 100, 400)
+        assert [backend._counters[c.key] for c in checks] == [1, 400]
+        hit = await backend.reserve(checks, Ask("h1", 0, 0, False, 60.0), now)
+        assert (hit.refused, hit.used) == (None, [2, 400])
+        # a request that spends tokens is refused by the token limit, and counts nothing
+        miss = await backend.reserve(checks, Ask("b", 90, 10, False, 60.0), now)
+        assert (miss.refused, miss.used) == (1, [2, 400])
+        # strict has no output to cap in a reservation of none
+        strict = await backend.reserve(checks, Ask("h2", 0, 0, True, 60.0), now)
+        assert (strict.refused, strict.output, strict.used) == (None, 0, [3, 400])
+        # the request limit still refuses a reservation of no tokens
+        over = await backend.reserve(checks, Ask("h3", 0, 0, False, 60.0), now)
+        assert (over.refused, over.used) == (0, [3, 400])
+
+    asyncio.run(run())
+    assert [backend._counters[c.key] for c in checks] == [3, 400]
