@@ -257,6 +257,10 @@ class Resumes:
             return
         try:
             ask = self._ask(exchange, stream_id)
+            if found.stopped and found.end is None and ask.after >= found.kept:
+                # A live log that stopped at its cap: Redis's count of its events
+                # lags (written with kept events only), so past the kept part is gone.
+                raise Gone
             if ask.after > found.total:
                 found = await self._caught_up(stream_id, found, ask.after)
             if ask.after > found.total:
