@@ -218,9 +218,11 @@ class Resumes:
         )
         last = get_header(exchange.scope["headers"], b"last-event-id")
         ids = query.get("ids", [""])[0] in ("1", "true") or last is not None
-        raw = query.get("starting_after", [None])[0]
-        if raw is None:
-            raw = last.decode("latin-1").strip() if last is not None else "0"
+        # Last-Event-ID first: an EventSource reconnects to the URL it was given
+        # (starting_after included) and says in this header how far it got.
+        raw = query.get("starting_after", ["0"])[0]
+        if last is not None:
+            raw = last.decode("latin-1").strip()
         if not _CURSOR.fullmatch(raw):
             raise BadCursor
         return _Ask(stream_id, int(raw), ids)

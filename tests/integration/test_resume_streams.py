@@ -244,6 +244,12 @@ def test_last_event_id_and_ids(gateway: ServerThread) -> None:
     ]
     plain = resume(gateway.url + "/v1", stream_id, 4)
     assert b"id: " not in plain.content
+    # An EventSource reconnects to the URL it was given (docs/resume.md's has
+    # starting_after=0) with Last-Event-ID: the header, which is newer, wins.
+    reconnect = resume(
+        gateway.url + "/v1", stream_id, 0, headers={**AUTH_A, "last-event-id": "4"}, ids="1"
+    )
+    assert reconnect.content == by_header.content
 
 
 def test_opting_out_and_a_route_without_resume(simulator: ServerThread) -> None:
