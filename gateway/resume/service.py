@@ -218,9 +218,11 @@ class Resumes:
         )
         last = get_header(exchange.scope["headers"], b"last-event-id")
         ids = query.get("ids", [""])[0] in ("1", "true") or last is not None
-        raw = query.get("starting_after", [None])[0]
-        if raw is None:
-            raw = last.decode("latin-1").strip() if last is not None else "0"
+        # Last-Event-ID first: an EventSource reconnects to the URL it was given
+        # (starting_after included) and says in this header how far it got.
+        raw = query.get("starting_after", ["0"])[0]
+        if last is not None:
+            raw = last.decode("latin-1").strip()
         if not _CURSOR.fullmatch(raw):
             raise BadCursor
         return _Ask(stream_id, int(raw), ids)
@@ -257,6 +259,10 @@ class Resumes:
             return
         try:
             ask = self._ask(exchange, stream_id)
+            if found.stopped and found.end is None and ask.after >= found.kept:
+                # A live log that stopped at its cap: Redis's count of its events
+                # lags (written with kept events only), so past the kept part is gone.
+                raise Gone
             if ask.after > found.total:
                 found = await self._caught_up(stream_id, found, ask.after)
             if ask.after > found.total:

@@ -67,6 +67,8 @@ TAIL_BLOCK_SECONDS = 1.0
 FLUSH_SECONDS = 0.02
 #: How often the writers' leases are looked at for a renewal.
 RENEW_TICK_SECONDS = 0.1
+#: After a failed write, how long new logs are refused before Redis is asked again.
+RETRY_SECONDS = 1.0
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -283,6 +285,9 @@ class RedisStore:
         self.write = self._redis.register_script(WRITE)
         self._adopt = self._redis.register_script(ADOPT)
         self._cancel = self._redis.register_script(CANCEL)
+        #: When the last write failed, the time until which ``open`` refuses at once
+        #: (then one PING says whether Redis is back); None: writes succeed.
+        self._failing_until: float | None = None
 
     @property
     def size(self) -> int:
@@ -303,6 +308,19 @@ class RedisStore:
                 return await self._redis.execute_command(command, *args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreError(type(exc).__name__) from None
+
+    async def _writable(self) -> None:
+        """Raise StoreError while the last write failed: a log opened then would be
+        lost at its first write, its client given a stream id no resume can serve.
+        Once ``RETRY_SECONDS`` passed, one PING says whether Redis is back."""
+        until = self._failing_until
+        if until is None:
+            return
+        if time.monotonic() < until:
+            raise StoreError("the last write failed")
+        self._failing_until = time.monotonic() + RETRY_SECONDS  # one PING at a time
+        await self._do("PING")
+        self._failing_until = None
 
     def _start(self) -> None:
         """The flusher and the renewer, once there is a writer."""
@@ -343,6 +361,9 @@ class RedisStore:
                         answers = await pipe.execute(raise_on_error=False)
             except (RedisError, OSError, TimeoutError) as exc:
                 answers = [exc] * len(calls)
+                self._failing_until = time.monotonic() + RETRY_SECONDS
+            else:
+                self._failing_until = None
             for (writer, ended, _), answer in zip(calls, answers, strict=True):
                 writer.written(answer, ended)
             if done is not None and not done.done():
@@ -388,6 +409,7 @@ class RedisStore:
     ) -> Writer | None:
         if not self.budget.room(max_bytes):
             return None
+        await self._writable()
         stream_id = stream_id or new_stream_id()
         token = secrets.token_hex(8)
         fields: dict[str, Any] = {f"m:{k}": v for k, v in meta.items()}

@@ -150,7 +150,8 @@ def test_redis_going_away_never_touches_the_clients_stream(
     simulator: ServerThread, redis: RedisServer
 ) -> None:
     """Redis stopped mid-stream: the client still gets its whole stream; a resume then
-    says 503 (the store is unavailable), and the streams after it are served as ever."""
+    says 503 (the store is unavailable), and the streams after it are served as ever,
+    without resume (saying so) until Redis is back."""
     from tests.integration.helpers import gateway_for
 
     routes = [{"name": "v1", "prefix": "/v1", "upstream": simulator.url + "/v1", "resume": True}]
@@ -168,6 +169,20 @@ def test_redis_going_away_never_touches_the_clients_stream(
         assert annotation(got)["outcome"] == "complete"
         later = web.post(gw.url + "/v1/chat/completions", json=BODY, timeout=30)
         assert annotation(later.content)["outcome"] == "complete"
+        # Its writes failed: the next stream is told it has no resume, not given an
+        # id that no resume could serve (docs/resume.md, the wire contract).
+        assert "x-gateway-stream-id" not in later.headers
+        assert later.headers["x-gateway-resume"] == "off; reason=store_error"
         refused = resume(gw.url + "/v1", stream_id, 0, headers={})
+        redis.start()
+        deadline = time.monotonic() + 30
+        while True:  # back within about a second of Redis (one PING a second)
+            again = web.post(gw.url + "/v1/chat/completions", json=BODY, timeout=30)
+            if "x-gateway-stream-id" in again.headers or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        metrics = web.get(gw.url + "/metrics").text
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "store_error"
+    assert "x-gateway-stream-id" in again.headers
+    assert metric_value(metrics, "gateway_resume_off_total", reason="store_error") >= 1

@@ -244,6 +244,12 @@ def test_last_event_id_and_ids(gateway: ServerThread) -> None:
     ]
     plain = resume(gateway.url + "/v1", stream_id, 4)
     assert b"id: " not in plain.content
+    # An EventSource reconnects to the URL it was given (docs/resume.md's has
+    # starting_after=0) with Last-Event-ID: the header, which is newer, wins.
+    reconnect = resume(
+        gateway.url + "/v1", stream_id, 0, headers={**AUTH_A, "last-event-id": "4"}, ids="1"
+    )
+    assert reconnect.content == by_header.content
 
 
 def test_opting_out_and_a_route_without_resume(simulator: ServerThread) -> None:
@@ -359,6 +365,31 @@ def test_a_thousand_resumable_streams_stay_within_the_store(
     assert 0 < held <= bound
     assert metric_value(metrics, "gateway_resume_off_total", reason="store_full") == len(off)
     assert stopped.status_code == 410  # beyond what its log kept
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_cursor_past_a_live_streams_kept_part_is_gone(
+    simulator: ServerThread, store: str
+) -> None:
+    """While the stream still runs, a cursor past the part its log kept (its
+    resume_max_bytes) is 410 ``stream_expired``, as after its end: the Redis log's
+    counters are written with its kept events only, so its count of events lags once
+    it stopped, which must not read as a cursor beyond the stream (400)."""
+    routes = _routes(simulator, resume_max_bytes=2048)
+    path, body, headers = _request("chat", tokens="400", tps="20", seed="3")
+    with contextlib.ExitStack() as stack:
+        options: dict[str, Any] = {}
+        if store == "redis":
+            server = stack.enter_context(redis_server())
+            options = {"stream_store": "redis", "redis_url": server.url}
+        gw = stack.enter_context(gateway_for("", routes=routes, clients=CLIENTS, **options))
+        stream_id, _, head = cut_after(gw.url + path, body, headers, 20)
+        assert len(head) > 2048  # the client got past what the log keeps
+        live = resume(gw.url + "/v1", stream_id, 20)
+        cancel = web.post(f"{gw.url}/v1/gateway/streams/{stream_id}/cancel", headers=AUTH_A)
+    assert cancel.json()["reason"] == "cancelled"  # it was still running
+    assert live.status_code == 410, live.text
+    assert live.json()["error"]["code"] == "stream_expired"
 
 
 def test_a_stalled_client_is_cut_and_the_answer_goes_on(
