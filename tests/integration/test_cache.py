@@ -917,3 +917,20 @@ def test_a_client_that_leaves_a_hit_ends_it(
     assert line["cache"] == "hit"
     assert (line["outcome"], line["reason"]) == ("incomplete", "client_disconnect")
     assert metric_value(text, "gateway_active_streams") == 0
+
+
+def test_a_hit_on_a_resumable_route_carries_no_stream_id_of_the_first_answer(
+    sim: ServerThread,
+) -> None:
+    """Resume and the cache on one route: the miss is a resumable stream of its own, and
+    a hit (replayed, not a stream of the store) names none; the first one's id would be
+    another client's stream, or one that expires before the entry does."""
+    with gateway_for("", routes=routes(sim, resume=True)) as gw:
+        miss = post(gw, CHAT)
+        assert miss.headers["x-gateway-cache"] == "MISS"
+        assert "x-gateway-stream-id" in miss.headers
+        hit = post(gw, CHAT)
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert "x-gateway-stream-id" not in hit.headers
+        assert hit.headers.get_list("x-gateway-cache") == ["HIT"]
+        assert without_trailer(hit.content) == without_trailer(miss.content)
