@@ -295,8 +295,8 @@ class _Gateway:
         self._owns(stack, "bodies", relay.bodies.close)  # the body parser's helper process
         limiter = relay.limiter
         if limiter is not None:
+            self._owns(stack, "limiter", limiter.close)  # before its start, which may fail
             await limiter.start()
-            self._owns(stack, "limiter", limiter.close)
         store = relay.store
         if store is not None:
             self._owns(stack, "stream_store", store.close)

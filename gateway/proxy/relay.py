@@ -321,7 +321,7 @@ class Relay:
                 return
             if reservation.headers:
                 exchange.send = with_headers(exchange.send, reservation.headers)
-            if reservation.output_cap is not None:
+            if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
                 await self._cap_output(exchange, request_json, reservation.output_cap)
         body, exchange.body = exchange.body, b""
         if record.stream:
@@ -338,15 +338,20 @@ class Relay:
             if plan is None or not await self._cached(exchange, plan):
                 await self._send(exchange, target, body, request_json)
         finally:
-            if plan is not None and self.cache is not None:
-                await self.cache.settle(exchange, plan)
+            # What needs no wait first: a cancel during an await below (the client gone,
+            # the drain) must never leave the stream slot taken.
             if exchange.counted:
                 self.admission.end_stream(route)
                 self.metrics.stream_ended(route.name)
+            cost = NOTHING
             if record.client_name != ANONYMOUS:
                 # What a named client's request cost: its tokens metric, its limits.
                 cost = cost_of_record(record, input_estimate(request_json, len(body)))
                 record.charge = cost
+            try:
+                if plan is not None and self.cache is not None:
+                    await self.cache.settle(exchange, plan)
+            finally:
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
 

@@ -300,9 +300,10 @@ class BodyParser:
     async def _run(self, work: Callable[..., T | None], body: bytes, *args: Any) -> T | None:
         if len(body) <= self.off_loop_bytes:
             return work(body, *args)
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             # spawn: a fresh interpreter, never a fork of a process with a loop and threads
-            self._pool = ProcessPoolExecutor(
+            pool = self._pool = ProcessPoolExecutor(
                 1,
                 multiprocessing.get_context("spawn"),
                 initializer=_bound_memory,
@@ -310,7 +311,7 @@ class BodyParser:
             )
         try:
             answer = await asyncio.get_running_loop().run_in_executor(
-                self._pool, _in_helper, work, body, *args
+                pool, _in_helper, work, body, *args
             )
         except BrokenProcessPool:
             # Died on this body (its memory bound can end it outside Python's reach): the
@@ -320,8 +321,11 @@ class BodyParser:
                 "unparsed; a new one is started",
                 len(body),
             )
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            # Only the pool that broke: each body waiting on it sees it broken, and a
+            # new pool another request started meanwhile is left alone.
+            pool.shutdown(wait=False, cancel_futures=True)
+            if self._pool is pool:
+                self._pool = None
             return None
         if isinstance(answer, str) and answer == _TOO_COMPLEX:
             if self._too_complex_log.open():

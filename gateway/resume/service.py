@@ -117,6 +117,10 @@ class Resumes:
         if value is not None and value.strip().lower() == b"off":
             return None
         config = exchange.route.config
+        if not exchange.spec.framing.text:  # binary frames: no event a cursor can count
+            self.metrics.resume_refused(config.name, "framing")
+            exchange.send = with_headers(exchange.send, [(_OPT_OUT, b"off; reason=framing")])
+            return None
         record = exchange.record
         meta = {
             "content_type": content_type,

@@ -384,3 +384,32 @@ def test_a_frame_over_the_event_limit_makes_boto3_raise_limit_exceeded(
         with pytest.raises(EventStreamError) as raised:
             _converse_text(client)
     assert "(limit_exceeded)" in str(raised.value)
+
+
+def test_a_resumable_route_serves_bedrock_streams_without_resume(simulator: ServerThread) -> None:
+    """A resume cursor counts lines of text; an AWS event stream's frames are binary (a
+    0x0A byte inside a frame is no boundary), so a Bedrock stream on a route with resume
+    is served whole and unlogged, and says why."""
+    route = {
+        "name": "bedrock",
+        "prefix": "/bedrock",
+        "upstream": simulator.url,
+        "protocol": "bedrock",
+        "aws": {"region": "us-east-1"},
+        "resume": True,
+    }
+    credentials = {"bedrock": {"bedrock": UPSTREAM_KEYS.packed()}}
+    with gateway_for("", routes=[route], credentials=credentials) as gw:
+        text, last = _converse_text(_client(gw.url + "/bedrock"))
+        response = web.post(
+            gw.url + f"/bedrock/model/{MODEL}/converse-stream",
+            json={"messages": MESSAGES},
+            headers={"x-sim-tps": "0"},
+        )
+        metrics = web.get(gw.url + "/metrics").text
+    assert text
+    assert last["metadata"]["usage"]["outputTokens"] == 20  # read whole by boto3
+    assert response.status_code == 200
+    assert response.headers["x-gateway-resume"] == "off; reason=framing"
+    assert "x-gateway-stream-id" not in response.headers
+    assert metric_value(metrics, "gateway_resume_off_total", route="bedrock", reason="framing") >= 1

@@ -113,3 +113,21 @@ def test_a_body_the_helper_dies_on_is_not_parsed_on_the_loop() -> None:
         return died, again
 
     assert asyncio.run(run()) == (None, 100)
+
+
+def test_bodies_waiting_on_a_helper_that_dies_all_go_on_unparsed() -> None:
+    """Two bodies queued on the helper when it dies: each is answered None (none raises,
+    none is parsed on the loop), and the next body gets a new helper."""
+    import asyncio
+
+    async def run() -> list[int | None]:
+        parser = BodyParser(off_loop_bytes=10)
+        try:
+            answers = await asyncio.gather(
+                parser.run(_die, b"x" * 100), parser.run(_size, b"z" * 50)
+            )
+            return [*answers, await parser.run(_size, b"y" * 100)]
+        finally:
+            parser.close()
+
+    assert asyncio.run(run()) == [None, None, 100]
