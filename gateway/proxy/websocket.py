@@ -738,7 +738,10 @@ class WebSocketRelay:
             return False
         finally:
             conn.sending_since = None
-        conn.resumed = time.monotonic()
+            # The upstream's idle clock restarts when the send ends, taken or failed: a
+            # send the edge cut (a stalled client) must not leave the upstream looking
+            # silent since before it, for the watchdog to blame it first.
+            conn.resumed = time.monotonic()
         return True
 
     def _outside_response(self, conn: _Connection) -> _End:
@@ -855,7 +858,7 @@ class WebSocketRelay:
                 if sending_since is not None:
                     wait_at = total_at  # the upstream is not being read: it waits too
                 if now >= wait_at:
-                    conn.failed = True
+                    conn.failed = not conn.facts.get("stalled")  # a stalled client's doing
                     return _End(
                         Close.INCOMPLETE, 1011, f"response incomplete: {reason}", 1000, reason
                     )
