@@ -24,7 +24,7 @@ import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, get_args
 
 from gateway.simulator._knobs import Knobs
 from gateway.simulator._sse import Framer, dumps
@@ -60,17 +60,8 @@ ProtocolName = Literal[
     "bedrock_converse",
     "bedrock_invoke",
 ]
-PROTOCOLS: Final[tuple[ProtocolName, ...]] = (
-    "chat",
-    "completions",
-    "responses",
-    "messages",
-    "gemini",
-    "ollama",
-    "ollama_generate",
-    "bedrock_converse",
-    "bedrock_invoke",
-)
+#: Every protocol the simulator speaks, in the order above (one list: the Literal's).
+PROTOCOLS: Final[tuple[ProtocolName, ...]] = get_args(ProtocolName)
 #: Ollama's native API: ``/api/chat`` and ``/api/generate``.
 OLLAMA: Final = ("ollama", "ollama_generate")
 
