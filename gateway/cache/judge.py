@@ -15,6 +15,7 @@ import zlib
 from gateway.cache.recorder import Recorder
 from gateway.guard import Reason
 from gateway.guard.jsonparse import loads
+from gateway.proxy.answers import one_json_text
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import get_header
 from gateway.store import Writer
@@ -74,7 +75,7 @@ def plain_finish(exchange: Exchange, recorder: Recorder) -> str | None:
     """A whole plain answer's finish reason (``ProtocolSpec.answer_finish``), or None."""
     finish = exchange.spec.answer_finish
     content_type = (get_header(recorder.headers, b"content-type") or b"").lower()
-    if finish is None or b"json" not in content_type or b"ndjson" in content_type:
+    if finish is None or not one_json_text(content_type.decode("latin-1")):
         return None
     if recorder.body is None:
         return None

@@ -51,6 +51,7 @@ __all__ = [
     "Rescued",
     "hold_plain",
     "hold_stream",
+    "one_json_text",
     "read_refusal",
     "relay_plain",
     "relay_stream",
@@ -286,7 +287,7 @@ async def read_refusal(response: httpx.Response) -> Held:
 # -- plain answers ------------------------------------------------------------------
 
 
-def _one_json_text(content_type: str) -> bool:
+def one_json_text(content_type: str) -> bool:
     """A JSON media type of one JSON text (a stream framing's, NDJSON, is many: never
     parsed whole)."""
     return "json" in content_type and framing_of(content_type) is None
@@ -389,7 +390,7 @@ async def relay_plain(
     sniff: list[bytes] | None = (
         []
         if 200 <= response.status_code < 300
-        and _one_json_text(response.headers.get("content-type", ""))
+        and one_json_text(response.headers.get("content-type", ""))
         and not response.headers.get("content-encoding")
         else None
     )
