@@ -57,6 +57,7 @@ from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
 from gateway.proxy.relay import Relay
+from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
@@ -290,6 +291,7 @@ class _Gateway:
             model_labels=self.model_labels,
             lifecycle=self.lifecycle,
             tracer=self.tracing,
+            stages=self._stages(),
         )
         self.relay = relay
         self._owns(stack, "bodies", relay.bodies.close)  # the body parser's helper process
@@ -329,6 +331,11 @@ class _Gateway:
             forwarding=self.forwarding,
             limiter=limiter,
         )
+
+    def _stages(self) -> list[Stage]:
+        """The optional features on a request's way, outermost first (gateway.proxy.stages):
+        the one place their order is written."""
+        return []
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)

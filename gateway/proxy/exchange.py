@@ -18,7 +18,7 @@ from starlette.types import Scope, Send
 
 from gateway.guard import Outcome, Reason, Verdict
 from gateway.observe import RequestRecord
-from gateway.policy.routing import Route
+from gateway.policy.routing import Route, Target
 from gateway.protocols import ProtocolSpec
 from gateway.protocols.sse import SSE
 from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
@@ -54,6 +54,12 @@ class Exchange:
     #: Set while a resumable stream is relayed: a client that leaves detaches it (the
     #: answer is read on into its log) instead of stopping the request.
     detach: Callable[[], None] | None = None
+    #: What the request is, known before the stages run: the path under the route's
+    #: prefix, where the client's path asked to go, and the body's small top-level
+    #: members (None when it is not a JSON object or was not read).
+    rest: str = ""
+    target: Target | None = None
+    request_json: dict[str, Any] | None = None
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import httpx
@@ -98,6 +98,7 @@ from gateway.proxy.headers import (
 )
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
 from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
+from gateway.proxy.stages import Stage, chain
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.resume import build_resumes
@@ -145,6 +146,7 @@ class Relay:
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
         tracer: TraceHook | None = None,
+        stages: Sequence[Stage] = (),
     ) -> None:
         self.settings = settings
         self.upstream = upstream
@@ -175,6 +177,8 @@ class Relay:
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
         self._forged_log = LogGate()
+        #: The app's stages around the relay's own way (gateway.proxy.stages).
+        self._stages = chain(stages, self._features)
 
     # -- the request's life -------------------------------------------------------------
 
@@ -263,17 +267,26 @@ class Relay:
     # -- what the request is ------------------------------------------------------------
 
     async def _proxy(self, exchange: Exchange, target: Target) -> None:
+        """What the request is, then the app's stages around the rest of its way."""
         route, scope, record = exchange.route, exchange.scope, exchange.record
-        resumes = self.resumes if route.config.resume else None
-        if resumes is not None and resumes.owns(exchange) and await resumes.serve(exchange):
-            return  # a resume, a cancel, a Responses retrieve from the log
-        rest = scope["path"][len(route.config.prefix) :]
+        exchange.target = target
+        exchange.rest = rest = scope["path"][len(route.config.prefix) :]
         spec = exchange.spec
         record.protocol = spec.name
         # The body's small top-level members only: the document itself is never kept.
-        request_json = await self.bodies.summary(exchange.body)
+        exchange.request_json = request_json = await self.bodies.summary(exchange.body)
         record.model = spec.request_model(rest, request_json)
         record.stream = spec.wants_stream(rest, request_json)
+        await self._stages(exchange)
+
+    async def _features(self, exchange: Exchange) -> None:
+        route, record = exchange.route, exchange.record
+        target, rest, request_json = exchange.target, exchange.rest, exchange.request_json
+        assert target is not None
+        spec = exchange.spec
+        resumes = self.resumes if route.config.resume else None
+        if resumes is not None and resumes.owns(exchange) and await resumes.serve(exchange):
+            return  # a resume, a cancel, a Responses retrieve from the log
         limiter = self.limiter
         limited = limiter is not None and limiter.limited(record.client_name)
         plan = None  # the response cache's, keyed on the client's body before any rewrite
