@@ -430,6 +430,13 @@ class _Gateway:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
+            # A stream store that is away is said, not failed on: streams are served
+            # all the same (without resume, uncached), by every replica alike.
+            store = self.relay.store if self.relay is not None else None
+            if store is not None and store.down_since is not None:
+                down = round(time.monotonic() - store.down_since, 1)
+                return JSONResponse({"status": "ready", "stream_store": "unavailable",
+                                     "stream_store_down_seconds": down})  # fmt: skip
             return JSONResponse({"status": "ready"})
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)
