@@ -36,7 +36,7 @@ Ends, each with one ``Close`` (the ``close`` label of
   once, one with a response closes after it; past the drain timeout the
   response gets the ``gateway_shutdown`` error first;
 - limits: binary message 1003, over ``ws_max_client_messages_per_second``
-  1008, over ``max_ws_message_bytes`` 1009 (``gateway.wsedge``),
+  1008, over ``max_ws_message_bytes`` 1009 (``gateway.server.wsedge``),
   ``ws_idle_seconds`` without a response and ``ws_max_connection_seconds``
   1000 (with a response in flight: its ``total_timeout`` error, 1011).
 
@@ -90,8 +90,8 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
+from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
-from gateway.wsedge import WS_EXTENSION
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
