@@ -73,7 +73,7 @@ from gateway.proxy.admission import Admission, Caller, Refused, presented_key
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
-    FORWARDING_HEADERS,
+    HANDSHAKE_DROP,
     Forwarding,
     RawHeaders,
     get_header,
@@ -96,23 +96,6 @@ from gateway.settings import ANONYMOUS, Settings
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
 log = logging.getLogger("gateway")
-
-_HANDSHAKE_DROP = (
-    frozenset(
-        {
-            b"host",
-            b"upgrade",
-            b"connection",
-            b"content-length",
-            b"x-request-id",
-            b"sec-websocket-key",
-            b"sec-websocket-version",
-            b"sec-websocket-extensions",
-            b"sec-websocket-accept",
-        }
-    )
-    | FORWARDING_HEADERS
-)
 
 
 class Close(enum.StrEnum):
@@ -417,7 +400,7 @@ class WebSocketRelay:
             return refused
 
     def _upstream_headers(self, scope: Scope, request_id: str, caller: Caller) -> RawHeaders:
-        headers = strip_hop_by_hop(scope["headers"], _HANDSHAKE_DROP)
+        headers = strip_hop_by_hop(scope["headers"], HANDSHAKE_DROP)
         if caller.keyed:  # a gateway key is the gateway's: never the upstream's
             headers = without_key(headers, presented_key(scope["headers"]))
         headers += self.forwarding.headers(
