@@ -440,7 +440,7 @@ def serve(settings: Settings) -> None:
     found = _check_redis(settings, wait_standalone=True)
     if found is not None:
         log.info("%s", found)
-    from gateway.edge import uvicorn_options
+    from gateway.server.edge import uvicorn_options
 
     common: dict[str, Any] = {
         **uvicorn_options(),
@@ -460,7 +460,7 @@ def serve(settings: Settings) -> None:
         "backlog": 4096,
     }
     if settings.workers > 1:
-        from gateway.supervisor import run_workers
+        from gateway.server.supervisor import run_workers
 
         export_for_workers(settings)
         # uvicorn.run's own path for workers, with a supervisor that takes a killed

@@ -27,11 +27,12 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -129,6 +130,21 @@ def _host_problem(host: str) -> str | None:
     if all(label.isdigit() for label in labels):
         return "not a valid IPv4 address"
     return None
+
+
+def _flag(value: object) -> object:
+    """A boolean setting is a boolean: TOML's or JSON's ``true``/``false``, or (from an
+    environment variable or a flag, where every value is text) the words ``true`` and
+    ``false``. ``"yes"``, ``"on"``, ``1`` are refused, never read as true."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"must be true or false (a boolean, not {value!r})")
+
+
+#: A boolean setting (``_flag``).
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
 class _Strict(BaseModel):
@@ -341,10 +357,10 @@ class Tracing(_Strict):
     """OpenTelemetry traces (the ``otel`` extra); the exporter, sampler and service name
     come from the SDK's own ``OTEL_*`` variables."""
 
-    enabled: bool = Field(
+    enabled: Flag = Field(
         False, description="One span per proxied request, exported over OTLP/HTTP."
     )
-    upstream_host: bool = Field(
+    upstream_host: Flag = Field(
         False, description="Put the upstream's host and port in server.address/server.port."
     )
 
@@ -383,13 +399,13 @@ class RouteConfig(_Strict):
     protocol: ProtocolName = Field(
         "auto", description="Contract; auto: by the path's last segment."
     )
-    require_finish_reason: bool = True
+    require_finish_reason: Flag = True
     termination: Literal["done", "finish"] = Field(
         "done",
         description='How a Chat or Completions stream ends: "done" ([DONE]); "finish": '
         "a clean end once every choice finished, for servers that never send [DONE].",
     )
-    inject_include_usage: bool = False
+    inject_include_usage: Flag = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
     default_output_reservation: int = Field(
@@ -436,7 +452,7 @@ class RouteConfig(_Strict):
         le=2,
         description="Wait before a retry on the same upstream; doubles, at most 2 s.",
     )
-    continue_after_cut: bool = Field(
+    continue_after_cut: Flag = Field(
         False,
         description="A stream cut after some text reached the client is continued by an "
         "upstream that can (its continuation key), as the same stream.",
@@ -451,7 +467,7 @@ class RouteConfig(_Strict):
         "a longer one sends the retry to the next tier.",
     )
     # -- resumable streams (docs/resume.md) --
-    resume: bool = Field(
+    resume: Flag = Field(
         False,
         description="Log each stream's events so that a client can resume it "
         "(GET {prefix}/gateway/streams/{id}).",
@@ -472,7 +488,7 @@ class RouteConfig(_Strict):
         description='A client that leaves a stream: "finish" reads the answer on into the '
         'log, "cancel" closes the upstream (default: finish with resume, else cancel).',
     )
-    cache: bool = Field(
+    cache: Flag = Field(
         False,
         description="Cache answers verified whole, replayed byte for byte (docs/caching.md).",
     )
@@ -665,7 +681,7 @@ class ClientConfig(_Strict):
     max_websocket_connections: int | None = Field(
         None, gt=0, description="Its WebSocket connections open at once (beyond: refused)."
     )
-    cache_admin: bool = Field(
+    cache_admin: Flag = Field(
         False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
     )
 
@@ -703,7 +719,7 @@ class Settings(BaseSettings):
     upstream_url: str | None = Field(
         None, description="Shorthand for a single route: /v1 -> this base URL."
     )
-    simulator: bool = Field(
+    simulator: Flag = Field(
         False,
         description="Front the built-in simulator (a fake provider) instead of an upstream.",
     )
@@ -713,11 +729,11 @@ class Settings(BaseSettings):
     routes: list[RouteConfig] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     limits: GatewayLimits = GatewayLimits()
-    annotate: bool = Field(True, description="Append the complete/incomplete annotation.")
-    access_log: bool = Field(
+    annotate: Flag = Field(True, description="Append the complete/incomplete annotation.")
+    access_log: Flag = Field(
         True, description="One JSON line per request under a route prefix, on stdout."
     )
-    uvicorn_access_log: bool = False
+    uvicorn_access_log: Flag = False
     drain_timeout: float = Field(
         30.0, ge=0, description="Seconds in-flight streams get on SIGTERM."
     )
@@ -733,7 +749,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="SHA-256 hex digests of accepted client keys (routes may set their own).",
     )
-    allow_unauthenticated: bool = Field(
+    allow_unauthenticated: Flag = Field(
         False,
         description="Allow listening beyond loopback with a route credential and no client keys.",
     )
@@ -789,7 +805,7 @@ class Settings(BaseSettings):
         description="A stream's writer renews its lease this often (a third); a stream "
         "whose lease ran out with no end is taken over (owner_lost).",
     )
-    limits_per_worker: bool = Field(
+    limits_per_worker: Flag = Field(
         False,
         description="Memory backend with several workers: each enforces limits divided by N.",
     )
@@ -824,7 +840,7 @@ class Settings(BaseSettings):
         description="The process log on stderr: timestamped text lines, or one JSON object each.",
     )
     tracing: Tracing = Tracing()
-    status_page: bool = Field(
+    status_page: Flag = Field(
         False,
         description="Serve GET /status: to loopback clients, or with a global client key.",
     )
@@ -1197,7 +1213,7 @@ def describe_errors(
         elif err["type"] == "value_error" and error:
             message = str(error)
         else:
-            message = err["msg"]
+            message = err["msg"] + _allowed_value_hint(err)
         lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
 
@@ -1238,6 +1254,16 @@ def _unknown_key_hint(loc: Sequence[int | str]) -> str:
     if close:
         return f"did you mean {key_path([*loc[:-1], close[0]])}?"
     return "no setting has a similar name; see config/gateway.example.toml"
+
+
+def _allowed_value_hint(err: Any) -> str:
+    """`` (did you mean '5xx'?)`` for a value close to one of a closed list's, as a
+    mistyped key gets (``_unknown_key_hint``)."""
+    if err["type"] not in ("literal_error", "enum") or not isinstance(err.get("input"), str):
+        return ""
+    allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    close = difflib.get_close_matches(err["input"], allowed, 1, 0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _prefixes(loc: list[str]) -> list[str]:
