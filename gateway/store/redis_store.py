@@ -272,6 +272,11 @@ class _RedisWriter(Writer):
             self._store.dirty(self)
 
     @property
+    def creating(self) -> bool:
+        """Its log is not made yet (its first write has not succeeded)."""
+        return bool(self._create)
+
+    @property
     def ending(self) -> bool:
         return self._end is not None and len(self._pending) <= WRITE_BATCH
 
@@ -370,34 +375,45 @@ class RedisStore:
             raise StoreError("Redis is unavailable")
 
     def _trip(self, exc: BaseException) -> StoreError:
-        """A call failed: open the breaker (logging the outage once) and start the
-        probe; the StoreError for the caller."""
+        """A call failed: one PING (bounded by the timeout) confirms that Redis is
+        away before the breaker opens (a deadline kept on a busy event loop can fire
+        with the answer already on the socket); the StoreError for the caller."""
         self._failures += 1
-        if self.down_since is None:
-            self.down_since = time.monotonic()
-            self._back.clear()
-            log.warning(
-                "stream store: Redis unavailable (%s): new streams go without resume and "
-                "answers uncached, and the logs being written wait in memory, until it "
-                "answers again",
-                type(exc).__name__,
-            )
-            self._prober = asyncio.get_running_loop().create_task(self._probe())
+        if self.down_since is None and self._prober is None:
+            self._prober = asyncio.get_running_loop().create_task(self._probe(exc))
         written, self._written = self._written, None  # a flush waiting on it looks again
         if written is not None and not written.done():
             written.set_result(None)
         return StoreError(type(exc).__name__)
 
-    async def _probe(self) -> None:
-        """One PING every ``RETRY_SECONDS`` (never on a request's way) until Redis
-        answers; then the breaker closes and the waiting logs are written."""
+    async def _ping(self) -> bool:
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(self.timeout):
+                await self._redis.execute_command("PING")
+            return True
+        return False
+
+    async def _probe(self, exc: BaseException) -> None:
+        """Confirm an outage (then the breaker opens, logged once), and PING every
+        ``RETRY_SECONDS`` (never on a request's way) until Redis answers; then the
+        breaker closes (logged with the outage's length) and what waits is written."""
+        if await self._ping():
+            self._prober = None
+            self._failures = 0
+            self._wake.set()
+            return
+        self.down_since = time.monotonic()
+        self._back.clear()
+        log.warning(
+            "stream store: Redis unavailable (%s): new streams go without resume and "
+            "answers uncached, and the logs being written wait in memory, until it "
+            "answers again",
+            type(exc).__name__,
+        )
         while True:
             await asyncio.sleep(RETRY_SECONDS)
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                async with asyncio.timeout(self.timeout):
-                    await self._redis.execute_command("PING")
+            if await self._ping():
                 break
-        assert self.down_since is not None
         behind = sum(1 for writer in self.live if writer.behind)
         log.warning(
             "stream store: Redis answers again after %.1f s (%d calls failed or refused "
@@ -535,13 +551,13 @@ class RedisStore:
         # The log is made (meta and lease, by the next pipeline: a burst of new streams
         # shares one round trip) before its id is handed out: an id the store has not
         # taken is never given to a client.
-        try:
-            await writer.flush()
-        except StoreError:
+        self.dirty(writer)
+        await self.next_write()
+        if writer.creating:  # its pipeline failed: one bounded wait, then none
             writer.closed = True
             self.live.discard(writer)
             self._dirty.pop(writer, None)
-            raise
+            raise StoreError("the log could not be made")
         return None if writer.lost else writer
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
