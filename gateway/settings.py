@@ -50,6 +50,7 @@ from pydantic_settings import (
 from gateway.guard import Protocol
 from gateway.protocols import REGISTRY, CredentialStyle, spec_for
 from gateway.protocols.sigv4 import AwsKeys, botocore_available
+from gateway.redisconn.target import RedisTarget
 
 __all__ = [
     "DEFAULT_RETRY_ON",
@@ -761,7 +762,24 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None,
         description="redis:// or rediss:// URL of the limits backend and the stream store "
-        "(password in it).",
+        "(password and TLS options in it); sentinel and cluster modes take its scheme, "
+        "credentials and options, and the nodes from redis_nodes.",
+    )
+    redis_mode: Literal["standalone", "sentinel", "cluster"] = Field(
+        "standalone",
+        description="How Redis is deployed: one server (redis_url), a Sentinel set "
+        "(redis_nodes, redis_service) or a Cluster (redis_nodes as seeds).",
+    )
+    redis_nodes: list[str] = Field(
+        default_factory=list,
+        description="host:port of the sentinels (sentinel) or of more cluster seed nodes "
+        "(cluster; redis_url's host is one too).",
+    )
+    redis_service: str | None = Field(
+        None, description="The Sentinel service (master) name (sentinel mode)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="The sentinels' own password, when they have one (sentinel mode)."
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
@@ -921,12 +939,13 @@ class Settings(BaseSettings):
         limited = any(c.limited() for c in self.clients)
         if self.limits_backend == "redis" and self.redis_url is None:
             raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
-        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if self.redis_url is not None:
+            self.redis_target()  # raises ValueError naming the wrong key
+        elif self.redis_mode != "standalone" or self.redis_nodes:
+            raise ValueError(
+                f'redis_mode = "{self.redis_mode}" needs redis_url (its scheme, '
+                "password and TLS options)"
+            )
         if self.stream_store == "redis" and self.redis_url is None:
             raise ValueError('stream_store = "redis" needs redis_url (redis:// or rediss://)')
         resumable = [r.name for r in self.routes if r.resume]
@@ -982,6 +1001,19 @@ class Settings(BaseSettings):
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+    def redis_target(self) -> RedisTarget | None:
+        """Where Redis is (every user of Redis builds its client from this), or None."""
+        if self.redis_url is None:
+            return None
+        password = self.redis_sentinel_password
+        return RedisTarget.build(
+            self.redis_mode,
+            self.redis_url,
+            self.redis_nodes,
+            self.redis_service,
+            password.get_secret_value() if password is not None else None,
+        )
 
     def effective_routes(self) -> list[RouteConfig]:
         """The configured routes, or the one-line ``upstream_url`` shorthand as ``/v1``."""
