@@ -300,6 +300,13 @@ class Metrics:
             ["client", "route", "model", "type", "source"],
             registry=reg,
         )
+        self.spend = Counter(
+            "gateway_spend_usd_total",
+            "Money charged, in USD, priced from verified usage (evidence: reported, "
+            "estimated, partial, unpriced).",
+            ["client", "team", "model", "route", "evidence"],
+            registry=reg,
+        )
         self.limited_requests = Counter(
             "gateway_limited_requests_total",
             "Requests a named client's limits refused (429), or 503 with the backend down.",
@@ -592,6 +599,11 @@ class Metrics:
                 add(self.client_tokens, client, route, model, "output", source)(
                     _counted(charge.output)
                 )
+        spend = record.spend
+        if spend is not None and (spend.nanos or spend.evidence != "reported"):
+            add(self.spend, client, record.team or "none", model, route, spend.evidence.value)(
+                spend.nanos / 1_000_000_000
+            )
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)
