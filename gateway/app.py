@@ -39,7 +39,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
-from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
@@ -61,10 +60,11 @@ from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
+from gateway.server.edge import EdgeRefusal, edge_state
+from gateway.server.signals import install_drain_handlers, restore_handlers
+from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
-from gateway.signals import install_drain_handlers, restore_handlers
 from gateway.store import StoreError
-from gateway.wsedge import WsEdge, ws_edge_state
 
 __all__ = ["create_app"]
 

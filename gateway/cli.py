@@ -417,7 +417,7 @@ def serve(settings: Settings) -> None:
     _prepare_metrics_dir(settings)
     configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
-    from gateway.edge import uvicorn_options
+    from gateway.server.edge import uvicorn_options
 
     common: dict[str, Any] = {
         **uvicorn_options(),
@@ -437,7 +437,7 @@ def serve(settings: Settings) -> None:
         "backlog": 4096,
     }
     if settings.workers > 1:
-        from gateway.supervisor import run_workers
+        from gateway.server.supervisor import run_workers
 
         export_for_workers(settings)
         # uvicorn.run's own path for workers, with a supervisor that takes a killed

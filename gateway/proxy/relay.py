@@ -87,7 +87,7 @@ from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
-    FORWARDING_HEADERS,
+    REQUEST_DROP,
     Forwarding,
     RawHeaders,
     get_header,
@@ -110,10 +110,6 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_REQUEST_DROP = (
-    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
-    | FORWARDING_HEADERS
-)
 _UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
@@ -178,7 +174,7 @@ class Relay:
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
-        self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
         self._forged_log = LogGate()
         #: The app's stages around the relay's own way (gateway.proxy.stages).
         self._stages = chain(stages, self._features)

@@ -36,7 +36,7 @@ from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
-from gateway.proxy.headers import get_header
+from gateway.proxy.headers import STREAM_HEADERS, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.upstream import Upstream
 from gateway.resume.events import with_id
@@ -64,7 +64,6 @@ _STREAMS = "/gateway/streams/"
 _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
 _OPT_OUT = b"x-gateway-resume"
-_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 #: An id made this recently whose log is not there yet may be about to be: wait for it.
 _YOUNG_SECONDS = 5.0
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
@@ -443,7 +442,7 @@ class Resumes:
     async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
         headers = [
             (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
-            *_STREAM_HEADERS,
+            *STREAM_HEADERS,
             (b"x-request-id", exchange.record.request_id.encode()),
             (STREAM_ID_HEADER, stream_id.encode()),
         ]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.edge import uvicorn_options
+from gateway.server.edge import uvicorn_options
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web

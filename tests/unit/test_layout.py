@@ -9,6 +9,8 @@
 - ``gateway/store/`` imports nothing of the package but itself (no HTTP, no
   protocol, no cache), and the cache's key (``gateway.cache.key``) does no I/O.
 - No import cycle among the package's modules, imports inside functions included.
+- The package's top level holds at most nine modules; the rest live in folders
+  named for what kind of code they hold.
 - A name names one room: one module or package is called ``limits`` (the client
   limits' counters and limiter), one ``quota`` (their arithmetic, in ``policy``);
   the ``[limits]`` table's model is ``GatewayLimits``, a client's ``ClientLimits``.
@@ -180,6 +182,11 @@ def _cycle() -> list[str] | None:
         if name not in state and (found := visit(name)):
             return found
     return None
+
+
+def test_the_top_level_holds_at_most_nine_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 9, top
 
 
 def test_no_import_cycle() -> None:

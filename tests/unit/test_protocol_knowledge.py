@@ -33,7 +33,7 @@ PACKAGE = ROOT / "gateway"
 #: Where protocol knowledge lives, and the stand-in upstream.
 ALLOWED = ("gateway/protocols/", "gateway/guard/", "gateway/simulator/")
 #: The Responses API's WebSocket mode: a transport that only that protocol has (its
-#: own edge, ``gateway.wsedge``, and relay); not a stream the registry dispatches.
+#: own edge, ``gateway.server.wsedge``, and relay); not a stream the registry dispatches.
 ONE_PROTOCOLS_TRANSPORT = ("gateway/proxy/websocket.py",)
 #: Lines that may name one, and why: ``serve --simulator`` fronts the simulator's Ollama
 #: API by the route its page documents (``protocol = "ollama"``).
