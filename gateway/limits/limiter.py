@@ -44,7 +44,6 @@ from gateway.policy.quota import (
     Rule,
     Window,
     checks_for,
-    requested_output,
 )
 from gateway.settings import ClientConfig, ClientLimits, Settings
 
@@ -221,20 +220,20 @@ class Limiter:
         client: str,
         route: str,
         model: str | None,
-        request: Mapping[str, Any] | None,
         estimated_input: int,
-        default_output: int,
+        output: int,
         stream: bool,
         request_id: str,
         hold: float,
         bound_input: int | None = None,
     ) -> Reservation:
         """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
-        left for the output) in every counter it touches, or LimitRefused."""
+        left for the output) in every counter it touches, or LimitRefused. ``output`` is
+        what the request allows itself by its protocol's own fields
+        (``ProtocolSpec.requested_output``), or its route's default reservation."""
         now = self._clock()
         strict = self._rules[client].strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
-        output = requested_output(request, default_output)
         ask = Ask(
             # an id only where a reservation can outlive its call (the memory backend's
             # cannot)
