@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 SERVICE = "gw"
+#: The shared deployments' password (each mode is driven with one).
+PASSWORD = "s3cret-pw"
 
 
 def wait_for(check: Callable[[], bool], seconds: float, what: str) -> None:
@@ -328,14 +330,14 @@ def cluster_set(directory: Path, password: str | None = None) -> Iterator[Cluste
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     """One six-node cluster per test process (a test that kills a node starts its own)."""
-    with cluster_set(tmp_path_factory.mktemp("cluster")) as deployment:
+    with cluster_set(tmp_path_factory.mktemp("cluster"), password=PASSWORD) as deployment:
         yield deployment
 
 
 @pytest.fixture(scope="session")
 def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]:
     """One Sentinel set per test process (a test that kills its master starts its own)."""
-    with sentinel_set(tmp_path_factory.mktemp("sentinel")) as deployment:
+    with sentinel_set(tmp_path_factory.mktemp("sentinel"), password=PASSWORD) as deployment:
         yield deployment
 
 
