@@ -316,8 +316,10 @@ class _Gateway:
             self._owns(stack, "cache", cache.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
-            self.settings.limits_backend if limiter is not None else "none",
-            self.settings.stream_store if store is not None else "none",
+            self.settings.limits_backend
+            + ("" if limiter is not None else " (unused: no client has limits)"),
+            self.settings.stream_store
+            + ("" if store is not None else " (unused: no route resumes or caches)"),
             len(self.settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )
