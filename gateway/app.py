@@ -51,6 +51,7 @@ from gateway.observe.status_page import LiveStream, StatusView, render
 from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
+from gateway.protocols import ANY_PATH, REGISTRY, detect
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
@@ -315,8 +316,10 @@ class _Gateway:
             self._owns(stack, "cache", cache.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
-            self.settings.limits_backend if limiter is not None else "none",
-            self.settings.stream_store if store is not None else "none",
+            self.settings.limits_backend
+            + ("" if limiter is not None else " (unused: no client has limits)"),
+            self.settings.stream_store
+            + ("" if store is not None else " (unused: no route resumes or caches)"),
             len(self.settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )
@@ -384,15 +387,21 @@ class _Gateway:
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
-        # Its Ollama API as the documented route fronts one: ollama.Client(host=<gateway>).
-        own_api = RouteConfig(
-            name="simulator-ollama",
-            prefix="/api",
-            upstream=f"http://127.0.0.1:{running.port}/api",
-            protocol="ollama",
-        )
-        self._add_route(ProxyRoute(config=own_api, timeouts=self.settings.timeouts))
-        log.info("simulator: its Ollama API (/api/chat, /api/generate) is served under /api")
+        # Each protocol it serves under a prefix of its own (Gemini's /v1beta, Ollama's
+        # /api, Bedrock's /model), as the probe fronts them: an SDK pointed at the gateway's
+        # root (genai's base_url, ollama.Client(host=...)) finds it.
+        for spec in REGISTRY:
+            prefix = spec.requests.simulator_prefix if spec.requests is not None else "/v1"
+            if prefix == "/v1":
+                continue
+            own_api = RouteConfig(
+                name=f"simulator-{spec.name}",
+                prefix=prefix,
+                upstream=f"http://127.0.0.1:{running.port}{prefix}",
+                protocol=spec.protocol,
+            )
+            self._add_route(ProxyRoute(config=own_api, timeouts=self.settings.timeouts))
+            log.info("simulator: its %s API is served under %s", spec.name, prefix)
         return running
 
     def edge_refused(self, refusal: EdgeRefusal) -> None:
@@ -626,8 +635,16 @@ def create_app(
     async def not_found(request: Request, exc: Exception) -> Response:
         gateway.metrics.reject("no_route")
         request_id = request_id_of(request.scope)
+        # In the shape of the protocol the path names, so that its SDK shows the message
+        # (google-genai showed only "404 Not Found" for OpenAI's shape); else OpenAI's.
+        spec = detect(request.url.path)
         body = error_body(
-            None, 404, "No route for this path.", "invalid_request_error", "no_route", request_id
+            spec.protocol if spec is not ANY_PATH else None,
+            404,
+            "No route for this path.",
+            "invalid_request_error",
+            "no_route",
+            request_id,
         )
         return Response(
             body,
