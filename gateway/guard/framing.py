@@ -48,6 +48,9 @@ class Framing:
     #: Whether its events are lines of text a client can count (SSE blocks, NDJSON
     #: lines): what a resume's cursor counts. A binary framing's frames are not.
     text: bool = True
+    #: Whether an event may carry its own id (SSE's ``id:`` field, what a browser's
+    #: ``EventSource`` reconnects with); a line of JSON has no room for one.
+    event_ids: bool = False
 
     def is_stream(self, content_type: str) -> bool:
         """Whether a response's ``Content-Type`` is this framing's media type."""
@@ -60,6 +63,7 @@ SSE = Framing(
     new_decoder=SSEDecoder,
     comments=True,
     announced_only=False,
+    event_ids=True,
 )
 NDJSON = Framing(
     name="ndjson",

@@ -5,9 +5,11 @@ with ``resume = true`` (nothing is wrapped elsewhere: a stream without resume pa
 nothing). On the way to the client it
 
 - adds ``X-Gateway-Stream-Id`` to the response head;
-- cuts every body send into whole events (``gateway.resume.events``) and appends
-  them to the log *before* the client gets them (so that whatever a client counted
-  can be resumed), without any I/O of its own (the store writes in batches);
+- cuts every body send into whole events (``gateway.resume.events``), appends
+  them to the log and waits until the store wrote them (``Writer.flush``: one
+  batch for every stream of the process) *before* the client gets them, so that
+  whatever a client counted can be resumed, even from another replica after this
+  one died; a failing store does not hold the client up;
 - keeps the last send, the trailer, for the log's end.
 
 Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
@@ -73,6 +75,7 @@ class Recorder:
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
+        events: list[bytes] = []
         if kind == "http.response.body":
             body = message.get("body", b"")
             if message.get("more_body", False):
@@ -92,6 +95,12 @@ class Recorder:
                 self.exchange.detach = self.detach
         if self.detachment.skip(message):
             return
+        if events:
+            # Logged before sent: a client never holds an event its log lacks (a
+            # cursor it got is always one the log can serve, whoever dies). A store
+            # that fails does not hold the client up: the writer logs it later.
+            with contextlib.suppress(StoreError):
+                await self.writer.flush()
         try:
             await self._send(message)
         except asyncio.CancelledError:
