@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
+from gateway.protocols.structured import Structured
 
 __all__ = [
     "ClientRequests",
@@ -201,6 +202,10 @@ class ProtocolSpec:
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: Where its requests carry a schema for the answer or its tools, and where its
+    #: events carry the answer's text and tool calls (``gateway.schema``'s check);
+    #: None: nothing of it is checked.
+    structured: Structured | None = None
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ from gateway.guard.gemini import (
 )
 from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
 from gateway.protocols.finish import gemini_finish
+from gateway.protocols.google_structured import GEMINI_STRUCTURED
 
 __all__ = ["GEMINI"]
 
@@ -109,4 +110,5 @@ GEMINI = ProtocolSpec(
     error_shape=_error,
     hosts=("googleapis",),
     answer_finish=gemini_finish,
+    structured=GEMINI_STRUCTURED,
 )

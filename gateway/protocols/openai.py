@@ -9,6 +9,7 @@ from gateway.guard import ChatContract, CompletionsContract, Protocol, Responses
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
+from gateway.protocols.openai_structured import CHAT_STRUCTURED, RESPONSES_STRUCTURED
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
 
@@ -97,6 +98,7 @@ CHAT = ProtocolSpec(
     continuable=True,
     answer_headers=(b"openai-beta",),
     answer_finish=chat_finish,
+    structured=CHAT_STRUCTURED,
 )
 
 COMPLETIONS = ProtocolSpec(
@@ -134,4 +136,5 @@ RESPONSES = ProtocolSpec(
     genai_provider="openai",
     answer_headers=(b"openai-beta",),
     answer_finish=responses_finish,
+    structured=RESPONSES_STRUCTURED,
 )
