@@ -120,6 +120,21 @@ class _ClientRules:
     strict: bool
 
 
+def _client_rules(client: ClientConfig, divisor: int) -> _ClientRules:
+    routes = {
+        name: rule
+        for name, limits in client.route_limits.items()
+        if (rule := _rule(f"{client.name}/route={name}", limits, divisor)) is not None
+    }
+    models = {
+        name: rule
+        for name, limits in client.model_limits.items()
+        if (rule := _rule(f"{client.name}/model={name}", limits, divisor)) is not None
+    }
+    own = _rule(client.name, client.limits, divisor)
+    return _ClientRules(own, routes, models, client.budget_enforcement == "strict")
+
+
 class Limiter:
     """Reserves and settles the named clients' limits on one backend."""
 
@@ -148,22 +163,20 @@ class Limiter:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}{secrets.token_hex(4)}."
         self._waiting: asyncio.Task[None] | None = None
+        self._divisor = divisor
         for client in clients:
-            if not client.limited():
-                continue
-            routes = {
-                name: rule
-                for name, limits in client.route_limits.items()
-                if (rule := _rule(f"{client.name}/route={name}", limits, divisor)) is not None
-            }
-            models = {
-                name: rule
-                for name, limits in client.model_limits.items()
-                if (rule := _rule(f"{client.name}/model={name}", limits, divisor)) is not None
-            }
-            own = _rule(client.name, client.limits, divisor)
-            strict = client.budget_enforcement == "strict"
-            self._rules[client.name] = _ClientRules(own, routes, models, strict)
+            if client.limited():
+                self._rules[client.name] = _client_rules(client, divisor)
+
+    def put_client(self, name: str, client: ClientConfig | None) -> None:
+        """A client's limits changed at run time (an issued key's): ``client``'s from now
+        on, or none (None, or a client without limits)."""
+        for key in [k for k in self._plans if k[0] == name]:
+            del self._plans[key]
+        if client is None or not client.limited():
+            self._rules.pop(name, None)
+        else:
+            self._rules[name] = _client_rules(client, self._divisor)
 
     @property
     def ready(self) -> bool:
@@ -208,7 +221,9 @@ class Limiter:
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
-        rules = self._rules[client]
+        rules = self._rules.get(client)
+        if rules is None:
+            return []
         found = [rules.own] if rules.own is not None else []
         if rules.routes and route in rules.routes:
             found.append(rules.routes[route])
@@ -232,7 +247,10 @@ class Limiter:
         """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
         left for the output) in every counter it touches, or LimitRefused."""
         now = self._clock()
-        strict = self._rules[client].strict
+        rules = self._rules.get(client)
+        if rules is None:  # its limits were taken away since it was asked (an issued key)
+            return Reservation(client, Ask("", 0, 0, False, hold), [], 0, 0, settled=True)
+        strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
         output = requested_output(request, default_output)
         ask = Ask(
@@ -438,8 +456,9 @@ def build_limiter(
     on_error: Callable[[str], None] | None = None,
     on_budget: Callable[[str, Window, int, int], None] | None = None,
 ) -> Limiter | None:
-    """The limiter the settings ask for; None when no client has a limit."""
-    if not any(c.limited() for c in settings.clients):
+    """The limiter the settings ask for; None when no client has a limit (and no key
+    can be issued one at run time)."""
+    if not any(c.limited() for c in settings.clients) and settings.keys.store == "off":
         return None
     backend: Backend
     if settings.limits_backend == "redis":
