@@ -1,8 +1,9 @@
 """A real ``redis-server`` (the Debian package) on a free loopback port, and a TCP proxy
 that delays what goes through it (a slow Redis).
 
-The server keeps nothing on disk (no RDB, no AOF), is stopped by its PID, and can be
-stopped and started again on the same port (Redis going away mid-run, and coming back).
+The server keeps nothing on disk (no RDB, no AOF) unless given persistence options, is
+stopped by its PID, and can be stopped and started again on the same port (Redis going
+away mid-run, and coming back).
 """
 
 from __future__ import annotations
@@ -39,10 +40,18 @@ class RedisServer:
     """With ``tls`` (a directory), it speaks TLS only, with a self-signed certificate for
     127.0.0.1 that it makes there (``ca``), and ``url`` is a ``rediss://`` URL."""
 
-    def __init__(self, password: str | None = None, tls: Path | None = None) -> None:
+    def __init__(
+        self,
+        password: str | None = None,
+        tls: Path | None = None,
+        persistence: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.password = password
         self.tls = tls
+        #: options that replace "no persistence" (``appendonly``, ``dir``...): kept across
+        #: a stop and a start
+        self.persistence = persistence
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,6 +97,8 @@ class RedisServer:
             "daemonize": "no",
             "loglevel": "warning",
         }
+        if self.persistence is not None:
+            options |= self.persistence
         if self.password:
             options["requirepass"] = self.password
         if self.tls is not None:
