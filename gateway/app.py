@@ -427,13 +427,13 @@ class _Gateway:
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
         # Its Ollama API as the documented route fronts one: ollama.Client(host=<gateway>).
-        ollama = RouteConfig(
+        own_api = RouteConfig(
             name="simulator-ollama",
             prefix="/api",
             upstream=f"http://127.0.0.1:{running.port}/api",
             protocol="ollama",
         )
-        self._add_route(ProxyRoute(config=ollama, timeouts=self.settings.timeouts))
+        self._add_route(ProxyRoute(config=own_api, timeouts=self.settings.timeouts))
         log.info("simulator: its Ollama API (/api/chat, /api/generate) is served under /api")
         return running
 

@@ -411,12 +411,35 @@ def _log_start(settings: Settings) -> None:
         )
 
 
+def _check_redis(settings: Settings, *, wait_standalone: bool) -> str | None:
+    """Ask the configured Redis once, bounded: the mode and the nodes found, or exit with
+    the reason. A standalone server that does not answer yet is waited for (when
+    ``wait_standalone``): the limits and the store say so and go on without it."""
+    target = settings.redis_target()
+    if target is None:
+        return None
+    import asyncio
+
+    from gateway.redisconn.check import RedisUnusable, inspect
+
+    try:
+        return asyncio.run(inspect(target))
+    except RedisUnusable as exc:
+        if wait_standalone and target.mode == "standalone" and exc.unreachable:
+            log.warning("%s: the gateway starts and waits for it", exc)
+            return None
+        _die(f"redis ({target.mode}): {exc}")
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
     _prepare_metrics_dir(settings)
     configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
+    found = _check_redis(settings, wait_standalone=True)
+    if found is not None:
+        log.info("%s", found)
     from gateway.server.edge import uvicorn_options
 
     common: dict[str, Any] = {
@@ -550,6 +573,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "check-config":
         print(json.dumps(redacted(settings), indent=2, sort_keys=True))
         _print_sources(args)
+        found = _check_redis(settings, wait_standalone=False)
+        if found is not None:
+            print(f"gateway: {found}", file=sys.stderr)
         return
     if args.command == "probe":
         raise SystemExit(probe(args, settings))

@@ -27,11 +27,12 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -49,6 +50,7 @@ from pydantic_settings import (
 from gateway.guard import Protocol
 from gateway.protocols import REGISTRY, CredentialStyle, spec_for
 from gateway.protocols.sigv4 import AwsKeys, botocore_available
+from gateway.redisconn.target import RedisTarget
 
 __all__ = [
     "DEFAULT_RETRY_ON",
@@ -129,6 +131,21 @@ def _host_problem(host: str) -> str | None:
     if all(label.isdigit() for label in labels):
         return "not a valid IPv4 address"
     return None
+
+
+def _flag(value: object) -> object:
+    """A boolean setting is a boolean: TOML's or JSON's ``true``/``false``, or (from an
+    environment variable or a flag, where every value is text) the words ``true`` and
+    ``false``. ``"yes"``, ``"on"``, ``1`` are refused, never read as true."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"must be true or false (a boolean, not {value!r})")
+
+
+#: A boolean setting (``_flag``).
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
 class _Strict(BaseModel):
@@ -341,10 +358,10 @@ class Tracing(_Strict):
     """OpenTelemetry traces (the ``otel`` extra); the exporter, sampler and service name
     come from the SDK's own ``OTEL_*`` variables."""
 
-    enabled: bool = Field(
+    enabled: Flag = Field(
         False, description="One span per proxied request, exported over OTLP/HTTP."
     )
-    upstream_host: bool = Field(
+    upstream_host: Flag = Field(
         False, description="Put the upstream's host and port in server.address/server.port."
     )
 
@@ -383,13 +400,13 @@ class RouteConfig(_Strict):
     protocol: ProtocolName = Field(
         "auto", description="Contract; auto: by the path's last segment."
     )
-    require_finish_reason: bool = True
+    require_finish_reason: Flag = True
     termination: Literal["done", "finish"] = Field(
         "done",
         description='How a Chat or Completions stream ends: "done" ([DONE]); "finish": '
         "a clean end once every choice finished, for servers that never send [DONE].",
     )
-    inject_include_usage: bool = False
+    inject_include_usage: Flag = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
     default_output_reservation: int = Field(
@@ -436,7 +453,7 @@ class RouteConfig(_Strict):
         le=2,
         description="Wait before a retry on the same upstream; doubles, at most 2 s.",
     )
-    continue_after_cut: bool = Field(
+    continue_after_cut: Flag = Field(
         False,
         description="A stream cut after some text reached the client is continued by an "
         "upstream that can (its continuation key), as the same stream.",
@@ -451,7 +468,7 @@ class RouteConfig(_Strict):
         "a longer one sends the retry to the next tier.",
     )
     # -- resumable streams (docs/resume.md) --
-    resume: bool = Field(
+    resume: Flag = Field(
         False,
         description="Log each stream's events so that a client can resume it "
         "(GET {prefix}/gateway/streams/{id}).",
@@ -472,7 +489,7 @@ class RouteConfig(_Strict):
         description='A client that leaves a stream: "finish" reads the answer on into the '
         'log, "cancel" closes the upstream (default: finish with resume, else cancel).',
     )
-    cache: bool = Field(
+    cache: Flag = Field(
         False,
         description="Cache answers verified whole, replayed byte for byte (docs/caching.md).",
     )
@@ -695,10 +712,10 @@ class ClientConfig(_Strict):
     max_websocket_connections: int | None = Field(
         None, gt=0, description="Its WebSocket connections open at once (beyond: refused)."
     )
-    cache_admin: bool = Field(
+    cache_admin: Flag = Field(
         False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
     )
-    keys_admin: bool = Field(
+    keys_admin: Flag = Field(
         False,
         description="May issue, list, rotate and revoke keys (the admin API "
         "{prefix}/gateway/keys); it sees the keys it issued.",
@@ -738,7 +755,7 @@ class Settings(BaseSettings):
     upstream_url: str | None = Field(
         None, description="Shorthand for a single route: /v1 -> this base URL."
     )
-    simulator: bool = Field(
+    simulator: Flag = Field(
         False,
         description="Front the built-in simulator (a fake provider) instead of an upstream.",
     )
@@ -748,11 +765,11 @@ class Settings(BaseSettings):
     routes: list[RouteConfig] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     limits: GatewayLimits = GatewayLimits()
-    annotate: bool = Field(True, description="Append the complete/incomplete annotation.")
-    access_log: bool = Field(
+    annotate: Flag = Field(True, description="Append the complete/incomplete annotation.")
+    access_log: Flag = Field(
         True, description="One JSON line per request under a route prefix, on stdout."
     )
-    uvicorn_access_log: bool = False
+    uvicorn_access_log: Flag = False
     drain_timeout: float = Field(
         30.0, ge=0, description="Seconds in-flight streams get on SIGTERM."
     )
@@ -768,7 +785,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="SHA-256 hex digests of accepted client keys (routes may set their own).",
     )
-    allow_unauthenticated: bool = Field(
+    allow_unauthenticated: Flag = Field(
         False,
         description="Allow listening beyond loopback with a route credential and no client keys.",
     )
@@ -781,7 +798,24 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None,
         description="redis:// or rediss:// URL of the limits backend and the stream store "
-        "(password in it).",
+        "(password and TLS options in it); sentinel and cluster modes take its scheme, "
+        "credentials and options, and the nodes from redis_nodes.",
+    )
+    redis_mode: Literal["standalone", "sentinel", "cluster"] = Field(
+        "standalone",
+        description="How Redis is deployed: one server (redis_url), a Sentinel set "
+        "(redis_nodes, redis_service) or a Cluster (redis_nodes as seeds).",
+    )
+    redis_nodes: list[str] = Field(
+        default_factory=list,
+        description="host:port of the sentinels (sentinel) or of more cluster seed nodes "
+        "(cluster; redis_url's host is one too).",
+    )
+    redis_service: str | None = Field(
+        None, description="The Sentinel service (master) name (sentinel mode)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="The sentinels' own password, when they have one (sentinel mode)."
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
@@ -807,7 +841,7 @@ class Settings(BaseSettings):
         description="A stream's writer renews its lease this often (a third); a stream "
         "whose lease ran out with no end is taken over (owner_lost).",
     )
-    limits_per_worker: bool = Field(
+    limits_per_worker: Flag = Field(
         False,
         description="Memory backend with several workers: each enforces limits divided by N.",
     )
@@ -843,7 +877,7 @@ class Settings(BaseSettings):
     )
     tracing: Tracing = Tracing()
     keys: IssuedKeys = IssuedKeys()
-    status_page: bool = Field(
+    status_page: Flag = Field(
         False,
         description="Serve GET /status: to loopback clients, or with a global client key.",
     )
@@ -942,12 +976,13 @@ class Settings(BaseSettings):
         limited = any(c.limited() for c in self.clients)
         if self.limits_backend == "redis" and self.redis_url is None:
             raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
-        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if self.redis_url is not None:
+            self.redis_target()  # raises ValueError naming the wrong key
+        elif self.redis_mode != "standalone" or self.redis_nodes:
+            raise ValueError(
+                f'redis_mode = "{self.redis_mode}" needs redis_url (its scheme, '
+                "password and TLS options)"
+            )
         if self.keys.store == "redis" and self.redis_url is None:
             raise ValueError('keys.store = "redis" needs redis_url (redis:// or rediss://)')
         if self.keys.store == "memory" and self.workers > 1:
@@ -1010,6 +1045,19 @@ class Settings(BaseSettings):
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+    def redis_target(self) -> RedisTarget | None:
+        """Where Redis is (every user of Redis builds its client from this), or None."""
+        if self.redis_url is None:
+            return None
+        password = self.redis_sentinel_password
+        return RedisTarget.build(
+            self.redis_mode,
+            self.redis_url,
+            self.redis_nodes,
+            self.redis_service,
+            password.get_secret_value() if password is not None else None,
+        )
 
     def effective_routes(self) -> list[RouteConfig]:
         """The configured routes, or the one-line ``upstream_url`` shorthand as ``/v1``."""
@@ -1209,7 +1257,7 @@ def describe_errors(
         elif err["type"] == "value_error" and error:
             message = str(error)
         else:
-            message = err["msg"]
+            message = err["msg"] + _allowed_value_hint(err)
         lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
 
@@ -1250,6 +1298,16 @@ def _unknown_key_hint(loc: Sequence[int | str]) -> str:
     if close:
         return f"did you mean {key_path([*loc[:-1], close[0]])}?"
     return "no setting has a similar name; see config/gateway.example.toml"
+
+
+def _allowed_value_hint(err: Any) -> str:
+    """`` (did you mean '5xx'?)`` for a value close to one of a closed list's, as a
+    mistyped key gets (``_unknown_key_hint``)."""
+    if err["type"] not in ("literal_error", "enum") or not isinstance(err.get("input"), str):
+        return ""
+    allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    close = difflib.get_close_matches(err["input"], allowed, 1, 0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _prefixes(loc: list[str]) -> list[str]:

@@ -6,7 +6,10 @@ that writes the document, increments the version and publishes
 ``"<version> <id>"`` on ``gateway-keys:changed``, atomically: a replica that
 receives the message reads a document at least that new. A replica that
 missed messages (its subscription dropped) sees the version ahead of its own
-at its next poll and reads everything again.
+at its next poll and reads everything again. The client comes from the one
+factory (``gateway.redisconn``): standalone, Sentinel or Cluster alike (a
+cluster client has no pub/sub here: the poll alone keeps replicas within
+``keys.refresh_seconds``).
 
 Nothing here holds a secret: documents carry digests. Keys are never given a
 TTL, so a ``volatile-*`` eviction policy never drops one; the shipped compose
@@ -20,11 +23,12 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.keys.record import IssuedKey
 from gateway.keys.store import Conflict, DigestTaken, NameTaken, StoreFull, StoreUnavailable
+from gateway.redisconn.clients import async_client
+from gateway.redisconn.target import RedisTarget
 
 __all__ = ["CHANNEL", "RedisKeyStore"]
 
@@ -60,6 +64,10 @@ redis.call('PUBLISH', ARGV[5], v .. ' ' .. ARGV[1])
 return v
 """
 
+_LOAD = """
+return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}
+"""
+
 _TOUCH = """
 for i = 1, #ARGV, 2 do
   local old = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
@@ -79,9 +87,10 @@ _REFUSED: dict[int, type[Exception]] = {
 class RedisKeyStore:
     """The keys of every replica on one Redis (standalone, Sentinel or Cluster alike)."""
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
-        self._redis: Any = Redis.from_url(url, socket_connect_timeout=timeout)
+    def __init__(self, target: RedisTarget, timeout: float = 2.0) -> None:
+        self._redis: Any = async_client(target, socket_timeout=None, connect_timeout=timeout)
         self.timeout = timeout
+        self._load: Any = self._redis.register_script(_LOAD)
         self._create: Any = self._redis.register_script(_CREATE)
         self._replace: Any = self._redis.register_script(_REPLACE)
         self._touch: Any = self._redis.register_script(_TOUCH)
@@ -94,12 +103,9 @@ class RedisKeyStore:
             raise StoreUnavailable(type(exc).__name__) from None
 
     async def load(self) -> tuple[int, dict[str, IssuedKey]]:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.get(VERSION)
-            pipe.hgetall(DOCS)
-            version, docs = await self._call(pipe.execute())
-        keys = {k.decode(): IssuedKey.from_json(v) for k, v in docs.items()}
-        return int(version or 0), keys
+        version, flat = await self._call(self._load(keys=[VERSION, DOCS]))
+        keys = {flat[i].decode(): IssuedKey.from_json(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return int(version), keys
 
     async def get(self, ids: list[str]) -> dict[str, IssuedKey | None]:
         if not ids:
@@ -148,6 +154,8 @@ class RedisKeyStore:
     async def changes(self) -> AsyncIterator[tuple[int, str]]:
         """The changes as they are published, ``(version, id)``; ends when the
         subscription fails (the caller subscribes again)."""
+        if not hasattr(self._redis, "pubsub"):  # a cluster client: the poll alone
+            await asyncio.Event().wait()
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(CHANNEL)

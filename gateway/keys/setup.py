@@ -1,8 +1,8 @@
 """What the app and the CLI build issued keys from: the store the settings name, and the
 limiter following the keys' limits.
 
-The Redis client is built here, once, from ``redis_url``: the one place to swap for the
-shared factory that builds it for standalone, Sentinel or Cluster.
+The Redis client comes from the shared factory (``gateway.redisconn``), for standalone,
+Sentinel or Cluster alike.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ def build_store(settings: Settings) -> KeyStore:
     if settings.keys.store == "redis":
         from gateway.keys.redis_store import RedisKeyStore
 
-        assert settings.redis_url is not None
-        return RedisKeyStore(settings.redis_url)
+        target = settings.redis_target()
+        assert target is not None
+        return RedisKeyStore(target)
     return MemoryKeyStore()
 
 

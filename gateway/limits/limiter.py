@@ -464,8 +464,9 @@ def build_limiter(
     if settings.limits_backend == "redis":
         from gateway.limits.redis_backend import RedisBackend
 
-        assert settings.redis_url is not None
-        backend = RedisBackend(settings.redis_url, settings.limits_timeout)
+        target = settings.redis_target()
+        assert target is not None
+        backend = RedisBackend(target, settings.limits_timeout)
         divisor = 1
     else:
         backend = MemoryBackend()

@@ -30,6 +30,7 @@ from typing import Any
 from gateway.limits.backend import Ask, BackendError, Reserved
 from gateway.limits.redis_link import RedisLink, Script
 from gateway.policy.quota import Check
+from gateway.redisconn import RedisTarget, as_target
 
 __all__ = ["RedisBackend"]
 
@@ -156,8 +157,8 @@ return after
 class RedisBackend:
     remote = True
 
-    def __init__(self, url: str, timeout: float, prefix: str = "gateway") -> None:
-        self._link = RedisLink(url, timeout, (RESERVE, SETTLE))
+    def __init__(self, target: RedisTarget | str, timeout: float, prefix: str = "gateway") -> None:
+        self._link = RedisLink(as_target(target), timeout, (RESERVE, SETTLE))
         self._prefix = prefix
 
     @property

@@ -975,7 +975,7 @@ def _stream_store(settings: Settings) -> StreamStore | None:
     return build_store(
         settings.stream_store,
         max_bytes=settings.stream_store_max_bytes,
-        url=settings.redis_url,
+        redis=settings.redis_target(),
         timeout=settings.stream_store_timeout,
     )
 

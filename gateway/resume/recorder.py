@@ -64,7 +64,7 @@ class Recorder:
         self.writer = writer
         self.guard = guard
         self.metrics = metrics
-        self.splitter = Splitter(ndjson=not exchange.spec.framing.comments)
+        self.splitter = Splitter(lines=not exchange.spec.framing.comments)
         self.detachment = Detachment(exchange, metrics)
         self._trailer: bytes | None = None
         self._send: Send = exchange.send

@@ -32,6 +32,7 @@ from starlette.types import Message
 from gateway.guard import StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
+from gateway.protocols import ANY_PATH
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
@@ -441,7 +442,7 @@ class Resumes:
 
     async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
         headers = [
-            (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
+            (b"content-type", info.meta.get("content_type", ANY_PATH.framing.media_type).encode()),
             *STREAM_HEADERS,
             (b"x-request-id", exchange.record.request_id.encode()),
             (STREAM_ID_HEADER, stream_id.encode()),

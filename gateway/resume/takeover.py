@@ -77,9 +77,9 @@ def continuation_meta(
 class _Sink:
     """An exchange's ``send`` that writes whole events into the heir's log."""
 
-    def __init__(self, writer: Writer, ndjson: bool) -> None:
+    def __init__(self, writer: Writer, lines: bool) -> None:
         self.writer = writer
-        self.splitter = Splitter(ndjson)
+        self.splitter = Splitter(lines)
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.body":
@@ -184,7 +184,7 @@ async def _continue(
     )
     record.bytes_out = info.size  # what its client got before: the continuation's condition
     record.model = document.get("model") if isinstance(document.get("model"), str) else None
-    sink = _Sink(writer, ndjson=not spec.framing.comments)
+    sink = _Sink(writer, lines=not spec.framing.comments)
     scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}
     exchange = Exchange(task, route, scope, sink.send, record)
     exchange.spec = spec

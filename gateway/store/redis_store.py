@@ -37,11 +37,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.redisconn import RedisTarget, as_target
+from gateway.redisconn.clients import async_client
 from gateway.store.api import (
     READ_LIMIT,
     Batch,
@@ -262,13 +261,13 @@ class _Tail:
 class RedisStore:
     remote = True
 
-    def __init__(self, url: str, timeout: float, max_bytes: int, prefix: str = "gateway") -> None:
-        self._redis: Any = Redis.from_url(
-            url,
+    def __init__(
+        self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
+    ) -> None:
+        self._redis: Any = async_client(
+            as_target(redis),
             socket_timeout=None,  # every call has its own bound (a blocking read is long)
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
+            connect_timeout=timeout,
             max_connections=MAX_CONNECTIONS,
         )
         self._tails: dict[str, _Tail] = {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -65,7 +64,7 @@ def _sha(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     route = {
         "name": "bedrock",
         "prefix": "/bedrock",
@@ -80,10 +79,7 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
     }
     issued = {"access_key_id": ISSUED.access_key_id, "secret_access_key_env": "TEAM_A_SECRET"}
     clients = [{"name": "team-a", "key_sha256": [_sha(KEY)], "aws_keys": [issued]}]
-    with gateway_for(
-        "", routes=[route], credentials=credentials, clients=clients, access_log=True
-    ) as gw:
-        yield gw
+    return {"routes": [route], "credentials": credentials, "clients": clients, "access_log": True}
 
 
 def _client(

@@ -86,10 +86,9 @@ def recorder(upstream: tuple[ServerThread, Recorder]) -> Recorder:
 
 
 @pytest.fixture(scope="module")
-def gateway(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
+def gateway_settings(upstream: tuple[ServerThread, Recorder]) -> dict[str, Any]:
     timeouts = {"client_header": CLIENT_TIMEOUT, "client_body": CLIENT_TIMEOUT}
-    with gateway_for(upstream[0].url + "/v1", timeouts=timeouts) as server:
-        yield server
+    return {"upstream_url": upstream[0].url + "/v1", "timeouts": timeouts}
 
 
 # ------------------------------------------------------------------ raw-socket helpers

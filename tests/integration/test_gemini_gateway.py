@@ -10,7 +10,7 @@ route's credential goes upstream as ``x-goog-api-key``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,9 +33,8 @@ def _routes(upstream: str, **extra: object) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for("", routes=_routes(simulator.url + "/v1beta")) as gw:
-        yield gw
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"routes": _routes(simulator.url + "/v1beta")}
 
 
 def _client(gw: ServerThread, **headers: str) -> genai.Client:

@@ -121,8 +121,21 @@ def test_the_cache_key_is_pure() -> None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gateway.store")))
 def test_the_stream_store_knows_no_http_and_no_cache(module: str) -> None:
+    """Beyond itself, the store uses only the one Redis client factory."""
     outside = sorted(
-        m for m in GRAPH[module] if not m.startswith("gateway.store") and m != "gateway"
+        m
+        for m in GRAPH[module]
+        if not m.startswith(("gateway.store", "gateway.redisconn")) and m != "gateway"
+    )
+    assert not outside, f"{module} imports {outside}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gateway.redisconn")))
+def test_the_redis_factory_knows_nothing_of_its_users(module: str) -> None:
+    """``gateway.redisconn`` builds clients for the limits, the store and the rest: it
+    imports none of them (nor the settings), so each may use it."""
+    outside = sorted(
+        m for m in GRAPH[module] if not m.startswith("gateway.redisconn") and m != "gateway"
     )
     assert not outside, f"{module} imports {outside}"
 
