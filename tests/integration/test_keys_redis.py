@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -205,3 +209,47 @@ def test_issued_keys_survive_a_restart_of_redis_run_as_shipped(
             assert _status(fresh.url, created[0]["key"]) == 401
     finally:
         server.stop()
+
+
+def _cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+def test_the_cli_issues_rotates_and_revokes_keys_a_running_gateway_honours(
+    simulator: ServerThread, redis: RedisServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(_toml(simulator, redis))
+    with gateway_process(["--config", str(config)]) as gw:
+        made = _cli(config, "create", "--client", "from-cli", "--metadata", "owner=ana")
+        assert made.returncode == 0, made.stderr
+        created = json.loads(made.stdout)
+        assert "key create: id=" in made.stderr
+        assert created["key"] not in made.stderr
+        _within(AGREEMENT_SECONDS, lambda: _status(gw.url, created["key"]) == 200)
+        listed = json.loads(_cli(config, "list").stdout)["data"]
+        assert [k["id"] for k in listed] == [created["id"]]
+        assert created["key"] not in _cli(config, "list").stdout
+        shown = json.loads(_cli(config, "show", created["id"]).stdout)
+        assert shown["metadata"] == {"owner": "ana"}
+        rotated = json.loads(_cli(config, "rotate", created["id"], "--overlap", "0").stdout)
+        _within(AGREEMENT_SECONDS, lambda: _status(gw.url, rotated["key"]) == 200)
+        assert _status(gw.url, created["key"]) == 401
+        assert _cli(config, "revoke", created["id"]).returncode == 0
+        _within(AGREEMENT_SECONDS, lambda: _status(gw.url, rotated["key"]) == 401)
+        clash = _cli(config, "create", "--client", "ops")
+        assert clash.returncode == 1
+        assert "existing_client" in clash.stderr
+        missing = _cli(config, "show", "key_000000000000000000000000")
+        assert missing.returncode == 1
+    memory = tmp_path / "memory.toml"
+    memory.write_text(_toml(simulator, redis).replace('store = "redis"', 'store = "memory"'))
+    assert _cli(memory, "list").returncode == 2
