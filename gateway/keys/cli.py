@@ -53,7 +53,11 @@ def add_commands(keys: argparse.ArgumentParser) -> None:
     create.add_argument(
         "--metadata", action="append", default=[], metavar="KEY=VALUE", help="owner, purpose..."
     )
-    create.add_argument("--key-sha256", help="take over this digest instead of a new secret")
+    create.add_argument(
+        "--key-sha256",
+        action="append",
+        help="take over this digest (a key from the file) instead of a new secret",
+    )
     actions.add_parser("list", help="every issued key (never a secret)")
     for name, text in (("show", "one key"), ("revoke", "refuse a key from now on")):
         actions.add_parser(name, help=text).add_argument("id")
@@ -84,7 +88,7 @@ def _request(args: argparse.Namespace) -> KeyRequest:
         "expires_in_seconds": args.expires_in,
         "limits": _pairs(args.limit, "--limit"),
         "metadata": _pairs(args.metadata, "--metadata"),
-        "key_sha256": args.key_sha256,
+        "key_sha256": args.key_sha256 or None,
     }
     if args.strict:
         body["budget_enforcement"] = "strict"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 from typing import Any, Literal
@@ -41,6 +42,7 @@ SECRET_PREFIX = "gwk_"
 #: The characters of a secret a listing shows.
 SHOWN_PREFIX = 8
 
+_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 State = Literal["active", "expired", "revoked"]
 Metadata = dict[str, str | int | float | bool | None]
 
@@ -97,12 +99,26 @@ class KeyRequest(KeyUpdate):
     existing_client: bool = False
     team: str | None = None
     expires_in_seconds: float | None = Field(None, gt=0)
-    key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    key_sha256: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="Digests to take over (a client's keys moving from the file to the "
+        "store) instead of a new secret.",
+    )
 
     @field_validator("client", "team")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         return _name(value)
+
+    @field_validator("key_sha256", mode="before")
+    @classmethod
+    def _digests(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and not all(isinstance(d, str) and _HEX.match(d) for d in value):
+            raise ValueError("each is a SHA-256 digest: 64 hex digits")
+        return [d.lower() for d in value] if isinstance(value, list) else value
 
 
 class IssuedKey(KeyUpdate):

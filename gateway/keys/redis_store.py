@@ -45,7 +45,10 @@ CHANNEL = "gateway-keys:changed"
 _CREATE = """
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then return -3 end
 if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return -1 end
-if redis.call('HSETNX', KEYS[3], ARGV[4], ARGV[1]) == 0 then return -2 end
+for i = 7, #ARGV do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then return -2 end
+end
+for i = 7, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], ARGV[2], ARGV[1]) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 local v = redis.call('INCR', KEYS[4])
@@ -118,9 +121,10 @@ class RedisKeyStore:
             key.id,
             key.client if claim_name else "",
             key.to_json(),
-            key.digests[-1][0],
+            "",
             max_keys,
             CHANNEL,
+            *(digest for digest, _ in key.digests),
         ]
         return self._answer(
             await self._call(self._create(keys=[DOCS, NAMES, DIGESTS, VERSION], args=args))

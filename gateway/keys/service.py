@@ -118,8 +118,8 @@ class KeyService:
         self._check_scope(request, request.client, request.existing_client)
         now = self._clock()
         secret = "" if request.key_sha256 else new_secret()
-        digest = request.key_sha256.lower() if request.key_sha256 else digest_of(secret)
-        if digest in self._configured_digests:
+        digests = request.key_sha256 or [digest_of(secret)]
+        if self._configured_digests.intersection(digests):
             raise Invalid("key_sha256", "this digest is a configured key's: remove it there first")
         expires_at = request.expires_at
         if request.expires_in_seconds is not None:
@@ -129,7 +129,7 @@ class KeyService:
             **fields,
             expires_at=expires_at,
             id=new_id(),
-            digests=[(digest, None)],
+            digests=[(d, None) for d in dict.fromkeys(digests)],
             shown_prefix=secret[:SHOWN_PREFIX],
             created_at=now,
             created_by=who or "cli",

@@ -94,12 +94,12 @@ class MemoryKeyStore:
             raise StoreFull
         if claim_name and key.client in self._names:
             raise NameTaken
-        digest = key.digests[-1][0]
-        if digest in self._digests:
+        if any(d in self._digests for d, _ in key.digests):
             raise DigestTaken
         if claim_name:
             self._names[key.client] = key.id
-        self._digests[digest] = key.id
+        for digest, _ in key.digests:
+            self._digests[digest] = key.id
         self._docs[key.id] = key.to_json()
         self._version += 1
         return self._version
