@@ -26,6 +26,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -59,9 +60,11 @@ __all__ = [
     "ClientLimits",
     "GatewayLimits",
     "IssuedKeys",
+    "PriceOverride",
     "RetryCause",
     "RouteConfig",
     "Settings",
+    "TeamConfig",
     "Timeouts",
     "Tracing",
     "UpstreamConfig",
@@ -637,9 +640,80 @@ class ClientLimits(_Strict):
     tokens_per_day: int | None = Field(None, gt=0, description="Token budget a UTC day.")
     tokens_per_month: int | None = Field(None, gt=0, description="Token budget a UTC month.")
     max_concurrent_streams: int | None = Field(None, gt=0, description="Streams at once.")
+    usd_per_day: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget a UTC day, in USD."
+    )
+    usd_per_month: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget a calendar month (UTC), in USD."
+    )
+    usd_total: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget in all, in USD (never resets)."
+    )
 
     def any(self) -> bool:
         return any(v is not None for v in self.model_dump().values())
+
+
+class TeamConfig(_Strict):
+    """A team: named clients (each names it as its ``team``) that share its limits,
+    checked with each client's own."""
+
+    name: str = Field(description="Label in metrics, receipts and the spend report.")
+    limits: ClientLimits = ClientLimits()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _CLIENT_NAME.match(value):
+            raise ValueError("must be 1-40 of [a-z0-9_-]")
+        return value
+
+
+class PriceOverride(_Strict):
+    """A price the table lacks or that was negotiated (``[[prices]]``): for a model (or
+    ``"*"``) on an upstream, a route or a client, in USD a million tokens; or the
+    table's prices of another ``provider`` for it."""
+
+    model: str = Field(min_length=1, description='The model as requested, or "*" for any.')
+    upstream: str | None = Field(None, description="Only on this upstream (by name).")
+    route: str | None = Field(None, description="Only on this route.")
+    client: str | None = Field(None, description="Only for this named client.")
+    provider: str | None = Field(
+        None, description="Price it as this genai-prices provider's model (e.g. azure, groq)."
+    )
+    input: Decimal | None = Field(None, ge=0, description="USD a million input tokens.")
+    output: Decimal | None = Field(None, ge=0, description="USD a million output tokens.")
+    cache_read: Decimal | None = Field(
+        None, ge=0, description="USD a million cached input tokens read (default: input)."
+    )
+    cache_write: Decimal | None = Field(
+        None, ge=0, description="USD a million input tokens written to a cache (default: input)."
+    )
+    reasoning: Decimal | None = Field(
+        None, ge=0, description="USD a million reasoning tokens (default: output)."
+    )
+
+    @model_validator(mode="after")
+    def _either(self) -> PriceOverride:
+        priced = self.input is not None, self.output is not None
+        if any(priced) and not all(priced):
+            raise ValueError("a price override gives both input and output")
+        if all(priced) == (self.provider is not None):
+            raise ValueError("a price override gives input and output prices, or a provider")
+        return self
+
+    @property
+    def label(self) -> str:
+        where = [
+            f"{k}={v}"
+            for k, v in (
+                ("client", self.client),
+                ("route", self.route),
+                ("upstream", self.upstream),
+            )
+            if v
+        ]
+        return " ".join([self.model, *where])
 
 
 class IssuedAwsKey(_Strict):
@@ -720,6 +794,14 @@ class ClientConfig(_Strict):
         description="May issue, list, rotate and revoke keys (the admin API "
         "{prefix}/gateway/keys); it sees the keys it issued.",
     )
+    team: str | None = Field(
+        None, description="The team (``[[teams]]``) whose limits it shares, checked with its own."
+    )
+    unpriced: Literal["refuse", "allow"] = Field(
+        "refuse",
+        description='Under a money budget, a model nothing prices: "refuse" (400 naming it) '
+        'or "allow" (served, charged nothing and labelled unpriced).',
+    )
 
     @field_validator("name")
     @classmethod
@@ -791,6 +873,13 @@ class Settings(BaseSettings):
     )
     clients: list[ClientConfig] = Field(
         default_factory=list, description="Named clients: keys, routes, limits."
+    )
+    teams: list[TeamConfig] = Field(
+        default_factory=list, description="Teams of named clients, with limits they share."
+    )
+    prices: list[PriceOverride] = Field(
+        default_factory=list,
+        description="Price overrides: negotiated rates, self-hosted models (over the table).",
     )
     limits_backend: Literal["memory", "redis"] = Field(
         "memory", description="Where the clients' counters live: this process, or Redis."
@@ -973,7 +1062,17 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"client {client.name} names route(s) {', '.join(unknown)} that do not exist"
                 )
-        limited = any(c.limited() for c in self.clients)
+        teams = {t.name: t for t in self.teams}
+        if len(teams) != len(self.teams):
+            raise ValueError("team names must be unique")
+        for client in self.clients:
+            if client.team is not None and client.team not in teams:
+                raise ValueError(
+                    f"client {client.name} names team {client.team} that does not exist"
+                )
+        limited = any(
+            c.limited() or (c.team is not None and teams[c.team].limits.any()) for c in self.clients
+        )
         if self.limits_backend == "redis" and self.redis_url is None:
             raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
         if self.redis_url is not None:

@@ -78,6 +78,7 @@ class KeyUpdate(BaseModel):
     route_limits: dict[str, ClientLimits] = Field(default_factory=dict)
     model_limits: dict[str, ClientLimits] = Field(default_factory=dict)
     budget_enforcement: Literal["estimate", "strict"] = "estimate"
+    unpriced: Literal["refuse", "allow"] = "refuse"
     metadata: Metadata = Field(default_factory=dict)
 
     @field_validator("models")
@@ -162,6 +163,8 @@ class IssuedKey(KeyUpdate):
             route_limits=self.route_limits,
             model_limits=self.model_limits,
             budget_enforcement=self.budget_enforcement,
+            team=self.team,
+            unpriced=self.unpriced,
         )
 
     def to_json(self) -> str:

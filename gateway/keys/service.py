@@ -79,6 +79,7 @@ class KeyService:
         self._on_change = on_change
         self._clock = clock
         self._clients = {c.name: c for c in settings.clients}
+        self._teams = {t.name for t in settings.teams}
         self._routes = {r.name for r in settings.effective_routes()}
         self._configured_digests = set(settings.client_key_sha256).union(
             *(c.key_sha256 for c in settings.clients),
@@ -116,6 +117,13 @@ class KeyService:
     async def create(self, request: KeyRequest, who: str | None) -> tuple[dict[str, Any], str]:
         """The new key's view and its secret ("" when a digest was handed in)."""
         self._check_scope(request, request.client, request.existing_client)
+        configured = self._clients.get(request.client)
+        if request.team is not None and request.team not in self._teams:
+            raise Invalid("team", f"no team {request.team} is configured")
+        if configured is not None and request.team not in (None, configured.team):
+            raise Invalid("team", f"client {request.client}'s team is in the configuration")
+        if configured is not None:
+            request = request.model_copy(update={"team": configured.team})
         now = self._clock()
         secret = "" if request.key_sha256 else new_secret()
         digests = request.key_sha256 or [digest_of(secret)]
@@ -250,4 +258,5 @@ def _has_limits(request: KeyUpdate) -> bool:
         or any(v.any() for v in request.route_limits.values())
         or any(v.any() for v in request.model_limits.values())
         or request.budget_enforcement != "estimate"
+        or request.unpriced != "refuse"
     )

@@ -289,6 +289,13 @@ class Metrics:
         "Tokens charged to a named client: reported by the provider, or estimated.",
         ("client", "route", "model", "type", "source"),
     )
+    spend = Declared(
+        "gateway_spend_usd_total",
+        Counter,
+        "Money charged, in USD, priced from verified usage (evidence: reported, estimated, "
+        "partial, unpriced).",
+        ("client", "team", "model", "route", "evidence"),
+    )
     limited_requests = Declared(
         "gateway_limited_requests_total",
         Counter,
@@ -604,6 +611,11 @@ class Metrics:
                 add(self.client_tokens, client, route, model, "output", source)(
                     _counted(charge.output)
                 )
+        spend = record.spend
+        if spend is not None and (spend.nanos or spend.evidence != "reported"):
+            add(self.spend, client, record.team or "none", model, route, spend.evidence.value)(
+                spend.nanos / 1_000_000_000
+            )
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)

@@ -25,6 +25,7 @@ __all__ = [
     "ProtocolSpec",
     "Redaction",
     "Tool",
+    "UsageBasis",
     "body_says_stream",
     "openai_error",
 ]
@@ -125,6 +126,17 @@ class ClientRequests:
     simulator_prefix: str = "/v1"
 
 
+@dataclass(frozen=True, slots=True)
+class UsageBasis:
+    """How a protocol's reported counts relate to each other, so that a charge prices
+    each token once (``gateway.spend``): whether its input count already holds the
+    cached input (read and written), and whether its output count already holds the
+    reasoning tokens."""
+
+    input_includes_cached: bool = True
+    output_includes_reasoning: bool = True
+
+
 def body_says_stream(path: str, body: Json | None) -> bool:
     """The OpenAI/Anthropic way: the JSON body has ``"stream": true``."""
     return body is not None and body.get("stream") is True
@@ -201,6 +213,12 @@ class ProtocolSpec:
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: The provider whose prices its models are priced at in the price table (a
+    #: ``genai-prices`` provider id); None: none (self-hosted), unless the upstream's
+    #: URL or a price override names one.
+    price_provider: str | None = None
+    #: How its usage's counts relate (what a charge adds up).
+    usage_basis: UsageBasis = UsageBasis()
 
     @property
     def name(self) -> str:

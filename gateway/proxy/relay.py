@@ -103,6 +103,7 @@ from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.resume import build_resumes
 from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
+from gateway.spend import build_spend
 from gateway.store import StreamStore, build_store
 
 __all__ = ["Relay"]
@@ -161,6 +162,8 @@ class Relay:
         warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
+        self.spend = build_spend(settings)
         #: The stream store (``stream_store``), shared by resumable streams and the response
         #: cache; None when no route resumes or caches. The app opens and closes it.
         self.store = _stream_store(settings)
@@ -324,6 +327,7 @@ class Relay:
                     record.request_id,
                     route.timeouts.total,
                     strict_input(request_json, len(exchange.body)) if strict and not hit else None,
+                    None if hit else self.spend.quote(exchange),
                 )
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
@@ -356,6 +360,7 @@ class Relay:
             if record.client_name != ANONYMOUS:
                 # What a named client's request cost: its tokens metric, its limits.
                 cost = cost_of_record(record, input_estimate(request_json, len(body)))
+                cost = self.spend.price(exchange, cost)
                 record.charge = cost
             try:
                 if plan is not None and self.cache is not None:
@@ -384,7 +389,7 @@ class Relay:
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
         record = exchange.record
-        record.rejected = "rate_limited" if refused.status == 429 else "limits_unavailable"
+        record.rejected = refused.rejected
         record.status = refused.status
         # Counted apart from gateway_rejected_requests_total: a team at its limit is no
         # sign of an overloaded gateway.

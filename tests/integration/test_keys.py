@@ -226,3 +226,18 @@ def test_a_digest_from_the_file_moves_to_the_store(gw: ServerThread) -> None:
     assert _chat(gw, secret).status_code == 200
     taken = _api(gw, "POST", json={"client": "moved2", "key_sha256": _sha(PLAIN)})
     assert taken.status_code == 422
+
+
+def test_keys_issued_for_a_team_share_its_limits(simulator: ServerThread) -> None:
+    teams = [{"name": "red", "limits": {"requests_per_minute": 3}}]
+    with gateway_for(
+        simulator.url + "/v1", clients=CLIENTS[:1], teams=teams, keys={"store": "memory"}
+    ) as server:
+        first = _create(server, {"client": "red-1", "team": "red"})
+        second = _create(server, {"client": "red-2", "team": "red"})
+        assert first["team"] == "red"
+        statuses = [_chat(server, k["key"]).status_code for k in (first, second, first, second)]
+        assert statuses == [200, 200, 200, 429]
+        unknown = _api(server, "POST", json={"client": "blue-1", "team": "blue"})
+        assert unknown.status_code == 422
+        assert unknown.json()["error"]["param"] == "team"

@@ -82,7 +82,9 @@ def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     return {
         "upstream_url": simulator.url + "/v1",
         "access_log": True,
-        "timeouts": {"idle": 1.0},
+        # 3 s: the stall test's upstream is silent for an hour; a healthy stream on a loaded
+        # machine must not meet this deadline (issue 45 item 9)
+        "timeouts": {"idle": 3.0},
         "max_ws_message_bytes": 64 * 1024,
         "ws_max_client_messages_per_second": 20,
     }
