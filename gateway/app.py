@@ -64,6 +64,8 @@ from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
+from gateway.spend import build_stage
+from gateway.spend.stage import SpendStage
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -173,6 +175,8 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Receipts and the spend report (``gateway.spend``); None without named clients.
+        self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
         #: What the lifespan holds open now (oldest first), and what it closed, in order.
         self.opened: list[str] = []
@@ -283,6 +287,9 @@ class _Gateway:
             else Upstream(self.transport, self.settings.timeouts.connect)
         )
         self._owns(stack, "upstream", upstream.aclose)
+        self.spend_stage = build_stage(self.settings)
+        if self.spend_stage is not None:
+            self._owns(stack, "receipts", self.spend_stage.close)
         relay = Relay(
             settings=self.settings,
             upstream=upstream,
@@ -335,7 +342,10 @@ class _Gateway:
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
-        return []
+        stages: list[Stage] = []
+        if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
+            stages.append(self.spend_stage)
+        return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
