@@ -44,7 +44,6 @@ from gateway.policy.quota import (
     Rule,
     Window,
     checks_for,
-    requested_output,
 )
 from gateway.settings import ClientConfig, ClientLimits, Settings, TeamConfig
 from gateway.spend.prices import NANOS_PER_USD, Quote, nanos_to_usd
@@ -286,9 +285,8 @@ class Limiter:
         client: str,
         route: str,
         model: str | None,
-        request: Mapping[str, Any] | None,
         estimated_input: int,
-        default_output: int,
+        output: int,
         stream: bool,
         request_id: str,
         hold: float,
@@ -296,15 +294,16 @@ class Limiter:
         quote: Quote | None = None,
     ) -> Reservation:
         """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
-        left for the output) in every counter it touches, or LimitRefused. Under a money
-        limit the request is priced at ``quote`` (its dearest token prices: an upper
+        left for the output) in every counter it touches, or LimitRefused. ``output`` is
+        what the request allows itself by its protocol's own fields
+        (``ProtocolSpec.requested_output``), or its route's default reservation. Under a
+        money limit the request is priced at ``quote`` (its dearest token prices: an upper
         bound); a model without one is refused (``Unpriced``) unless its client allows
         it (then it reserves, and is charged, no money)."""
         now = self._clock()
         rules = self._rules[client]
         strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
-        output = requested_output(request, default_output)
         input_money = output_pico = 0
         if rules.money and (input_ or output):  # (a cache hit reserves nothing)
             if quote is not None:
