@@ -122,6 +122,9 @@ class Reservation:
     counted: bool = True
     #: the money reserved (nano-dollars)
     money: int = 0
+    #: after its settlement: each day, month or total budget it was charged in, and what
+    #: that budget has left (its receipt's ``budgets``)
+    left: list[dict[str, Any]] | None = None
 
     @property
     def member(self) -> str:
@@ -408,6 +411,7 @@ class Limiter:
             except BackendError as exc:
                 self._failed("settle", exc)
                 return
+        reservation.left = _left(current, after)
         if reservation.budgets and self._on_budget is not None:
             self._budgets(reservation.client, reservation.budgets, after)
 
@@ -469,6 +473,24 @@ class Limiter:
             value = values[index]
             if value is not None:
                 self._on_budget(client, window, limit, value)
+
+
+def _left(checks: list[Check], after: list[int | None]) -> list[dict[str, Any]]:
+    """Each budget (a day's, a month's, a total) of ``checks`` with what it has left."""
+    found: list[dict[str, Any]] = []
+    for check, value in zip(checks, after, strict=False):
+        if not check.limit.is_budget or value is None:
+            continue
+        left = max(check.value - value, 0)
+        found.append(
+            {
+                "scope": check.scope,
+                "limit": str(check.limit),
+                "value": nanos_to_usd(check.value) if check.money else check.value,
+                "left": nanos_to_usd(left) if check.money else left,
+            }
+        )
+    return found
 
 
 @dataclass(frozen=True, slots=True)

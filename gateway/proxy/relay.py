@@ -369,6 +369,7 @@ class Relay:
             finally:
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+                    record.budgets = reservation.left
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
