@@ -477,15 +477,28 @@ def serve(settings: Settings) -> None:
         export_for_workers(settings)
         # uvicorn.run's own path for workers, with a supervisor that takes a killed
         # worker's live gauges out of the metrics (uvicorn's has no hook for it).
-        run_workers(
+        signum = run_workers(
             uvicorn.Config(
                 "gateway.app:create_worker_app", factory=True, workers=settings.workers, **common
             )
         )
+        _exit_after(signum)
         return
     from gateway.app import create_app
+    from gateway.server.signals import stopped_by
 
     uvicorn.run(create_app(settings), **common)
+    _exit_after(stopped_by())
+
+
+def _exit_after(signum: int | None) -> None:
+    """Exit 130 once a Ctrl-C (SIGINT) stopped the server, as a shell expects; return (exit
+    0) after SIGTERM or none."""
+    from gateway.server.signals import exit_status
+
+    status = exit_status(signum)
+    if status:
+        raise SystemExit(status)
 
 
 def probe(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,9 +9,11 @@ command to its slot's owner and refreshes the slot map when a node fails).
 ``sync_client`` builds the same in the blocking flavour, for a caller that
 talks to Redis from a thread of its own (``gateway.limits.redis_link``).
 
-The callers choose their deadlines; retries are off everywhere (one attempt,
-the caller's error handling decides), so no call waits on a hidden backoff. A
-cluster client's pool size is per node.
+The callers choose their deadlines; retries are off (one attempt, the caller's
+error handling decides), so no call waits on a hidden backoff, except one on a
+cluster: a command that met a dead node is sent once more after the slot map is
+refreshed, so the slot's new owner answers it. A cluster client's pool size is
+per node.
 
 A sync cluster client asks its seeds as it is built: build it where a failure
 may be met (the link's thread), not at import or in a constructor.
@@ -33,7 +35,11 @@ from redis.retry import Retry
 
 from gateway.redisconn.target import RedisTarget
 
-__all__ = ["async_client", "sync_client"]
+__all__ = ["CLUSTER_RETRIES", "async_client", "sync_client"]
+
+#: A cluster command that met a dead node is sent once more, after the client refreshed
+#: its slot map: a failed-over slot's new owner answers it (within the caller's bound).
+CLUSTER_RETRIES = 1
 
 
 def _sentinel_options(target: RedisTarget, common: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +78,7 @@ def async_client(
     options.pop("db", None)
     nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.seeds()]
     return redis.asyncio.cluster.RedisCluster(
-        startup_nodes=nodes, retry=AsyncRetry(NoBackoff(), 0), **options
+        startup_nodes=nodes, retry=AsyncRetry(NoBackoff(), CLUSTER_RETRIES), **options
     )
 
 
