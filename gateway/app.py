@@ -65,6 +65,8 @@ from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
+from gateway.spend import build_stage
+from gateway.spend.stage import SpendStage
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -174,6 +176,8 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Receipts and the spend report (``gateway.spend``); None without named clients.
+        self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
         #: What the lifespan holds open now (oldest first), and what it closed, in order.
         self.opened: list[str] = []
@@ -284,6 +288,9 @@ class _Gateway:
             else Upstream(self.transport, self.settings.timeouts.connect)
         )
         self._owns(stack, "upstream", upstream.aclose)
+        self.spend_stage = build_stage(self.settings)
+        if self.spend_stage is not None:
+            self._owns(stack, "receipts", self.spend_stage.close)
         relay = Relay(
             settings=self.settings,
             upstream=upstream,
@@ -338,7 +345,10 @@ class _Gateway:
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
-        return []
+        stages: list[Stage] = []
+        if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
+            stages.append(self.spend_stage)
+        return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
@@ -439,6 +449,13 @@ class _Gateway:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
+            # A stream store that is away is said, not failed on: streams are served
+            # all the same (without resume, uncached), by every replica alike.
+            store = self.relay.store if self.relay is not None else None
+            if store is not None and store.down_since is not None:
+                down = round(time.monotonic() - store.down_since, 1)
+                return JSONResponse({"status": "ready", "stream_store": "unavailable",
+                                     "stream_store_down_seconds": down})  # fmt: skip
             return JSONResponse({"status": "ready"})
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)

@@ -761,6 +761,9 @@ class ClientConfig(_Strict):
     team: str | None = Field(
         None, description="The team (``[[teams]]``) whose limits it shares, checked with its own."
     )
+    spend_admin: bool = Field(
+        False, description="Sees every client's spend in GET .../gateway/spend (else its own)."
+    )
     unpriced: Literal["refuse", "allow"] = Field(
         "refuse",
         description='Under a money budget, a model nothing prices: "refuse" (400 naming it) '
@@ -844,6 +847,15 @@ class Settings(BaseSettings):
     prices: list[PriceOverride] = Field(
         default_factory=list,
         description="Price overrides: negotiated rates, self-hosted models (over the table).",
+    )
+    receipts_ttl_seconds: float = Field(
+        604800.0, gt=0, description="How long a request's receipt is kept (7 days)."
+    )
+    receipts_max: int = Field(
+        100000, ge=1, description="Receipts the memory ledger keeps at most (oldest dropped)."
+    )
+    spend_retention_days: int = Field(
+        400, ge=1, le=3660, description="Days of the spend report's totals kept."
     )
     limits_backend: Literal["memory", "redis"] = Field(
         "memory", description="Where the clients' counters live: this process, or Redis."

@@ -44,7 +44,6 @@ from gateway.policy.quota import (
     Rule,
     Window,
     checks_for,
-    requested_output,
 )
 from gateway.settings import ClientConfig, ClientLimits, Settings, TeamConfig
 from gateway.spend.prices import NANOS_PER_USD, Quote, nanos_to_usd
@@ -123,6 +122,9 @@ class Reservation:
     counted: bool = True
     #: the money reserved (nano-dollars)
     money: int = 0
+    #: after its settlement: each day, month or total budget it was charged in, and what
+    #: that budget has left (its receipt's ``budgets``)
+    left: list[dict[str, Any]] | None = None
 
     @property
     def member(self) -> str:
@@ -283,9 +285,8 @@ class Limiter:
         client: str,
         route: str,
         model: str | None,
-        request: Mapping[str, Any] | None,
         estimated_input: int,
-        default_output: int,
+        output: int,
         stream: bool,
         request_id: str,
         hold: float,
@@ -293,15 +294,16 @@ class Limiter:
         quote: Quote | None = None,
     ) -> Reservation:
         """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
-        left for the output) in every counter it touches, or LimitRefused. Under a money
-        limit the request is priced at ``quote`` (its dearest token prices: an upper
+        left for the output) in every counter it touches, or LimitRefused. ``output`` is
+        what the request allows itself by its protocol's own fields
+        (``ProtocolSpec.requested_output``), or its route's default reservation. Under a
+        money limit the request is priced at ``quote`` (its dearest token prices: an upper
         bound); a model without one is refused (``Unpriced``) unless its client allows
         it (then it reserves, and is charged, no money)."""
         now = self._clock()
         rules = self._rules[client]
         strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
-        output = requested_output(request, default_output)
         input_money = output_pico = 0
         if rules.money and (input_ or output):  # (a cache hit reserves nothing)
             if quote is not None:
@@ -409,6 +411,7 @@ class Limiter:
             except BackendError as exc:
                 self._failed("settle", exc)
                 return
+        reservation.left = _left(current, after)
         if reservation.budgets and self._on_budget is not None:
             self._budgets(reservation.client, reservation.budgets, after)
 
@@ -470,6 +473,24 @@ class Limiter:
             value = values[index]
             if value is not None:
                 self._on_budget(client, window, limit, value)
+
+
+def _left(checks: list[Check], after: list[int | None]) -> list[dict[str, Any]]:
+    """Each budget (a day's, a month's, a total) of ``checks`` with what it has left."""
+    found: list[dict[str, Any]] = []
+    for check, value in zip(checks, after, strict=False):
+        if not check.limit.is_budget or value is None:
+            continue
+        left = max(check.value - value, 0)
+        found.append(
+            {
+                "scope": check.scope,
+                "limit": str(check.limit),
+                "value": nanos_to_usd(check.value) if check.money else check.value,
+                "left": nanos_to_usd(left) if check.money else left,
+            }
+        )
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,8 @@ class RequestRecord:
     #: What it cost in money (``gateway.spend``), with its evidence; None: not priced.
     spend: Charge | None = None
     team: str | None = None  # the named client's team, if it has one
+    #: The budgets its settlement charged, each with what it has left (its receipt's).
+    budgets: list[dict[str, Any]] | None = None
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it

@@ -12,8 +12,9 @@ and what it finally cost.
   by its scope, its limit and its window's start, and lives until the
   window's end: nothing grows without bound.
 - A reservation is the input estimate (the bytes of the prompt's text, 4 a
-  token) plus the output the request allows (``max_tokens`` and its
-  per-protocol names), or the route's ``default_output_reservation``.
+  token) plus the output the request allows by its protocol's own fields
+  (``ProtocolSpec.requested_output``), or the route's
+  ``default_output_reservation``.
 - The settlement replaces it by the cost: the provider's reported usage when
   there is some (``reported``), else the input estimate plus the output bytes
   actually relayed, 4 a token (``estimated``). Never zero for a stream that
@@ -45,7 +46,6 @@ __all__ = [
     "input_bound",
     "measure_input",
     "output_estimate",
-    "requested_output",
     "window_end",
     "window_start",
 ]
@@ -232,8 +232,6 @@ def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
 
 #: Request fields whose text is the input: every protocol's names for it.
 _INPUT_FIELDS = ("messages", "prompt", "input", "contents", "system", "instructions", "tools")
-#: Fields that say how much output a request allows, by protocol.
-_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 #: Tokens a message costs besides its text (its role, its delimiters): OpenAI's cookbook
@@ -288,35 +286,6 @@ def input_bound(request: Mapping[str, Any] | None, body_size: int) -> int:
     plus each message's overhead and the answer's priming."""
     size, messages = measure_input(request, body_size)
     return size + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
-
-
-def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
-    """The output a request allows (``max_tokens``, ``max_completion_tokens``,
-    ``max_output_tokens``, Gemini's ``generationConfig.maxOutputTokens``, Ollama's
-    ``options.num_predict``), else ``default``."""
-    if request is None:
-        return default
-    get = request.get
-    for name in _OUTPUT_FIELDS:
-        value = get(name)
-        # _positive inlined: an absent field (the usual case) is one comparison
-        if value is not None and isinstance(value, int) and value > 0 and value is not True:
-            return value
-    config = request.get("generationConfig") or request.get("generation_config")
-    if isinstance(config, Mapping):
-        value = config.get("maxOutputTokens", config.get("max_output_tokens"))
-        if isinstance(value, int) and _positive(value):
-            return value
-    options = request.get("options")
-    if isinstance(options, Mapping):  # Ollama's; -1 (no limit) or -2 (fill) take the default
-        value = options.get("num_predict")
-        if isinstance(value, int) and _positive(value):
-            return value
-    return default
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _tokens(size: int) -> int:

@@ -9,13 +9,13 @@ model from a non-streamed answer, and how the upstream expects its credential.
 
 from __future__ import annotations
 
-import enum
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
+from gateway.protocols.credentials import CredentialStyle
 
 __all__ = [
     "ClientRequests",
@@ -70,17 +70,6 @@ def openai_error(status: int, message: str, type_: str, code: str, request_id: s
 
 def _sse_redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
     return redactor.stream
-
-
-class CredentialStyle(enum.StrEnum):
-    """How an upstream expects the route's credential."""
-
-    BEARER = "bearer"  # Authorization: Bearer <key>
-    X_API_KEY = "x-api-key"  # Anthropic
-    X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
-    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
-    #: signed for its host; a client's own signature is never forwarded.
-    SIGV4 = "sigv4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +222,30 @@ class ProtocolSpec:
     def finish_table(self) -> Mapping[str, Reason]:
         return self.contract.finish_table
 
+    def _output_limits(self, request: Json) -> list[tuple[str, str, int]]:
+        """Each output field a request names with a positive count: (member, nested
+        member or "", count). A count of 0 or less (Ollama's -1, no limit) is none."""
+        found = []
+        for path in self.output_limit:
+            head, _, rest = path.partition(".")
+            value = request.get(head)
+            if value is None:  # the usual case: one lookup
+                continue
+            if rest:
+                value = value.get(rest) if isinstance(value, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((head, rest, value))
+        return found
+
+    def requested_output(self, request: Json | None, default: int) -> int:
+        """The output a request allows itself, by this protocol's own fields (the most
+        any of them allows), else ``default`` (the route's reservation for a request that
+        names none)."""
+        if not self.output_limit or request is None:
+            return default
+        limits = self._output_limits(request)
+        return max(count for _, _, count in limits) if limits else default
+
     def capped_output(self, request: Json | None, cap: int) -> Json:
         """The changes to a request (top-level members, objects merged) that limit its
         output to at most ``cap`` tokens: each of its output fields it names above the
@@ -240,17 +253,11 @@ class ProtocolSpec:
         if not self.output_limit or request is None:
             return {}
         changes: Json = {}
-        named = False
-        for path in self.output_limit:
-            head, _, rest = path.partition(".")
-            value = request.get(head)
-            if rest:
-                value = value.get(rest) if isinstance(value, dict) else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                named = True
-                if value > cap:
-                    changes[head] = {rest: cap} if rest else cap
-        if not named:
+        limits = self._output_limits(request)
+        for head, rest, value in limits:
+            if value > cap:
+                changes[head] = {rest: cap} if rest else cap
+        if not limits:
             head, _, rest = self.output_limit[0].partition(".")
             changes[head] = {rest: cap} if rest else cap
         return changes

@@ -315,14 +315,15 @@ class Relay:
             strict = limiter.strict(record.client_name)
             # A cache hit is counted as a request that spends no tokens.
             hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
+            # The output the request allows itself, by its protocol's own fields.
+            output = spec.requested_output(request_json, route.config.default_output_reservation)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
-                    None if hit else request_json,
                     0 if hit else input_estimate(request_json, len(exchange.body)),
-                    0 if hit else route.config.default_output_reservation,
+                    0 if hit else output,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,
@@ -368,6 +369,7 @@ class Relay:
             finally:
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+                    record.budgets = reservation.left
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int

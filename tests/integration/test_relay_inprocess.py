@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.protocols import REGISTRY
 from gateway.settings import load_settings
 from tests.integration.helpers import access_log_line, annotation, metric_value
 
@@ -357,3 +359,44 @@ def test_each_read_that_carries_output_after_the_first_is_one_chunk_gap() -> Non
         assert metric_value(metrics, "gateway_time_to_first_token_seconds_count", model="m") == 1
 
     run(test)
+
+
+LIMITED_SPECS = [s for s in REGISTRY if s.output_limit and s.requests is not None]
+
+
+@pytest.mark.parametrize("spec", LIMITED_SPECS, ids=lambda spec: spec.name)
+def test_a_named_clients_reservation_is_the_requests_own_output_limit(spec: Any) -> None:
+    """A request that allows itself 50 tokens, in its protocol's own field, reserves 50
+    tokens of output, not the route's default (which alone would not fit the client's
+    minute): each protocol's request, as its own clients write it."""
+    upstream = Upstream(lambda r: answer(200, b"{}", **{"content-type": "application/json"}))
+    route = {
+        "name": "r",
+        "prefix": "/p",
+        "upstream": "http://upstream.test",
+        "protocol": spec.name,
+        "default_output_reservation": 100_000,
+    }
+    clients = [
+        {
+            "name": "team",
+            "key_sha256": [hashlib.sha256(b"sk-team").hexdigest()],
+            "limits": {"tokens_per_minute": 10_000},
+        }
+    ]
+    assert spec.requests is not None
+    body = spec.requests.text("m", "hi", 50, False)
+
+    async def test() -> httpx.Response:
+        async with in_process(upstream, routes=[route], clients=clients) as client:
+            return await client.post(
+                "/p" + spec.requests.path("m", False),
+                json=body,
+                headers={"authorization": "Bearer sk-team", **spec.requests.headers},
+            )
+
+    response = asyncio.run(test())
+    assert response.status_code != 429, response.text
+    assert len(upstream.requests) == 1
+    reserved = 10_000 - int(response.headers["x-ratelimit-remaining-tokens"])
+    assert 50 <= reserved < 50 + 100  # the output, and a few tokens of input
