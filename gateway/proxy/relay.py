@@ -595,7 +595,7 @@ class Relay:
             metrics=self.metrics,
             index=tally.lease.index,
             target=outgoing.target,
-            headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
+            headers=outgoing.headers,
             request_json=outgoing.request_json,
             build=build,
             body_size=len(outgoing.body),
