@@ -295,3 +295,15 @@ def test_receipts_are_the_owners_only_and_the_report_receipts_and_metric_agree_e
     assert round(Decimal(repr(metric)) * 10**9) == summed
     bad = _get(gw, "mixed", "/v1/gateway/spend?group_by=colour")
     assert bad.status_code == 400
+
+
+def test_a_request_that_can_never_fit_a_money_budget_says_so_and_is_not_told_to_retry(
+    gw: ServerThread,
+) -> None:
+    """The team's $0.002 a day; 100,000 output tokens of gpt-4o reserved: $1."""
+    body = {**CHAT, "max_tokens": 100_000}
+    refused = _post(gw, "ben", "never-1", "/v1/chat/completions", body)
+    assert refused.status_code == 429
+    assert "can never fit" in refused.json()["error"]["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
