@@ -66,7 +66,7 @@ from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
 from gateway.spend import build_stage
-from gateway.spend.stage import SpendStage
+from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -490,6 +490,9 @@ class _Gateway:
         view = self._status_view(board)
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.spend_stage is not None:
+            spend = await status_rows(self.spend_stage.ledger, time.time())
+            view = dataclasses.replace(view, spend=spend)
         return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:

@@ -53,7 +53,9 @@ def gw(simulator: ServerThread) -> Iterator[ServerThread]:
         {"name": "r", "prefix": "/v1", "upstream": f"{simulator.url}/v1"},
         {"name": "g", "prefix": "/v1beta", "upstream": f"{simulator.url}/v1beta"},
     ]
-    with gateway_for("", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True) as server:
+    with gateway_for(
+        "", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True, status_page=True
+    ) as server:
         yield server
 
 
@@ -307,3 +309,18 @@ def test_a_request_that_can_never_fit_a_money_budget_says_so_and_is_not_told_to_
     assert "can never fit" in refused.json()["error"]["message"]
     assert refused.headers["x-should-retry"] == "false"
     assert "retry-after" not in refused.headers
+
+
+def test_the_status_page_shows_spend_per_client_and_team(gw: ServerThread) -> None:
+    answer = _post(gw, "ana", "status-1", "/v1/chat/completions", {**CHAT, "max_tokens": 1})
+    assert answer.status_code in (200, 429)
+    _post(gw, "solo", "status-2", "/v1/chat/completions", CHAT)
+    page = ""
+    for _ in range(50):  # receipts and totals are written by a task: poll, bounded
+        page = web.get(gw.url + "/status").text
+        if "<td>solo</td>" in page.partition('id="spend"')[2]:
+            break
+    spend = page.partition('<section id="spend">')[2].partition("</section>")[0]
+    assert "<td>solo</td>" in spend
+    assert "<td>team:eng</td>" in spend
+    assert "$0.01" in page.partition('id="clients"')[2]  # tight's usd_per_day, in dollars
