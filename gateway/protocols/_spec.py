@@ -9,13 +9,13 @@ model from a non-streamed answer, and how the upstream expects its credential.
 
 from __future__ import annotations
 
-import enum
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
+from gateway.protocols.credentials import CredentialStyle
 
 __all__ = [
     "ClientRequests",
@@ -70,17 +70,6 @@ def openai_error(status: int, message: str, type_: str, code: str, request_id: s
 
 def _sse_redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
     return redactor.stream
-
-
-class CredentialStyle(enum.StrEnum):
-    """How an upstream expects the route's credential."""
-
-    BEARER = "bearer"  # Authorization: Bearer <key>
-    X_API_KEY = "x-api-key"  # Anthropic
-    X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
-    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
-    #: signed for its host; a client's own signature is never forwarded.
-    SIGV4 = "sigv4"
 
 
 @dataclass(frozen=True, slots=True)

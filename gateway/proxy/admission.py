@@ -40,6 +40,7 @@ from pydantic import SecretStr
 from starlette.types import Receive, Scope
 
 from gateway.policy.routing import PathRejected, Route, Target, request_target, signing_scope
+from gateway.protocols.credentials import CredentialStyle, presented_key
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig
@@ -191,7 +192,7 @@ class Admission:
         that takes keys; None for a request that is not signed so (Refused: a key id the
         gateway did not issue, or one not allowed here)."""
         auth = get_header(headers, b"authorization")
-        if auth is None or not auth.startswith(b"AWS4-HMAC-SHA256 ") or not self._aws_keys:
+        if auth is None or not auth.startswith(CredentialStyle.SIGV4.scheme) or not self._aws_keys:
             return None
         if not self._route_keys.get(route.name, self._default_keys):
             return None  # a route that takes no keys: the signature is dropped, unread
@@ -324,22 +325,6 @@ def body_weight(route: Route) -> int:
     rewritten copy is held beside it or in its place."""
     rewrites = route.config.inject_include_usage or any(e.models for e in route.endpoints)
     return 2 if rewrites else 1
-
-
-def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The client key a request presents: ``x-api-key``, ``api-key``, ``x-goog-api-key``,
-    or an ``Authorization: Bearer`` token; None when it presents none."""
-    key = (
-        get_header(headers, b"x-api-key")
-        or get_header(headers, b"api-key")
-        or get_header(headers, b"x-goog-api-key")
-    )
-    auth = get_header(headers, b"authorization")
-    if key is None and auth is not None and auth[:7].lower() == b"bearer ":
-        key = auth[7:].strip()
-    elif key is None and auth is not None and auth.startswith(b"AWS4-HMAC-SHA256 "):
-        key = auth  # a SigV4 signature: the whole header, never forwarded either
-    return key
 
 
 def _check_signing_scope(route: Route, parts: Mapping[str, str] | None) -> None:
