@@ -487,7 +487,7 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        view = self._status_view(board)
+        view = dataclasses.replace(self._status_view(board), services=self._services(relay))
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
         if self.spend_stage is not None:
@@ -512,6 +512,41 @@ class _Gateway:
             "forbidden",
             request_id,
         )
+
+    def _services(self, relay: Relay) -> list[tuple[str, str]]:
+        """The status page's rows for the cache, resume, the stream store, the limits
+        backend and Redis: what is on, where, and (this process's view) how it is."""
+        settings = self.settings
+
+        def routes_with(flag: str) -> str:
+            names = [r.name for r in self.routes if getattr(r.config, flag)]
+            return "on for routes " + ", ".join(names) if names else "off (no route)"
+
+        store, limiter = relay.store, relay.limiter
+        held = (
+            f"{store.size / 2**20:.1f} MiB of {settings.stream_store_max_bytes / 2**20:.0f} MiB "
+            "held (this process's account)"
+            if store is not None
+            else "unused (no route resumes or caches)"
+        )
+        answers = (
+            ("answers" if limiter.ready else "has not answered yet")
+            if limiter is not None
+            else "unused (no client has limits)"
+        )
+        redis = "not configured"
+        if settings.redis_url:
+            host = httpx.URL(settings.redis_url).host or "(socket)"
+            redis = f"{settings.redis_mode} at {host}" + (
+                f" (nodes: {', '.join(settings.redis_nodes)})" if settings.redis_nodes else ""
+            )
+        return [
+            ("cache", routes_with("cache")),
+            ("resume", routes_with("resume")),
+            (f"stream store: {settings.stream_store}", held),
+            (f"limits backend: {settings.limits_backend}", answers),
+            ("Redis", redis),
+        ]
 
     def _status_view(self, board: StatusBoard) -> StatusView:
         live = self._live_streams()

@@ -202,6 +202,12 @@ class ProtocolSpec:
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: Response headers its upstreams name their own request id in (the access log's
+    #: ``upstream_request_id``, the client's ``x-upstream-request-id``), lowercase.
+    request_id_headers: tuple[str, ...] = ()
+    #: Statuses whose ``Retry-After`` makes its upstream cool down (a 429 without one:
+    #: its doubling backoff): overloaded, by this protocol's words.
+    cool_down_statuses: frozenset[int] = frozenset({429, 503})
     #: The provider whose prices its models are priced at in the price table (a
     #: ``genai-prices`` provider id); None: none (self-hosted), unless the upstream's
     #: URL or a price override names one.

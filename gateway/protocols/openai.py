@@ -75,6 +75,7 @@ def _ends_with(suffix: str) -> Callable[[str], bool]:
 
 CHAT = ProtocolSpec(
     protocol=Protocol.CHAT,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=ChatContract,
     matches=_ends_with("/chat/completions"),
     wants_stream=body_says_stream,
@@ -102,6 +103,7 @@ CHAT = ProtocolSpec(
 
 COMPLETIONS = ProtocolSpec(
     protocol=Protocol.COMPLETIONS,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=CompletionsContract,
     matches=_ends_with("/completions"),
     wants_stream=body_says_stream,
@@ -123,6 +125,7 @@ COMPLETIONS = ProtocolSpec(
 
 RESPONSES = ProtocolSpec(
     protocol=Protocol.RESPONSES,
+    request_id_headers=("x-request-id", "openai-request-id"),
     retrieved_by_response_id=True,
     contract=ResponsesContract,
     matches=_ends_with("/responses"),

@@ -131,8 +131,7 @@ class Resumes:
         }
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
-            headers = rescuer.headers(endpoint)
-            meta |= continuation_meta(rescuer.body, headers, endpoint.name, exchange.scope)
+            meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
         try:
             writer = await self.store.open(
                 owner_of(exchange),
