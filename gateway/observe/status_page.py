@@ -97,6 +97,8 @@ class StatusView:
     services: Sequence[tuple[str, str]] = ()
     #: (client, team, USD today, USD this month), from the spend report (``gateway.spend``)
     spend: Sequence[tuple[str, str, str, str]] = ()
+    #: Issued keys (never a secret): (id, client, team, state, last used: unix time or None)
+    keys: Sequence[tuple[str, str, str, str, float | None]] = ()
 
 
 #: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
@@ -332,6 +334,26 @@ def _clients(view: StatusView) -> str:
     )
 
 
+def _keys(view: StatusView) -> str:
+    if not view.keys:
+        return ""
+    rows = (
+        [
+            _e(key_id),
+            _e(client),
+            _e(team or "-"),
+            _e(state),
+            _e("never" if used is None else _utc(used)),
+        ]
+        for key_id, client, team, state, used in view.keys
+    )
+    return (
+        '<section id="keys"><h2>Issued keys</h2>'
+        + _table(["id", "client", "team", "state", "last used (UTC)"], rows, set())
+        + "</section>"
+    )
+
+
 def _build(view: StatusView) -> str:
     rows = [
         ["version", _e(view.version)],
@@ -379,6 +401,7 @@ def render(view: StatusView) -> str:
             _incomplete(view),
             _clients(view),
             _spend(view),
+            _keys(view),
             _build(view),
             "</body></html>",
         ]
