@@ -52,8 +52,11 @@ class SpendStage:
         admins: frozenset[str],
         version: str,
         clock: Callable[[], float] = time.time,
+        teams: dict[str, str] | None = None,
     ) -> None:
         self.ledger = ledger
+        #: client -> its configured team
+        self._teams = teams or {}
         self._admins = admins
         self._version = version
         self._clock = clock
@@ -77,6 +80,8 @@ class SpendStage:
 
     def _keep(self, exchange: Exchange) -> None:
         record = exchange.record
+        if record.team is None:  # (a request refused before it was priced)
+            record.team = self._teams.get(record.client_name) or exchange.caller.team
         spend = record.spend
         nanos = spend.nanos if spend is not None else 0
         named = record.client_name != ANONYMOUS

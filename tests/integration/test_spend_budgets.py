@@ -205,6 +205,13 @@ def test_a_teams_budget_is_shared_by_its_clients(gw: ServerThread) -> None:
     text = web.get(gw.url + "/metrics").text
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ana") > 0
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ben") == 0
+    receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    for _ in range(50):  # written by a task: poll, bounded
+        if receipt.status_code == 200:
+            break
+        receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    assert receipt.json()["team"] == "eng"
+    assert receipt.json()["status"] == 429
 
 
 def test_an_unpriced_model_is_refused_naming_it_or_served_labelled(
