@@ -32,6 +32,7 @@ from gateway.protocols.sse import SSE
 __all__ = [
     "ANY_PATH",
     "REGISTRY",
+    "RETRIEVABLE",
     "UPSTREAM_REQUEST_ID_HEADERS",
     "ClientRequests",
     "ContractOptions",
@@ -66,6 +67,9 @@ ANY_PATH: ProtocolSpec = SSE
 UPSTREAM_REQUEST_ID_HEADERS: tuple[str, ...] = tuple(
     dict.fromkeys(name for spec in REGISTRY for name in spec.request_id_headers)
 )
+
+#: The protocols whose streams a client may retrieve again by an id they name.
+RETRIEVABLE: tuple[ProtocolSpec, ...] = tuple(spec for spec in REGISTRY if spec.retrieval)
 
 _BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
 
