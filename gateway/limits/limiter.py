@@ -73,6 +73,8 @@ class LimitRefused(Exception):
         self.limit = limit
         self.retry_after = retry_after
         self.headers = headers
+        #: a money budget the request alone costs more than (it can never fit: not retried)
+        self.never: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -382,7 +384,10 @@ class Limiter:
         headers = _headers(plan.headers, answer.used, now)
         if answer.refused is not None:
             check = checks[answer.refused]
-            raise LimitRefused(429, check.limit, self._retry_after(check, now), headers)
+            refused = LimitRefused(429, check.limit, self._retry_after(check, now), headers)
+            if check.money and answer.money > check.value:
+                refused.never = (answer.money, check.value)
+            raise refused
         reservation = Reservation(
             client,
             ask,
