@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.limits.backend import Ask, Backend, BackendError
+from gateway.limits.backend import Ask, Backend, BackendError, money_of
 from gateway.limits.memory import MemoryBackend
 from gateway.policy.quota import (
     Check,
@@ -99,6 +99,43 @@ class Unpriced(LimitRefused):
     @property
     def rejected(self) -> str:
         return "unpriced"
+
+
+class TooLarge(LimitRefused):
+    """A request whose reservation is larger than a limit itself (429, no retry): it can
+    never fit, however long it waits; its message says how to make it fit."""
+
+    def __init__(
+        self, limit: Limit, value: int, input_: int, output: int, strict: bool, headers: list[Any]
+    ) -> None:
+        super().__init__(429, limit, 0.0, headers)
+        self.value = value
+        self.input = input_
+        self.output = output
+        self.strict = strict
+
+    @property
+    def rejected(self) -> str:
+        return "too_large"
+
+
+def _too_large(
+    checks: list[Check], input_: int, output: int, strict: bool, money: int, pico: int
+) -> tuple[Check, int] | None:
+    """The first check a reservation can never fit in, whatever its counter holds: more
+    tokens (or money) than its limit; with ``strict``, the output is capped at what is
+    left, so only the input and one output token must fit. Its minimal amount with it."""
+    least = output if not strict else min(output, 1)
+    for check in checks:
+        if check.tokens:
+            amount = input_ + least
+        elif check.money:
+            amount = money_of(money, least, pico)
+        else:
+            continue
+        if amount and amount > check.value:
+            return check, amount
+    return None
 
 
 @dataclass(slots=True)
@@ -327,6 +364,10 @@ class Limiter:
         if plan is None or plan.minute != int(now) // 60:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
+        never = _too_large(checks, input_, output, strict, input_money, output_pico)
+        if never is not None:
+            check, _ = never
+            raise TooLarge(check.limit, check.value, input_, output, strict, [])
         if self._memory is not None:
             answer = self._memory.reserve_now(
                 checks, input_, output, strict, now, input_money, output_pico
