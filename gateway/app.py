@@ -39,6 +39,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
+from gateway.keys.api import KeysApi
+from gateway.keys.registry import Registry
+from gateway.keys.setup import build_store
+from gateway.keys.stage import KeyModels
+from gateway.keys.store import StoreUnavailable
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
@@ -66,7 +71,7 @@ from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
 from gateway.spend import build_stage
-from gateway.spend.stage import SpendStage
+from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -91,6 +96,10 @@ class GatewayApp(Starlette):
                 relay = self.gateway.relay
                 if relay is None:
                     await _not_ready(scope, send)
+                    return
+                keys_api = self.gateway.keys_api
+                if keys_api is not None and keys_api.owns(route, scope["path"]):
+                    await keys_api.handle(route, scope, receive, send)
                     return
                 await relay.handle(route, scope, receive, send)
                 return
@@ -176,6 +185,15 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Keys issued at run time (``keys.store``): the admin API and this process's copy.
+        self.keys_api: KeysApi | None = None
+        self.key_registry: Registry | None = None
+        if settings.keys.store != "off":
+            self.key_registry = Registry(
+                build_store(settings),
+                settings.keys.refresh_seconds,
+                settings.keys.last_used_seconds,
+            )
         #: Receipts and the spend report (``gateway.spend``); None without named clients.
         self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
@@ -342,12 +360,35 @@ class _Gateway:
             limiter=limiter,
         )
 
+    async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:
+        """Issued keys: this process's copy loaded (a store that does not answer yet is
+        read again at the next poll), followed, and handed to the admission."""
+        relay, registry = self.relay, self.key_registry
+        if registry is None or relay is None:
+            return
+        from gateway.keys.service import KeyService
+        from gateway.keys.setup import limiter_follows
+
+        registry.on_change = limiter_follows(relay.limiter)
+        self._owns(stack, "keys", registry.close)
+        try:
+            await registry.load()
+        except StoreUnavailable as exc:
+            log.warning("key store not ready at start (%s): issued keys wait for it", exc)
+        registry.start()
+        relay.admission.issued = registry  # the WebSocket relay's too: the same one
+        service = KeyService(self.settings, registry.store, registry, self.metrics.key_changed)
+        admins = frozenset(c.name for c in self.settings.clients if c.keys_admin)
+        self.keys_api = KeysApi(service, relay.admission, admins)
+
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
         stages: list[Stage] = []
         if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
             stages.append(self.spend_stage)
+        if self.key_registry is not None:  # an issued key's models
+            stages.append(KeyModels(self.key_registry))
         return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
@@ -490,6 +531,11 @@ class _Gateway:
         view = dataclasses.replace(self._status_view(board), services=self._services(relay))
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.spend_stage is not None:
+            spend = await status_rows(self.spend_stage.ledger, time.time())
+            view = dataclasses.replace(view, spend=spend)
+        if self.key_registry is not None:
+            view = dataclasses.replace(view, keys=self.key_registry.listing())
         return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
@@ -604,7 +650,16 @@ class _Gateway:
 _TRACING_SHUTDOWN_SECONDS = 5.0
 
 #: The lifespan's start, in order (``_Gateway._open_<step>``); the stop is its reverse.
-START_STEPS = ("process", "simulator", "writers", "relay", "signals", "status_share", "ready")
+START_STEPS = (
+    "process",
+    "simulator",
+    "writers",
+    "relay",
+    "keys",
+    "signals",
+    "status_share",
+    "ready",
+)
 
 
 def _longest_request(settings: Settings) -> float:
