@@ -8,7 +8,14 @@ bytes pass.
 """
 
 from gateway.limits.backend import Backend, BackendError, Reserved
-from gateway.limits.limiter import Limiter, LimitRefused, Reservation, build_limiter
+from gateway.limits.limiter import (
+    Limiter,
+    LimitRefused,
+    Reservation,
+    TooLarge,
+    Unpriced,
+    build_limiter,
+)
 
 __all__ = [
     "Backend",
@@ -17,5 +24,7 @@ __all__ = [
     "Limiter",
     "Reservation",
     "Reserved",
+    "TooLarge",
+    "Unpriced",
     "build_limiter",
 ]

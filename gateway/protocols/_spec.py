@@ -9,13 +9,14 @@ model from a non-streamed answer, and how the upstream expects its credential.
 
 from __future__ import annotations
 
-import enum
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
+from gateway.protocols.credentials import CredentialStyle
+from gateway.protocols.retrieval import Retrieval
 from gateway.protocols.structured import Structured
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ProtocolSpec",
     "Redaction",
     "Tool",
+    "UsageBasis",
     "body_says_stream",
     "openai_error",
 ]
@@ -72,17 +74,6 @@ def _sse_redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
     return redactor.stream
 
 
-class CredentialStyle(enum.StrEnum):
-    """How an upstream expects the route's credential."""
-
-    BEARER = "bearer"  # Authorization: Bearer <key>
-    X_API_KEY = "x-api-key"  # Anthropic
-    X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
-    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
-    #: signed for its host; a client's own signature is never forwarded.
-    SIGV4 = "sigv4"
-
-
 @dataclass(frozen=True, slots=True)
 class ContractOptions:
     """Route options a contract may honour."""
@@ -124,6 +115,17 @@ class ClientRequests:
     #: Where the simulator serves the protocol, for ``gateway probe --simulator``: below
     #: ``/v1`` (its route for any path) or on a route of its own fixed to the protocol.
     simulator_prefix: str = "/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class UsageBasis:
+    """How a protocol's reported counts relate to each other, so that a charge prices
+    each token once (``gateway.spend``): whether its input count already holds the
+    cached input (read and written), and whether its output count already holds the
+    reasoning tokens."""
+
+    input_includes_cached: bool = True
+    output_includes_reasoning: bool = True
 
 
 def body_says_stream(path: str, body: Json | None) -> bool:
@@ -192,16 +194,28 @@ class ProtocolSpec:
     hosts: tuple[str, ...] = ()
     #: The AWS service a SigV4 signature of its requests names (``credential = SIGV4``).
     signing_service: str | None = None
-    #: Its streams name a response id that a client may retrieve the stream by
-    #: (``GET {prefix}/responses/{id}?stream=true&starting_after=N``): a resumable
-    #: stream's log is then found under that id too (``gateway.resume``).
-    retrieved_by_response_id: bool = False
+    #: Its streams name an id a client may retrieve the stream by, from a cursor
+    #: (the Responses API's ``GET {prefix}/responses/{id}?stream=true&starting_after=N``):
+    #: a resumable stream's log is then found under that id too (``gateway.resume``).
+    retrieval: Retrieval | None = None
     #: Request headers that change an answer (the response cache keys on them), lowercase.
     answer_headers: tuple[bytes, ...] = ()
     #: The finish reason of a whole non-streamed answer, in the bounded vocabulary;
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: Response headers its upstreams name their own request id in (the access log's
+    #: ``upstream_request_id``, the client's ``x-upstream-request-id``), lowercase.
+    request_id_headers: tuple[str, ...] = ()
+    #: Statuses whose ``Retry-After`` makes its upstream cool down (a 429 without one:
+    #: its doubling backoff): overloaded, by this protocol's words.
+    cool_down_statuses: frozenset[int] = frozenset({429, 503})
+    #: The provider whose prices its models are priced at in the price table (a
+    #: ``genai-prices`` provider id); None: none (self-hosted), unless the upstream's
+    #: URL or a price override names one.
+    price_provider: str | None = None
+    #: How its usage's counts relate (what a charge adds up).
+    usage_basis: UsageBasis = UsageBasis()
     #: Where its requests carry a schema for the answer or its tools, and where its
     #: events carry the answer's text and tool calls (``gateway.schema``'s check);
     #: None: nothing of it is checked.
@@ -220,6 +234,30 @@ class ProtocolSpec:
     def finish_table(self) -> Mapping[str, Reason]:
         return self.contract.finish_table
 
+    def _output_limits(self, request: Json) -> list[tuple[str, str, int]]:
+        """Each output field a request names with a positive count: (member, nested
+        member or "", count). A count of 0 or less (Ollama's -1, no limit) is none."""
+        found = []
+        for path in self.output_limit:
+            head, _, rest = path.partition(".")
+            value = request.get(head)
+            if value is None:  # the usual case: one lookup
+                continue
+            if rest:
+                value = value.get(rest) if isinstance(value, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((head, rest, value))
+        return found
+
+    def requested_output(self, request: Json | None, default: int) -> int:
+        """The output a request allows itself, by this protocol's own fields (the most
+        any of them allows), else ``default`` (the route's reservation for a request that
+        names none)."""
+        if not self.output_limit or request is None:
+            return default
+        limits = self._output_limits(request)
+        return max(count for _, _, count in limits) if limits else default
+
     def capped_output(self, request: Json | None, cap: int) -> Json:
         """The changes to a request (top-level members, objects merged) that limit its
         output to at most ``cap`` tokens: each of its output fields it names above the
@@ -227,17 +265,11 @@ class ProtocolSpec:
         if not self.output_limit or request is None:
             return {}
         changes: Json = {}
-        named = False
-        for path in self.output_limit:
-            head, _, rest = path.partition(".")
-            value = request.get(head)
-            if rest:
-                value = value.get(rest) if isinstance(value, dict) else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                named = True
-                if value > cap:
-                    changes[head] = {rest: cap} if rest else cap
-        if not named:
+        limits = self._output_limits(request)
+        for head, rest, value in limits:
+            if value > cap:
+                changes[head] = {rest: cap} if rest else cap
+        if not limits:
             head, _, rest = self.output_limit[0].partition(".")
             changes[head] = {rest: cap} if rest else cap
         return changes

@@ -12,6 +12,7 @@ from gateway.protocols._spec import (
     CredentialStyle,
     ProtocolSpec,
     Tool,
+    UsageBasis,
     body_says_stream,
 )
 from gateway.protocols.anthropic_structured import MESSAGES_STRUCTURED
@@ -69,6 +70,9 @@ def _tool(body: dict[str, Any], tool: Tool) -> None:
 
 MESSAGES = ProtocolSpec(
     protocol=Protocol.MESSAGES,
+    request_id_headers=("request-id",),
+    # 529: Anthropic's overloaded_error, with a Retry-After like a 503's
+    cool_down_statuses=frozenset({429, 503, 529}),
     contract=MessagesContract,
     matches=lambda path: path.rstrip("/").endswith("/messages"),
     wants_stream=body_says_stream,
@@ -83,6 +87,8 @@ MESSAGES = ProtocolSpec(
     output_limit=("max_tokens",),
     genai_operation="chat",
     genai_provider="anthropic",
+    price_provider="anthropic",
+    usage_basis=UsageBasis(input_includes_cached=False),
     error_shape=anthropic_error,
     continuable=True,
     hosts=("anthropic",),

@@ -10,6 +10,7 @@ from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
 from gateway.protocols.openai_structured import CHAT_STRUCTURED, RESPONSES_STRUCTURED
+from gateway.protocols.retrieval import Retrieval, after_sequence, response_id_of, stream_true
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
 
@@ -76,6 +77,7 @@ def _ends_with(suffix: str) -> Callable[[str], bool]:
 
 CHAT = ProtocolSpec(
     protocol=Protocol.CHAT,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=ChatContract,
     matches=_ends_with("/chat/completions"),
     wants_stream=body_says_stream,
@@ -95,6 +97,7 @@ CHAT = ProtocolSpec(
     output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
     genai_provider="openai",
+    price_provider="openai",
     continuable=True,
     answer_headers=(b"openai-beta",),
     answer_finish=chat_finish,
@@ -103,6 +106,7 @@ CHAT = ProtocolSpec(
 
 COMPLETIONS = ProtocolSpec(
     protocol=Protocol.COMPLETIONS,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=CompletionsContract,
     matches=_ends_with("/completions"),
     wants_stream=body_says_stream,
@@ -116,6 +120,7 @@ COMPLETIONS = ProtocolSpec(
     output_limit=("max_tokens",),
     genai_operation="text_completion",
     genai_provider="openai",
+    price_provider="openai",
     continuable=True,
     answer_headers=(b"openai-beta",),
     answer_finish=chat_finish,
@@ -123,7 +128,14 @@ COMPLETIONS = ProtocolSpec(
 
 RESPONSES = ProtocolSpec(
     protocol=Protocol.RESPONSES,
-    retrieved_by_response_id=True,
+    request_id_headers=("x-request-id", "openai-request-id"),
+    retrieval=Retrieval(
+        path="/responses/",
+        id_of=response_id_of,
+        cursor="starting_after",
+        after=after_sequence,
+        wants_stream=stream_true,
+    ),
     contract=ResponsesContract,
     matches=_ends_with("/responses"),
     wants_stream=body_says_stream,
@@ -134,6 +146,7 @@ RESPONSES = ProtocolSpec(
     output_limit=("max_output_tokens",),
     genai_operation="chat",
     genai_provider="openai",
+    price_provider="openai",
     answer_headers=(b"openai-beta",),
     answer_finish=responses_finish,
     structured=RESPONSES_STRUCTURED,

@@ -60,7 +60,7 @@ from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.answers import Rescued, drop_stalled_client
 from gateway.proxy.attempt import attempt
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import RawHeaders
+from gateway.proxy.headers import RawHeaders, with_credential
 from gateway.proxy.upstream import ReadChunk, Upstream, chunk_reader, close_quietly
 
 __all__ = ["BLAMES_UPSTREAM", "ContinuationResult", "Rescuer"]
@@ -106,7 +106,7 @@ class Rescuer:
         metrics: Metrics,
         index: int,
         target: Target,
-        headers: Callable[[Endpoint], RawHeaders],
+        headers: RawHeaders,
         request_json: dict[str, Any],
         build: Build,
         body_size: int,
@@ -122,6 +122,8 @@ class Rescuer:
         self.metrics = metrics
         self.index = index
         self.target = target
+        #: The request's headers for any upstream: each continuation adds its upstream's
+        #: credential, or its signature over the continuation's own URL and body.
         self.headers = headers
         #: The request's small top-level members (``request_body.summary``).
         self.request_json = request_json
@@ -370,15 +372,13 @@ class Rescuer:
         exchange = self.exchange
         timeouts = endpoint.timeouts
         exchange.record.bytes_in += len(content)
+        method, url = exchange.scope["method"], endpoint.url_for(self.target)
+        headers = with_credential(
+            self.headers, endpoint, exchange.spec, method=method, url=url, body=content
+        )
         outcome = await attempt(
             self.upstream,
-            self.upstream.request(
-                exchange.scope["method"],
-                endpoint.url_for(self.target),
-                self.headers(endpoint),
-                content,
-                timeouts.connect,
-            ),
+            self.upstream.request(method, url, headers, content, timeouts.connect),
             timeouts.first_byte,
             exchange.total_deadline,
         )
@@ -406,19 +406,21 @@ class Rescuer:
             return ContinuationResult.REJECTED
         if check.state is not Check.HONOURED:
             return ContinuationResult.NOT_HONOURED
-        self._relaying(guard)
+        self._relaying(guard, endpoint.name)
         await self._send(first)
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite(data))
         return guard, read
 
-    def _relaying(self, guard: StreamGuard) -> None:
+    def _relaying(self, guard: StreamGuard, upstream: str) -> None:
         """A continuation's first content goes out: the stream is continued from here,
-        also when the drain or the client stops it before its end."""
+        also when the drain or the client stops it before its end, and its answer is
+        ``upstream``'s from here (the access log's ``upstream``)."""
         self._live = guard
         self.continued += 1
         self.exchange.record.continued = self.continued
+        self.exchange.record.upstream = upstream
         self.original = self._cut_reason
 
     async def _hold(

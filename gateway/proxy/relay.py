@@ -64,6 +64,7 @@ from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.quota import NOTHING
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
+from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.admission import (
     Admission,
@@ -87,7 +88,7 @@ from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
-    FORWARDING_HEADERS,
+    REQUEST_DROP,
     Forwarding,
     RawHeaders,
     get_header,
@@ -103,17 +104,13 @@ from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.resume import build_resumes
 from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
+from gateway.spend import build_spend
 from gateway.store import StreamStore, build_store
 
 __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_REQUEST_DROP = (
-    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
-    | FORWARDING_HEADERS
-)
-_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
     Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
@@ -129,8 +126,6 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure(
     RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
 )
-#: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
-_COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 
 
 class Relay:
@@ -165,6 +160,8 @@ class Relay:
         warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
+        self.spend = build_spend(settings)
         #: The stream store (``stream_store``), shared by resumable streams and the response
         #: cache; None when no route resumes or caches. The app opens and closes it.
         self.store = _stream_store(settings)
@@ -175,7 +172,7 @@ class Relay:
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
-        self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
         self._forged_log = LogGate()
         #: The app's stages around the relay's own way (gateway.proxy.stages).
         self._stages = chain(stages, self._features)
@@ -316,18 +313,20 @@ class Relay:
             strict = limiter.strict(record.client_name)
             # A cache hit is counted as a request that spends no tokens.
             hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
+            # The output the request allows itself, by its protocol's own fields.
+            output = spec.requested_output(request_json, route.config.default_output_reservation)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
-                    None if hit else request_json,
                     0 if hit else input_estimate(request_json, len(exchange.body)),
-                    0 if hit else route.config.default_output_reservation,
+                    0 if hit else output,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,
                     strict_input(request_json, len(exchange.body)) if strict and not hit else None,
+                    None if hit else self.spend.quote(exchange),
                 )
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
@@ -360,6 +359,7 @@ class Relay:
             if record.client_name != ANONYMOUS:
                 # What a named client's request cost: its tokens metric, its limits.
                 cost = cost_of_record(record, input_estimate(request_json, len(body)))
+                cost = self.spend.price(exchange, cost)
                 record.charge = cost
             try:
                 if plan is not None and self.cache is not None:
@@ -367,6 +367,7 @@ class Relay:
             finally:
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+                    record.budgets = reservation.left
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
@@ -388,7 +389,7 @@ class Relay:
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
         record = exchange.record
-        record.rejected = "rate_limited" if refused.status == 429 else "limits_unavailable"
+        record.rejected = refused.rejected
         record.status = refused.status
         # Counted apart from gateway_rejected_requests_total: a team at its limit is no
         # sign of an overloaded gateway.
@@ -594,7 +595,7 @@ class Relay:
             metrics=self.metrics,
             index=tally.lease.index,
             target=outgoing.target,
-            headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
+            headers=outgoing.headers,
             request_json=outgoing.request_json,
             build=build,
             body_size=len(outgoing.body),
@@ -671,9 +672,10 @@ class Relay:
         )
 
     def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
-        """A 429's or 503's Retry-After cools ``index`` down for the request's model (a 429
+        """A 429's or 503's (or another status the protocol says is overloaded)
+        Retry-After cools ``index`` down for the request's model (a 429
         without one: its doubling backoff); returns the Retry-After in seconds, if any."""
-        if response.status_code not in _COOL_DOWN_STATUSES:
+        if response.status_code not in exchange.spec.cool_down_statuses:
             return None
         route, model = exchange.route, exchange.record.model
         ceiling = route.config.eject_max_seconds
@@ -736,7 +738,7 @@ class Relay:
     ) -> None:
         record = exchange.record
         upstream_id = None
-        for name in _UPSTREAM_ID_HEADERS:
+        for name in UPSTREAM_REQUEST_ID_HEADERS:
             upstream_id = response.headers.get(name)
             if upstream_id:
                 break
@@ -979,7 +981,7 @@ def _stream_store(settings: Settings) -> StreamStore | None:
     return build_store(
         settings.stream_store,
         max_bytes=settings.stream_store_max_bytes,
-        url=settings.redis_url,
+        redis=settings.redis_target(),
         timeout=settings.stream_store_timeout,
     )
 

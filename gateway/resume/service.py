@@ -9,17 +9,21 @@
 - ``serve(exchange)``: answers the requests that are this feature's own, under the
   route's prefix: ``GET gateway/streams/{id}`` (the resume), ``POST
   gateway/streams/{id}/cancel``, and a Responses retrieve with ``stream=true``
-  (``gateway.resume.responses``) for a response the store holds.
+  (its spec's ``Retrieval``) for a response the store holds.
 
 A stream belongs to the named client that made it, or without one to a digest of
-the credential it presented; anyone else is told 404, as for an id that never
-was. An id carries the second it was made, so an id whose log can only have
-expired gets 410 without the store keeping anything about it.
+the credential it presented, and is read only under the route that made it;
+anyone else, and any other route, is told 404, as for an id that never was, at
+the same cost (one look at the store: the log is written before its id is
+handed out, so nothing is waited for). An id carries the second it was made, so
+an id whose log can only have expired gets 410 without the store keeping
+anything about it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -29,20 +33,21 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import StreamGuard
+from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
+from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
+from gateway.protocols.retrieval import Retrieval
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
-from gateway.proxy.headers import get_header
+from gateway.proxy.headers import STREAM_HEADERS, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.upstream import Upstream
 from gateway.resume.events import with_id
 from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
 from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
-from gateway.resume.responses import after_sequence
 from gateway.resume.takeover import continuation_meta, end_orphan
 from gateway.settings import Settings
 from gateway.store import (
@@ -63,10 +68,19 @@ log = logging.getLogger("gateway")
 _STREAMS = "/gateway/streams/"
 _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
+#: The protocols' own retrieves (the Responses API's), and the paths they start with.
+_RETRIEVALS: tuple[Retrieval, ...] = tuple(
+    spec.retrieval for spec in RETRIEVABLE if spec.retrieval is not None
+)
+_RETRIEVE_PATHS = tuple(retrieval.path for retrieval in _RETRIEVALS)
+
+
+def _retrieved_as(retrieval: Retrieval, stream_id: str) -> str:
+    """The store's name for the stream a retrieve names (``responses:{id}``)."""
+    return f"{retrieval.path.strip('/')}:{stream_id}"
+
+
 _OPT_OUT = b"x-gateway-resume"
-_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-#: An id made this recently whose log is not there yet may be about to be: wait for it.
-_YOUNG_SECONDS = 5.0
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
@@ -130,8 +144,7 @@ class Resumes:
         }
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
-            headers = rescuer.headers(endpoint)
-            meta |= continuation_meta(rescuer.body, headers, endpoint.name, exchange.scope)
+            meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
         try:
             writer = await self.store.open(
                 owner_of(exchange),
@@ -159,13 +172,16 @@ class Resumes:
             lambda: self.store.size,
             annotate=self.settings.annotate,
         )
-        if exchange.spec.retrieved_by_response_id:
-            recorder.on_response_id = self._name_response
+        retrieval = exchange.spec.retrieval
+        if retrieval is not None:
+            recorder.on_response_id = functools.partial(self._name_response, retrieval)
         return recorder
 
-    def _name_response(self, response_id: str, stream_id: str, ttl: float) -> None:
+    def _name_response(
+        self, retrieval: Retrieval, response_id: str, stream_id: str, ttl: float
+    ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self.store.claim(f"responses:{response_id}", stream_id, ttl)
+            self.store.claim(_retrieved_as(retrieval, response_id), stream_id, ttl)
         )
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -176,7 +192,7 @@ class Resumes:
         """Whether this request may be one of the feature's own (``serve``): a cheap
         look at its path, so that every other request skips ``serve``."""
         path = exchange.scope["path"]
-        return _STREAMS in path or "/responses/" in path
+        return _STREAMS in path or any(p in path for p in _RETRIEVE_PATHS)
 
     async def serve(self, exchange: Exchange) -> bool:
         """Answer this request if it is one of the feature's own; False: it is not."""
@@ -194,15 +210,18 @@ class Resumes:
             else:
                 await self.error(exchange, 404, "No such stream.", "stream_not_found")
             return True  # the gateway's own paths: never sent upstream
-        if method == "GET" and rest.startswith("/responses/"):
-            answered = False
+        for retrieval in _RETRIEVALS:
+            if method == "GET" and rest.startswith(retrieval.path):
+                answered = False
 
-            async def work() -> None:
-                nonlocal answered
-                answered = await self._retrieve(exchange, rest[len("/responses/") :])
+                async def work(retrieval: Retrieval = retrieval) -> None:
+                    nonlocal answered
+                    answered = await self._retrieve(
+                        exchange, retrieval, rest[len(retrieval.path) :]
+                    )
 
-            await self._stopping(exchange, work())
-            return answered or exchange.record.status != 0
+                await self._stopping(exchange, work())
+                return answered or exchange.record.status != 0
         return False
 
     async def _stopping(self, exchange: Exchange, work: object) -> None:
@@ -238,12 +257,10 @@ class Resumes:
         if STREAM_ID.fullmatch(stream_id):
             try:
                 info = await self.store.info(stream_id)
-                if info is None and time.time() - made_at(stream_id) < _YOUNG_SECONDS:
-                    info = await self._made(stream_id)
             except StoreError:
                 await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
                 return "store_error"
-        if info is not None and info.owner == owner_of(exchange):
+        if info is not None and _belongs(info, exchange):
             return info
         if (
             info is None
@@ -286,44 +303,34 @@ class Resumes:
         result = await self.replay(exchange, found, ask)
         self.metrics.resumed(route, result)
 
-    async def _retrieve(self, exchange: Exchange, rest: str) -> bool:
-        """A Responses retrieve with ``stream=true`` of a response the store holds for
-        this caller, answered from the log; False: not ours (it goes upstream)."""
+    async def _retrieve(self, exchange: Exchange, retrieval: Retrieval, rest: str) -> bool:
+        """A protocol's retrieve (the Responses API's, with ``stream=true``) of a stream the
+        store holds for this caller, answered from the log; False: not ours (it goes
+        upstream)."""
         response_id = rest.rstrip("/")
         query = parse_qs(
             exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
         )
-        if "/" in response_id or query.get("stream", [""])[0] != "true":
+        if "/" in response_id or not retrieval.wants_stream(query):
             return False
         try:
-            stream_id = await self.store.resolve(f"responses:{response_id}")
+            stream_id = await self.store.resolve(_retrieved_as(retrieval, response_id))
             info = await self.store.info(stream_id) if stream_id is not None else None
         except StoreError:
             return False
-        if stream_id is None or info is None or info.owner != owner_of(exchange):
+        if stream_id is None or info is None or not _belongs(info, exchange):
             return False
         route = exchange.route.name
-        raw = query.get("starting_after", ["-1"])[0]
+        raw = query.get(retrieval.cursor, [str(retrieval.start)])[0]
         if not _SEQUENCE.fullmatch(raw):
             self.metrics.resumed(route, "bad_cursor")
-            await self.error(exchange, 400, "starting_after is not a sequence number.",
+            await self.error(exchange, 400, f"{retrieval.cursor} is not a sequence number.",
                              "bad_cursor")  # fmt: skip
             return True
-        keep = after_sequence(int(raw))
+        keep = retrieval.after(int(raw))
         result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
         self.metrics.resumed(route, result)
         return True
-
-    async def _made(self, stream_id: str) -> StreamInfo | None:
-        """A stream made a moment ago on another replica: its log is made by its
-        writer's first batch, so wait for it a little before saying it is not there."""
-        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-            info = await self.store.info(stream_id)
-            if info is not None:
-                return info
-        return None
 
     async def _caught_up(self, stream_id: str, info: StreamInfo, after: int) -> StreamInfo:
         """A live stream's info once its log holds ``after`` events, or as it stands
@@ -375,9 +382,14 @@ class Resumes:
                 if batch.end is not None:
                     await self._body(exchange, batch.end.trailer, more=False)
                     return result
-        except (Gone, BeyondEnd, Vanished, StoreError):
+        except (Vanished, StoreError) as exc:
+            # The log vanished or the store is away under the reader: its writer is
+            # lost to it. It ends as a lost owner's stream does, never with a reset.
+            await self._body(exchange, _lost(exchange, info, self.settings.annotate), more=False)
+            return "expired" if isinstance(exc, Vanished) else "store_error"
+        except (Gone, BeyondEnd):
             pass
-        # The log stopped (its byte cap), expired or failed under the reader: cut.
+        # The log stopped at its byte cap under the reader: cut.
         abort_connection(exchange.scope)
         raise AbortConnection
 
@@ -442,8 +454,8 @@ class Resumes:
 
     async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
         headers = [
-            (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
-            *_STREAM_HEADERS,
+            (b"content-type", info.meta.get("content_type", ANY_PATH.framing.media_type).encode()),
+            *STREAM_HEADERS,
             (b"x-request-id", exchange.record.request_id.encode()),
             (STREAM_ID_HEADER, stream_id.encode()),
         ]
@@ -473,6 +485,24 @@ class Resumes:
             code,
             record.request_id,
         )
+
+
+def _lost(exchange: Exchange, info: StreamInfo, annotate: bool) -> bytes:
+    """The ending of a stream whose log can no longer be read: the protocol's error
+    event and trailer, reason ``owner_lost``."""
+    route = exchange.route
+    contract = route.spec_for(info.meta.get("path", "")).new_contract(ContractOptions())
+    guard = StreamGuard(contract)
+    guard.abort(Reason.OWNER_LOST, force=True)
+    if not annotate:
+        return guard.withheld
+    return guard.withheld + guard.annotation(exchange.record.request_id)
+
+
+def _belongs(info: StreamInfo, exchange: Exchange) -> bool:
+    """Whether this request may read the stream: its owner's, on the route that made it
+    (another route has its own error shape, continuation upstream and credentials)."""
+    return info.owner == owner_of(exchange) and info.meta.get("route") == exchange.route.name
 
 
 def build_resumes(

@@ -35,7 +35,7 @@ from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import CREDENTIAL_HEADERS, RawHeaders, with_credential
+from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders
 from gateway.proxy.request_body import continuation_body
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
@@ -47,7 +47,6 @@ __all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
 
 #: Headers never kept in a log: any credential (the continuation carries the upstream's
 #: own), and cookies.
-_SECRET_HEADERS = CREDENTIAL_HEADERS | {b"cookie"}
 #: The largest request kept in a log's meta for a takeover's continuation.
 MAX_REQUEST_BYTES = 256 * 1024
 
@@ -67,7 +66,7 @@ def continuation_meta(
     kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
     return {
         "request": request,
-        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in _SECRET_HEADERS]),
+        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in STORED_REQUEST_DROP]),
         "upstream": upstream,
         "method": str(scope["method"]),
         "raw_path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
@@ -78,9 +77,9 @@ def continuation_meta(
 class _Sink:
     """An exchange's ``send`` that writes whole events into the heir's log."""
 
-    def __init__(self, writer: Writer, ndjson: bool) -> None:
+    def __init__(self, writer: Writer, lines: bool) -> None:
         self.writer = writer
-        self.splitter = Splitter(ndjson)
+        self.splitter = Splitter(lines)
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.body":
@@ -185,7 +184,7 @@ async def _continue(
     )
     record.bytes_out = info.size  # what its client got before: the continuation's condition
     record.model = document.get("model") if isinstance(document.get("model"), str) else None
-    sink = _Sink(writer, ndjson=not spec.framing.comments)
+    sink = _Sink(writer, lines=not spec.framing.comments)
     scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}
     exchange = Exchange(task, route, scope, sink.send, record)
     exchange.spec = spec
@@ -212,7 +211,7 @@ async def _continue(
         metrics=metrics,
         index=index,
         target=target,
-        headers=lambda endpoint: with_credential(headers, endpoint, spec),
+        headers=headers,
         request_json=document,
         build=build,
         body_size=len(meta["request"]),

@@ -17,7 +17,13 @@ import pytest
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
 from tests.conftest import ServerThread, running
-from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_line,
+    annotation,
+    gateway_for,
+    metric_value,
+    wait_until,
+)
 from tests.integration.test_failover import CHAT, chat_text, metrics, stream
 from tests.sdk import anthropic, openai
 
@@ -431,7 +437,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
                     if seen["body"]["messages"][-1]["role"] == "assistant":
                         break
                 time.sleep(0.05)
-            time.sleep(0.3)  # a delta of it has gone out (4 a second)
+            first = _sent(upstream.url, "drained-continuation")
+            wait_until(  # a delta of it has gone out (4 a second), after its first event
+                lambda: _sent(upstream.url, "drained-continuation") > first,
+                "a delta of the continuation went out",
+            )
             gw.proc.send_signal(signal.SIGTERM)
             thread.join(60)
             gw.proc.wait(timeout=30)
@@ -441,6 +451,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
     assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
     line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
     assert line["continued"] is True
+
+
+def _sent(url: str, request_id: str) -> int:
+    """The bytes the simulator has sent of the answer to ``request_id``."""
+    return int(web.get(f"{url}/_sim/requests/{request_id}").json()["bytes_sent"])
 
 
 def _named(name: str) -> tuple[str, dict[str, Any]]:
@@ -556,3 +571,48 @@ def test_a_messages_stream_whose_every_continuation_fails_charges_every_attempt(
     assert charged["output"] == 6  # three content events from each attempt
     # The continuation's prompt holds the original's and the text so far.
     assert charged["input"] > 2 * first_input
+
+
+def test_a_continued_answer_names_the_upstream_that_finished_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 45 item 15: the access log named the upstream that cut the stream as the one
+    that answered; the answer's end came from the one that continued it."""
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim() as fallback,
+    ):
+        routes = continuing(sim_up("primary", primary), sim_up("fallback", fallback, priority=1))
+        with gateway_for("", routes=routes, access_log=True) as gw:
+            response = continued_chat(gw, "finished-by")
+            assert annotation(response.content)["continued"] == "1"
+            line = access_log_line(capsys, "finished-by")
+    assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
+        ("primary", "incomplete"),
+        ("fallback", "ok"),
+    ]
+    assert line["upstream"] == "fallback"
+    assert response.headers["x-gateway-upstream"] == "primary"  # sent before the cut
+
+
+def test_a_continuation_to_an_upstream_that_signs_is_signed() -> None:
+    """Issue 45 item 16: on an ``auto`` route whose pool mixes a chat upstream with one
+    that signs (SigV4), a continuation to the signing one went without its signature."""
+    from gateway.protocols.sigv4 import AwsKeys
+
+    keys = AwsKeys("AKIDCONTINUE", "continue-secret")
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim() as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary),
+            sim_up("fallback", fallback, priority=1, aws={"region": "us-east-1"}),
+        )
+        credentials = {"chat": {"fallback": keys.packed()}}
+        with gateway_for("", routes=routes, credentials=credentials) as gw:
+            response = continued_chat(gw, "signed-continuation")
+            assert annotation(response.content)["continued"] == "1"
+        (record,) = fallback.server.config.app.state.records.latest(10)
+        assert record.headers["authorization"]["present"]
+        assert record.headers["x-amz-date"]
