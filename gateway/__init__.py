@@ -6,6 +6,6 @@ __version__ = "0.1.0"
 def guard_build() -> str:
     """How the guard runs: ``"compiled"`` (mypyc extension modules, see setup.py) or
     ``"python"`` (its source, when the build had no C compiler)."""
-    from gateway.guard import sse
+    from gateway.guard import stream
 
-    return "python" if (sse.__file__ or "").endswith(".py") else "compiled"
+    return "python" if (stream.__file__ or "").endswith(".py") else "compiled"

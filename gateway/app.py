@@ -39,7 +39,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
-from gateway.edge import EdgeRefusal, edge_state
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
@@ -52,6 +51,7 @@ from gateway.observe.status_page import LiveStream, StatusView, render
 from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
+from gateway.protocols import ANY_PATH, REGISTRY, detect
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
@@ -61,10 +61,13 @@ from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
+from gateway.server.edge import EdgeRefusal, edge_state
+from gateway.server.signals import install_drain_handlers, restore_handlers
+from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
-from gateway.signals import install_drain_handlers, restore_handlers
+from gateway.spend import build_stage
+from gateway.spend.stage import SpendStage
 from gateway.store import StoreError
-from gateway.wsedge import WsEdge, ws_edge_state
 
 __all__ = ["create_app"]
 
@@ -173,6 +176,8 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Receipts and the spend report (``gateway.spend``); None without named clients.
+        self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
         #: What the lifespan holds open now (oldest first), and what it closed, in order.
         self.opened: list[str] = []
@@ -283,6 +288,9 @@ class _Gateway:
             else Upstream(self.transport, self.settings.timeouts.connect)
         )
         self._owns(stack, "upstream", upstream.aclose)
+        self.spend_stage = build_stage(self.settings)
+        if self.spend_stage is not None:
+            self._owns(stack, "receipts", self.spend_stage.close)
         relay = Relay(
             settings=self.settings,
             upstream=upstream,
@@ -315,8 +323,10 @@ class _Gateway:
             self._owns(stack, "cache", cache.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
-            self.settings.limits_backend if limiter is not None else "none",
-            self.settings.stream_store if store is not None else "none",
+            self.settings.limits_backend
+            + ("" if limiter is not None else " (unused: no client has limits)"),
+            self.settings.stream_store
+            + ("" if store is not None else " (unused: no route resumes or caches)"),
             len(self.settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )
@@ -335,7 +345,10 @@ class _Gateway:
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
-        return []
+        stages: list[Stage] = []
+        if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
+            stages.append(self.spend_stage)
+        return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
@@ -384,15 +397,21 @@ class _Gateway:
         )
         config = RouteConfig(name="simulator", prefix="/v1", upstream=upstream)
         self._add_route(ProxyRoute(config=config, timeouts=self.settings.timeouts))
-        # Its Ollama API as the documented route fronts one: ollama.Client(host=<gateway>).
-        ollama = RouteConfig(
-            name="simulator-ollama",
-            prefix="/api",
-            upstream=f"http://127.0.0.1:{running.port}/api",
-            protocol="ollama",
-        )
-        self._add_route(ProxyRoute(config=ollama, timeouts=self.settings.timeouts))
-        log.info("simulator: its Ollama API (/api/chat, /api/generate) is served under /api")
+        # Each protocol it serves under a prefix of its own (Gemini's /v1beta, Ollama's
+        # /api, Bedrock's /model), as the probe fronts them: an SDK pointed at the gateway's
+        # root (genai's base_url, ollama.Client(host=...)) finds it.
+        for spec in REGISTRY:
+            prefix = spec.requests.simulator_prefix if spec.requests is not None else "/v1"
+            if prefix == "/v1":
+                continue
+            own_api = RouteConfig(
+                name=f"simulator-{spec.name}",
+                prefix=prefix,
+                upstream=f"http://127.0.0.1:{running.port}{prefix}",
+                protocol=spec.protocol,
+            )
+            self._add_route(ProxyRoute(config=own_api, timeouts=self.settings.timeouts))
+            log.info("simulator: its %s API is served under %s", spec.name, prefix)
         return running
 
     def edge_refused(self, refusal: EdgeRefusal) -> None:
@@ -430,6 +449,13 @@ class _Gateway:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
+            # A stream store that is away is said, not failed on: streams are served
+            # all the same (without resume, uncached), by every replica alike.
+            store = self.relay.store if self.relay is not None else None
+            if store is not None and store.down_since is not None:
+                down = round(time.monotonic() - store.down_since, 1)
+                return JSONResponse({"status": "ready", "stream_store": "unavailable",
+                                     "stream_store_down_seconds": down})  # fmt: skip
             return JSONResponse({"status": "ready"})
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)
@@ -619,8 +645,16 @@ def create_app(
     async def not_found(request: Request, exc: Exception) -> Response:
         gateway.metrics.reject("no_route")
         request_id = request_id_of(request.scope)
+        # In the shape of the protocol the path names, so that its SDK shows the message
+        # (google-genai showed only "404 Not Found" for OpenAI's shape); else OpenAI's.
+        spec = detect(request.url.path)
         body = error_body(
-            None, 404, "No route for this path.", "invalid_request_error", "no_route", request_id
+            spec.protocol if spec is not ANY_PATH else None,
+            404,
+            "No route for this path.",
+            "invalid_request_error",
+            "no_route",
+            request_id,
         )
         return Response(
             body,

@@ -411,13 +411,36 @@ def _log_start(settings: Settings) -> None:
         )
 
 
+def _check_redis(settings: Settings, *, wait_standalone: bool) -> str | None:
+    """Ask the configured Redis once, bounded: the mode and the nodes found, or exit with
+    the reason. A standalone server that does not answer yet is waited for (when
+    ``wait_standalone``): the limits and the store say so and go on without it."""
+    target = settings.redis_target()
+    if target is None:
+        return None
+    import asyncio
+
+    from gateway.redisconn.check import RedisUnusable, inspect
+
+    try:
+        return asyncio.run(inspect(target))
+    except RedisUnusable as exc:
+        if wait_standalone and target.mode == "standalone" and exc.unreachable:
+            log.warning("%s: the gateway starts and waits for it", exc)
+            return None
+        _die(f"redis ({target.mode}): {exc}")
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
     _prepare_metrics_dir(settings)
     configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
-    from gateway.edge import uvicorn_options
+    found = _check_redis(settings, wait_standalone=True)
+    if found is not None:
+        log.info("%s", found)
+    from gateway.server.edge import uvicorn_options
 
     common: dict[str, Any] = {
         **uvicorn_options(),
@@ -437,20 +460,33 @@ def serve(settings: Settings) -> None:
         "backlog": 4096,
     }
     if settings.workers > 1:
-        from gateway.supervisor import run_workers
+        from gateway.server.supervisor import run_workers
 
         export_for_workers(settings)
         # uvicorn.run's own path for workers, with a supervisor that takes a killed
         # worker's live gauges out of the metrics (uvicorn's has no hook for it).
-        run_workers(
+        signum = run_workers(
             uvicorn.Config(
                 "gateway.app:create_worker_app", factory=True, workers=settings.workers, **common
             )
         )
+        _exit_after(signum)
         return
     from gateway.app import create_app
+    from gateway.server.signals import stopped_by
 
     uvicorn.run(create_app(settings), **common)
+    _exit_after(stopped_by())
+
+
+def _exit_after(signum: int | None) -> None:
+    """Exit 130 once a Ctrl-C (SIGINT) stopped the server, as a shell expects; return (exit
+    0) after SIGTERM or none."""
+    from gateway.server.signals import exit_status
+
+    status = exit_status(signum)
+    if status:
+        raise SystemExit(status)
 
 
 def probe(args: argparse.Namespace, settings: Settings) -> int:
@@ -550,6 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "check-config":
         print(json.dumps(redacted(settings), indent=2, sort_keys=True))
         _print_sources(args)
+        found = _check_redis(settings, wait_standalone=False)
+        if found is not None:
+            print(f"gateway: {found}", file=sys.stderr)
         return
     if args.command == "probe":
         raise SystemExit(probe(args, settings))

@@ -26,12 +26,14 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -49,6 +51,7 @@ from pydantic_settings import (
 from gateway.guard import Protocol
 from gateway.protocols import REGISTRY, CredentialStyle, spec_for
 from gateway.protocols.sigv4 import AwsKeys, botocore_available
+from gateway.redisconn.target import RedisTarget
 
 __all__ = [
     "DEFAULT_RETRY_ON",
@@ -56,9 +59,11 @@ __all__ = [
     "ClientConfig",
     "ClientLimits",
     "GatewayLimits",
+    "PriceOverride",
     "RetryCause",
     "RouteConfig",
     "Settings",
+    "TeamConfig",
     "Timeouts",
     "Tracing",
     "UpstreamConfig",
@@ -128,6 +133,21 @@ def _host_problem(host: str) -> str | None:
     if all(label.isdigit() for label in labels):
         return "not a valid IPv4 address"
     return None
+
+
+def _flag(value: object) -> object:
+    """A boolean setting is a boolean: TOML's or JSON's ``true``/``false``, or (from an
+    environment variable or a flag, where every value is text) the words ``true`` and
+    ``false``. ``"yes"``, ``"on"``, ``1`` are refused, never read as true."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"must be true or false (a boolean, not {value!r})")
+
+
+#: A boolean setting (``_flag``).
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
 class _Strict(BaseModel):
@@ -340,10 +360,10 @@ class Tracing(_Strict):
     """OpenTelemetry traces (the ``otel`` extra); the exporter, sampler and service name
     come from the SDK's own ``OTEL_*`` variables."""
 
-    enabled: bool = Field(
+    enabled: Flag = Field(
         False, description="One span per proxied request, exported over OTLP/HTTP."
     )
-    upstream_host: bool = Field(
+    upstream_host: Flag = Field(
         False, description="Put the upstream's host and port in server.address/server.port."
     )
 
@@ -382,13 +402,13 @@ class RouteConfig(_Strict):
     protocol: ProtocolName = Field(
         "auto", description="Contract; auto: by the path's last segment."
     )
-    require_finish_reason: bool = True
+    require_finish_reason: Flag = True
     termination: Literal["done", "finish"] = Field(
         "done",
         description='How a Chat or Completions stream ends: "done" ([DONE]); "finish": '
         "a clean end once every choice finished, for servers that never send [DONE].",
     )
-    inject_include_usage: bool = False
+    inject_include_usage: Flag = False
     timeouts: RouteTimeouts = RouteTimeouts()
     max_concurrent_streams: int | None = Field(None, gt=0)
     default_output_reservation: int = Field(
@@ -435,7 +455,7 @@ class RouteConfig(_Strict):
         le=2,
         description="Wait before a retry on the same upstream; doubles, at most 2 s.",
     )
-    continue_after_cut: bool = Field(
+    continue_after_cut: Flag = Field(
         False,
         description="A stream cut after some text reached the client is continued by an "
         "upstream that can (its continuation key), as the same stream.",
@@ -450,7 +470,7 @@ class RouteConfig(_Strict):
         "a longer one sends the retry to the next tier.",
     )
     # -- resumable streams (docs/resume.md) --
-    resume: bool = Field(
+    resume: Flag = Field(
         False,
         description="Log each stream's events so that a client can resume it "
         "(GET {prefix}/gateway/streams/{id}).",
@@ -471,7 +491,7 @@ class RouteConfig(_Strict):
         description='A client that leaves a stream: "finish" reads the answer on into the '
         'log, "cancel" closes the upstream (default: finish with resume, else cancel).',
     )
-    cache: bool = Field(
+    cache: Flag = Field(
         False,
         description="Cache answers verified whole, replayed byte for byte (docs/caching.md).",
     )
@@ -619,9 +639,80 @@ class ClientLimits(_Strict):
     tokens_per_day: int | None = Field(None, gt=0, description="Token budget a UTC day.")
     tokens_per_month: int | None = Field(None, gt=0, description="Token budget a UTC month.")
     max_concurrent_streams: int | None = Field(None, gt=0, description="Streams at once.")
+    usd_per_day: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget a UTC day, in USD."
+    )
+    usd_per_month: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget a calendar month (UTC), in USD."
+    )
+    usd_total: Decimal | None = Field(
+        None, gt=0, decimal_places=9, description="Money budget in all, in USD (never resets)."
+    )
 
     def any(self) -> bool:
         return any(v is not None for v in self.model_dump().values())
+
+
+class TeamConfig(_Strict):
+    """A team: named clients (each names it as its ``team``) that share its limits,
+    checked with each client's own."""
+
+    name: str = Field(description="Label in metrics, receipts and the spend report.")
+    limits: ClientLimits = ClientLimits()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _CLIENT_NAME.match(value):
+            raise ValueError("must be 1-40 of [a-z0-9_-]")
+        return value
+
+
+class PriceOverride(_Strict):
+    """A price the table lacks or that was negotiated (``[[prices]]``): for a model (or
+    ``"*"``) on an upstream, a route or a client, in USD a million tokens; or the
+    table's prices of another ``provider`` for it."""
+
+    model: str = Field(min_length=1, description='The model as requested, or "*" for any.')
+    upstream: str | None = Field(None, description="Only on this upstream (by name).")
+    route: str | None = Field(None, description="Only on this route.")
+    client: str | None = Field(None, description="Only for this named client.")
+    provider: str | None = Field(
+        None, description="Price it as this genai-prices provider's model (e.g. azure, groq)."
+    )
+    input: Decimal | None = Field(None, ge=0, description="USD a million input tokens.")
+    output: Decimal | None = Field(None, ge=0, description="USD a million output tokens.")
+    cache_read: Decimal | None = Field(
+        None, ge=0, description="USD a million cached input tokens read (default: input)."
+    )
+    cache_write: Decimal | None = Field(
+        None, ge=0, description="USD a million input tokens written to a cache (default: input)."
+    )
+    reasoning: Decimal | None = Field(
+        None, ge=0, description="USD a million reasoning tokens (default: output)."
+    )
+
+    @model_validator(mode="after")
+    def _either(self) -> PriceOverride:
+        priced = self.input is not None, self.output is not None
+        if any(priced) and not all(priced):
+            raise ValueError("a price override gives both input and output")
+        if all(priced) == (self.provider is not None):
+            raise ValueError("a price override gives input and output prices, or a provider")
+        return self
+
+    @property
+    def label(self) -> str:
+        where = [
+            f"{k}={v}"
+            for k, v in (
+                ("client", self.client),
+                ("route", self.route),
+                ("upstream", self.upstream),
+            )
+            if v
+        ]
+        return " ".join([self.model, *where])
 
 
 class IssuedAwsKey(_Strict):
@@ -664,8 +755,19 @@ class ClientConfig(_Strict):
     max_websocket_connections: int | None = Field(
         None, gt=0, description="Its WebSocket connections open at once (beyond: refused)."
     )
-    cache_admin: bool = Field(
+    cache_admin: Flag = Field(
         False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
+    )
+    team: str | None = Field(
+        None, description="The team (``[[teams]]``) whose limits it shares, checked with its own."
+    )
+    spend_admin: bool = Field(
+        False, description="Sees every client's spend in GET .../gateway/spend (else its own)."
+    )
+    unpriced: Literal["refuse", "allow"] = Field(
+        "refuse",
+        description='Under a money budget, a model nothing prices: "refuse" (400 naming it) '
+        'or "allow" (served, charged nothing and labelled unpriced).',
     )
 
     @field_validator("name")
@@ -702,7 +804,7 @@ class Settings(BaseSettings):
     upstream_url: str | None = Field(
         None, description="Shorthand for a single route: /v1 -> this base URL."
     )
-    simulator: bool = Field(
+    simulator: Flag = Field(
         False,
         description="Front the built-in simulator (a fake provider) instead of an upstream.",
     )
@@ -712,11 +814,11 @@ class Settings(BaseSettings):
     routes: list[RouteConfig] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     limits: GatewayLimits = GatewayLimits()
-    annotate: bool = Field(True, description="Append the complete/incomplete annotation.")
-    access_log: bool = Field(
+    annotate: Flag = Field(True, description="Append the complete/incomplete annotation.")
+    access_log: Flag = Field(
         True, description="One JSON line per request under a route prefix, on stdout."
     )
-    uvicorn_access_log: bool = False
+    uvicorn_access_log: Flag = False
     drain_timeout: float = Field(
         30.0, ge=0, description="Seconds in-flight streams get on SIGTERM."
     )
@@ -732,12 +834,28 @@ class Settings(BaseSettings):
         default_factory=list,
         description="SHA-256 hex digests of accepted client keys (routes may set their own).",
     )
-    allow_unauthenticated: bool = Field(
+    allow_unauthenticated: Flag = Field(
         False,
         description="Allow listening beyond loopback with a route credential and no client keys.",
     )
     clients: list[ClientConfig] = Field(
         default_factory=list, description="Named clients: keys, routes, limits."
+    )
+    teams: list[TeamConfig] = Field(
+        default_factory=list, description="Teams of named clients, with limits they share."
+    )
+    prices: list[PriceOverride] = Field(
+        default_factory=list,
+        description="Price overrides: negotiated rates, self-hosted models (over the table).",
+    )
+    receipts_ttl_seconds: float = Field(
+        604800.0, gt=0, description="How long a request's receipt is kept (7 days)."
+    )
+    receipts_max: int = Field(
+        100000, ge=1, description="Receipts the memory ledger keeps at most (oldest dropped)."
+    )
+    spend_retention_days: int = Field(
+        400, ge=1, le=3660, description="Days of the spend report's totals kept."
     )
     limits_backend: Literal["memory", "redis"] = Field(
         "memory", description="Where the clients' counters live: this process, or Redis."
@@ -745,7 +863,24 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None,
         description="redis:// or rediss:// URL of the limits backend and the stream store "
-        "(password in it).",
+        "(password and TLS options in it); sentinel and cluster modes take its scheme, "
+        "credentials and options, and the nodes from redis_nodes.",
+    )
+    redis_mode: Literal["standalone", "sentinel", "cluster"] = Field(
+        "standalone",
+        description="How Redis is deployed: one server (redis_url), a Sentinel set "
+        "(redis_nodes, redis_service) or a Cluster (redis_nodes as seeds).",
+    )
+    redis_nodes: list[str] = Field(
+        default_factory=list,
+        description="host:port of the sentinels (sentinel) or of more cluster seed nodes "
+        "(cluster; redis_url's host is one too).",
+    )
+    redis_service: str | None = Field(
+        None, description="The Sentinel service (master) name (sentinel mode)."
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="The sentinels' own password, when they have one (sentinel mode)."
     )
     limits_timeout: float = Field(
         0.05, gt=0, le=10, description="Longest wait on the limits backend, in seconds."
@@ -771,7 +906,7 @@ class Settings(BaseSettings):
         description="A stream's writer renews its lease this often (a third); a stream "
         "whose lease ran out with no end is taken over (owner_lost).",
     )
-    limits_per_worker: bool = Field(
+    limits_per_worker: Flag = Field(
         False,
         description="Memory backend with several workers: each enforces limits divided by N.",
     )
@@ -806,7 +941,7 @@ class Settings(BaseSettings):
         description="The process log on stderr: timestamped text lines, or one JSON object each.",
     )
     tracing: Tracing = Tracing()
-    status_page: bool = Field(
+    status_page: Flag = Field(
         False,
         description="Serve GET /status: to loopback clients, or with a global client key.",
     )
@@ -902,15 +1037,26 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"client {client.name} names route(s) {', '.join(unknown)} that do not exist"
                 )
-        limited = any(c.limited() for c in self.clients)
+        teams = {t.name: t for t in self.teams}
+        if len(teams) != len(self.teams):
+            raise ValueError("team names must be unique")
+        for client in self.clients:
+            if client.team is not None and client.team not in teams:
+                raise ValueError(
+                    f"client {client.name} names team {client.team} that does not exist"
+                )
+        limited = any(
+            c.limited() or (c.team is not None and teams[c.team].limits.any()) for c in self.clients
+        )
         if self.limits_backend == "redis" and self.redis_url is None:
             raise ValueError('limits_backend = "redis" needs redis_url (redis:// or rediss://)')
-        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            raise ValueError("redis_url must be a redis://, rediss:// or unix:// URL")
+        if self.redis_url is not None:
+            self.redis_target()  # raises ValueError naming the wrong key
+        elif self.redis_mode != "standalone" or self.redis_nodes:
+            raise ValueError(
+                f'redis_mode = "{self.redis_mode}" needs redis_url (its scheme, '
+                "password and TLS options)"
+            )
         if self.stream_store == "redis" and self.redis_url is None:
             raise ValueError('stream_store = "redis" needs redis_url (redis:// or rediss://)')
         resumable = [r.name for r in self.routes if r.resume]
@@ -966,6 +1112,19 @@ class Settings(BaseSettings):
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+    def redis_target(self) -> RedisTarget | None:
+        """Where Redis is (every user of Redis builds its client from this), or None."""
+        if self.redis_url is None:
+            return None
+        password = self.redis_sentinel_password
+        return RedisTarget.build(
+            self.redis_mode,
+            self.redis_url,
+            self.redis_nodes,
+            self.redis_service,
+            password.get_secret_value() if password is not None else None,
+        )
 
     def effective_routes(self) -> list[RouteConfig]:
         """The configured routes, or the one-line ``upstream_url`` shorthand as ``/v1``."""
@@ -1165,7 +1324,7 @@ def describe_errors(
         elif err["type"] == "value_error" and error:
             message = str(error)
         else:
-            message = err["msg"]
+            message = err["msg"] + _allowed_value_hint(err)
         lines.append(f"  {key}{origin}: {message}" if key else f"  {message}")
     return "\n".join(lines)
 
@@ -1206,6 +1365,16 @@ def _unknown_key_hint(loc: Sequence[int | str]) -> str:
     if close:
         return f"did you mean {key_path([*loc[:-1], close[0]])}?"
     return "no setting has a similar name; see config/gateway.example.toml"
+
+
+def _allowed_value_hint(err: Any) -> str:
+    """`` (did you mean '5xx'?)`` for a value close to one of a closed list's, as a
+    mistyped key gets (``_unknown_key_hint``)."""
+    if err["type"] not in ("literal_error", "enum") or not isinstance(err.get("input"), str):
+        return ""
+    allowed = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    close = difflib.get_close_matches(err["input"], allowed, 1, 0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _prefixes(loc: list[str]) -> list[str]:

@@ -24,17 +24,17 @@ _BLOCK_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 
 
 class Splitter:
-    __slots__ = ("ndjson", "rest")
+    __slots__ = ("lines", "rest")
 
-    def __init__(self, ndjson: bool) -> None:
-        self.ndjson = ndjson
+    def __init__(self, lines: bool) -> None:
+        self.lines = lines
         self.rest = b""
 
     def feed(self, data: bytes) -> list[bytes]:
         """The whole events ``data`` completes (with what waited before it)."""
         if self.rest:
             data = self.rest + data
-        if self.ndjson:
+        if self.lines:
             parts = data.split(b"\n")
             self.rest = parts.pop()
             return [part + b"\n" for part in parts]

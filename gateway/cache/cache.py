@@ -261,8 +261,7 @@ class ResponseCache:
             return False
         try:
             return await self._serve(exchange, plan)
-        except StoreError:
-            log.warning("route %s: the stream store failed; the request is not cached", route)
+        except StoreError:  # the store logs its outages (once each), the metric counts
             self.metrics.cached(route, "bypass", "store_error")
             if plan.writer is not None:
                 writer, plan.writer = plan.writer, None

@@ -43,8 +43,13 @@ def decode_head(data: bytes) -> tuple[int, RawHeaders]:
 def with_request_id(headers: RawHeaders, request_id: str) -> RawHeaders:
     """The stored head's headers with this request's id in place of the first one's, and
     none of the gateway's own per-request headers of the first answer (its
-    ``X-Gateway-Stream-Id`` names a stream of the first client's, not this one's)."""
-    out = [(k, v) for k, v in headers if k != b"x-request-id" and not k.startswith(b"x-gateway-")]
+    ``X-Gateway-Stream-Id`` names a stream of the first client's, not this one's) but
+    ``X-Gateway-Upstream``: the upstream whose answer was stored."""
+    out = [
+        (k, v)
+        for k, v in headers
+        if k != b"x-request-id" and (k == b"x-gateway-upstream" or not k.startswith(b"x-gateway-"))
+    ]
     out.append((b"x-request-id", request_id.encode()))
     return out
 

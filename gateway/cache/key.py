@@ -11,18 +11,26 @@ the stream flag, the scope (a client's identity, or ``route``), the route's
 (``ProtocolSpec.answer_headers``). Each part is length-prefixed, so that no two
 different part lists hash the same bytes.
 
-A body that is not a JSON object has no key: it is never cached.
+The canonical form keeps every JSON number exactly (issue 45): integers of any
+size as integers, a fraction or exponent as itself (``1e400`` and ``1e500``
+differ, as do ``0.1`` and ``0.10000000000000000001``, and ``15`` and
+``15.0``); only spellings of one value share a key (``0.5``, ``5E-1``).
+
+A body that is not a JSON object has no key, nor one with a duplicate member
+name in any object (the key could read one value, the upstream another): it
+is never cached.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from gateway.guard.jsonparse import loads
+from decimal import Decimal
+from typing import Any
 
 __all__ = ["Controls", "body_digest", "controls_of", "key_of"]
 
@@ -30,16 +38,73 @@ _BOM = b"\xef\xbb\xbf"
 _MAX_AGE = re.compile(r"max-age\s*=\s*\"?(\d{1,10})\"?")
 
 
+class _Inexact(Exception):
+    """A number a float would not carry exactly: the document takes the exact way."""
+
+
+class _Duplicate(Exception):
+    """An object names a member twice: the body has no key."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise _Duplicate
+    return doc
+
+
+def _float(text: str) -> float:
+    """A fraction or exponent as a float when the float's shortest form is the same
+    number; ``_Inexact`` otherwise (``1e400``, ``0.10000000000000000001``)."""
+    value = float(text)
+    if not math.isfinite(value) or Decimal(repr(value)) != Decimal(text):
+        raise _Inexact
+    return value
+
+
+def _exact(value: Any, out: list[str]) -> None:
+    """``value`` (parsed with ``Decimal`` fractions) as canonical JSON text: keys sorted,
+    a fraction as its normalized decimal with an ``E`` exponent, which neither an
+    integer nor a float's ``repr`` is ever written with; text ASCII-escaped."""
+    if isinstance(value, dict):
+        out.append("{")
+        for index, key in enumerate(sorted(value)):
+            out.append("," if index else "")
+            out.append(json.dumps(key))
+            out.append(":")
+            _exact(value[key], out)
+        out.append("}")
+    elif isinstance(value, list):
+        out.append("[")
+        for index, item in enumerate(value):
+            out.append("," if index else "")
+            _exact(item, out)
+        out.append("]")
+    elif isinstance(value, Decimal):
+        out.append(f"{value.normalize():E}")
+    else:
+        out.append(json.dumps(value))
+
+
 def body_digest(body: bytes) -> str | None:
-    """SHA-256 of a JSON object body as canonical JSON; None when it is not one.
+    """SHA-256 of a JSON object body as canonical JSON; None when it is not one, or when
+    an object in it names a member twice.
 
     Run off the loop for a large body (``BodyParser.run``): parsing holds the
     interpreter for as long as it takes."""
     if body[:3] == _BOM:
         body = body[3:]
     try:
-        doc = loads(body)
-    except (ValueError, RecursionError):
+        try:
+            doc = json.loads(body, object_pairs_hook=_unique, parse_float=_float)
+        except _Inexact:
+            doc = json.loads(body, object_pairs_hook=_unique, parse_float=Decimal)
+            if not isinstance(doc, dict):
+                return None
+            out: list[str] = []
+            _exact(doc, out)
+            return hashlib.sha256("".join(out).encode()).hexdigest()
+    except (ValueError, RecursionError, _Duplicate):
         return None
     if not isinstance(doc, dict):
         return None

@@ -45,7 +45,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from gateway.protocols import spec_for
+from gateway.protocols import ANY_PATH, spec_for
 
 __all__ = ["Redactor", "redact_stream"]
 
@@ -93,7 +93,7 @@ _ESCAPES = {
 _LITERALS = {"t": "true", "f": "false", "n": "null", "N": "NaN", "I": "Infinity"}
 
 
-def redact_stream(data: bytes, protocol: str = "sse") -> bytes:
+def redact_stream(data: bytes, protocol: str = ANY_PATH.name) -> bytes:
     """``data`` (an upstream's stream in ``protocol``) with every text replaced, same length."""
     return Redactor().redact(data, protocol)
 

@@ -79,13 +79,15 @@ _STOP_KEYS = ("stop_reason", "stopReason", "completionReason", "finish_reason")
 
 
 def bedrock_usage(raw: object) -> Usage | None:
-    """Converse's ``usage`` (``inputTokens``, ``outputTokens``, ``cacheReadInputTokens``)."""
+    """Converse's ``usage`` (``inputTokens``, ``outputTokens``, ``cacheReadInputTokens``,
+    ``cacheWriteInputTokens``)."""
     if not isinstance(raw, dict):
         return None
     return Usage(
         input_tokens=int_or_none(raw.get("inputTokens")),
         output_tokens=int_or_none(raw.get("outputTokens")),
         cached_input_tokens=int_or_none(raw.get("cacheReadInputTokens")),
+        cache_write_tokens=int_or_none(raw.get("cacheWriteInputTokens")),
     )
 
 

@@ -26,6 +26,7 @@ def _read(
     output_key: str,
     cached: tuple[str | None, str],
     reasoning: tuple[str | None, str],
+    cache_write: str | None = None,
 ) -> Usage | None:
     if not isinstance(raw, dict):
         return None
@@ -34,6 +35,7 @@ def _read(
         output_tokens=int_or_none(raw.get(output_key)),
         cached_input_tokens=_detail(raw, *cached),
         reasoning_tokens=_detail(raw, *reasoning),
+        cache_write_tokens=int_or_none(raw.get(cache_write)) if cache_write else None,
     )
 
 
@@ -67,4 +69,5 @@ def messages_usage(raw: object) -> Usage | None:
         output_key="output_tokens",
         cached=(None, "cache_read_input_tokens"),
         reasoning=("output_tokens_details", "thinking_tokens"),
+        cache_write="cache_creation_input_tokens",
     )

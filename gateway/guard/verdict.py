@@ -104,6 +104,9 @@ class Usage:
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
+    #: Input tokens written to the provider's prompt cache (Anthropic's
+    #: ``cache_creation_input_tokens``, Bedrock's ``cacheWriteInputTokens``).
+    cache_write_tokens: int | None = None
 
     def merged(self, newer: Usage) -> Usage:
         """This usage updated by a newer report; a count the newer one lacks is kept."""
@@ -112,6 +115,7 @@ class Usage:
             output_tokens=_newer(newer.output_tokens, self.output_tokens),
             cached_input_tokens=_newer(newer.cached_input_tokens, self.cached_input_tokens),
             reasoning_tokens=_newer(newer.reasoning_tokens, self.reasoning_tokens),
+            cache_write_tokens=_newer(newer.cache_write_tokens, self.cache_write_tokens),
         )
 
     def as_dict(self) -> dict[str, int]:
@@ -121,6 +125,7 @@ class Usage:
             ("output", self.output_tokens),
             ("cached_input", self.cached_input_tokens),
             ("reasoning", self.reasoning_tokens),
+            ("cache_write", self.cache_write_tokens),
         )
         return {name: value for name, value in pairs if value is not None}
 

@@ -8,7 +8,7 @@ bytes pass.
 """
 
 from gateway.limits.backend import Backend, BackendError, Reserved
-from gateway.limits.limiter import Limiter, LimitRefused, Reservation, build_limiter
+from gateway.limits.limiter import Limiter, LimitRefused, Reservation, Unpriced, build_limiter
 
 __all__ = [
     "Backend",
@@ -17,5 +17,6 @@ __all__ = [
     "Limiter",
     "Reservation",
     "Reserved",
+    "Unpriced",
     "build_limiter",
 ]

@@ -20,32 +20,44 @@ from typing import NamedTuple, Protocol
 
 from gateway.policy.quota import Check
 
-__all__ = ["Ask", "Backend", "BackendError", "Reserved"]
+__all__ = ["Ask", "Backend", "BackendError", "Reserved", "money_of"]
 
 
 class BackendError(Exception):
     """The backend could not be asked in time (unreachable, slow, or it failed)."""
 
 
+def money_of(input_money: int, output: int, output_pico: int) -> int:
+    """The money a reservation holds: its input's, and its output tokens at the dearest
+    output price (pico-dollars a token), rounded up to the nano-dollar."""
+    return input_money + -(-output * output_pico // 1000)
+
+
 class Ask(NamedTuple):
     """One reservation: its identity, the input it reserves, the output it wants (with
-    ``strict``, at most what the token counters have left), and how long it may live."""
+    ``strict``, at most what the token and money counters have left), and how long it
+    may live; ``input_money`` what its input may cost (nano-dollars) and ``output_pico``
+    the dearest price of one output token (pico-dollars), for the money counters."""
 
     member: str
     input: int
     output: int
     strict: bool
     hold: float
+    input_money: int = 0
+    output_pico: int = 0
 
 
 class Reserved(NamedTuple):
     """A reservation's answer: ``refused`` is the index of the check without room, or
     None; ``used`` every counter (before the request when refused, after it when
-    admitted); ``output`` the output tokens reserved (``strict``: capped at what was left)."""
+    admitted); ``output`` the output tokens reserved (``strict``: capped at what was left);
+    ``money`` the nano-dollars reserved."""
 
     refused: int | None
     used: list[int]
     output: int
+    money: int = 0
 
     def reserved(self, ask: Ask) -> int:
         return ask.input + self.output
@@ -61,9 +73,10 @@ class Backend(Protocol):
         ...
 
     async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
-        """Apply ``checks`` all or none (the reserved tokens to the token counters, 1 to
-        the others); a stream (concurrency) is held by ``ask.member`` for at most
-        ``ask.hold`` seconds, should it never be settled (a process that died)."""
+        """Apply ``checks`` all or none (the reserved tokens to the token counters, the
+        reserved money to the money counters, 1 to the others); a stream (concurrency) is
+        held by ``ask.member`` for at most ``ask.hold`` seconds, should it never be
+        settled (a process that died)."""
         ...
 
     async def settle(
@@ -74,9 +87,12 @@ class Backend(Protocol):
         reserved: int,
         cost: int,
         served: bool = True,
+        reserved_money: int = 0,
+        cost_money: int = 0,
     ) -> list[int | None]:
         """Replace ``reserved`` by ``cost`` in the token counters (``current``: the same
-        checks in the windows of now) and count the stream out; once. A request not
+        checks in the windows of now), ``reserved_money`` by ``cost_money`` in the money
+        counters, and count the stream out; once. A request not
         ``served`` is counted out of its requests too. Returns each current counter's
         value after (None: unknown)."""
         ...

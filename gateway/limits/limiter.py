@@ -44,11 +44,11 @@ from gateway.policy.quota import (
     Rule,
     Window,
     checks_for,
-    requested_output,
 )
-from gateway.settings import ClientConfig, ClientLimits, Settings
+from gateway.settings import ClientConfig, ClientLimits, Settings, TeamConfig
+from gateway.spend.prices import NANOS_PER_USD, Quote, nanos_to_usd
 
-__all__ = ["LimitRefused", "Limiter", "Reservation", "build_limiter"]
+__all__ = ["LimitRefused", "Limiter", "Reservation", "Unpriced", "build_limiter"]
 
 log = logging.getLogger("gateway")
 
@@ -56,8 +56,9 @@ log = logging.getLogger("gateway")
 _START_SECONDS = 5.0
 #: How often a backend that has not answered yet is asked again.
 _READY_INTERVAL = 0.5
-#: The x-ratelimit-* header families, in the order they are sent.
-_FAMILIES = (b"requests", b"tokens")
+#: The x-ratelimit-* header families, in the order they are sent (``usd``: a money budget's,
+#: in dollars).
+_FAMILIES = (b"requests", b"tokens", b"usd")
 
 
 class LimitRefused(Exception):
@@ -76,6 +77,28 @@ class LimitRefused(Exception):
     @property
     def label(self) -> str:
         return str(self.limit) if self.limit is not None else "backend_error"
+
+    @property
+    def rejected(self) -> str:
+        """The access log's ``rejected`` reason."""
+        return "rate_limited" if self.status == 429 else "limits_unavailable"
+
+
+class Unpriced(LimitRefused):
+    """A request under a money budget for a model that nothing prices (400): retrying
+    cannot help."""
+
+    def __init__(self, model: str | None) -> None:
+        super().__init__(400, None, 0.0, [])
+        self.model = model
+
+    @property
+    def label(self) -> str:
+        return "unpriced"
+
+    @property
+    def rejected(self) -> str:
+        return "unpriced"
 
 
 @dataclass(slots=True)
@@ -97,19 +120,27 @@ class Reservation:
     output_cap: int | None = None
     #: False when the backend did not answer the reservation (it may still run late)
     counted: bool = True
+    #: the money reserved (nano-dollars)
+    money: int = 0
+    #: after its settlement: each day, month or total budget it was charged in, and what
+    #: that budget has left (its receipt's ``budgets``)
+    left: list[dict[str, Any]] | None = None
 
     @property
     def member(self) -> str:
         return self.ask.member
 
 
-def _rule(scope: str, limits: ClientLimits, divisor: int) -> Rule | None:
-    values = {
-        Limit[name.upper()]: max(value // divisor, 1)
-        for name, value in limits.model_dump().items()
-        if value is not None
-    }
-    return Rule(scope, values) if values else None
+def _rule(scope: str, limits: ClientLimits, divisor: int, tag: str = "") -> Rule | None:
+    values: dict[Limit, int] = {}
+    for name, value in limits.model_dump().items():
+        if value is None:
+            continue
+        limit = Limit[name.upper()]
+        if limit.counts_money:  # dollars (a Decimal) to nano-dollars, exactly
+            value = int(value * NANOS_PER_USD)
+        values[limit] = max(value // divisor, 1)
+    return Rule(scope, values, tag) if values else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +149,12 @@ class _ClientRules:
     routes: Mapping[str, Rule]
     models: Mapping[str, Rule]
     strict: bool
+    #: its team's limits (shared by the team's clients), checked with its own
+    team: Rule | None = None
+    #: whether any of its limits (its team's included) counts money
+    money: bool = False
+    #: a model nothing prices is served (unpriced, charged nothing) instead of refused
+    allow_unpriced: bool = False
 
 
 class Limiter:
@@ -128,6 +165,7 @@ class Limiter:
         clients: list[ClientConfig],
         backend: Backend,
         *,
+        teams: list[TeamConfig] | None = None,
         deny_on_error: bool = False,
         divisor: int = 1,
         on_error: Callable[[str], None] | None = None,
@@ -148,22 +186,35 @@ class Limiter:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}{secrets.token_hex(4)}."
         self._waiting: asyncio.Task[None] | None = None
+        team_limits = {team.name: team.limits for team in teams or ()}
         for client in clients:
-            if not client.limited():
+            team = client.team
+            # a client in a team and the team share one tag (one Redis Cluster slot)
+            tag = f"team:{team}" if team is not None else ""
+            team_rule = (
+                _rule(f"team:{team}", team_limits[team], divisor, tag)
+                if team is not None and team in team_limits
+                else None
+            )
+            if not client.limited() and team_rule is None:
                 continue
             routes = {
                 name: rule
                 for name, limits in client.route_limits.items()
-                if (rule := _rule(f"{client.name}/route={name}", limits, divisor)) is not None
+                if (rule := _rule(f"{client.name}/route={name}", limits, divisor, tag)) is not None
             }
             models = {
                 name: rule
                 for name, limits in client.model_limits.items()
-                if (rule := _rule(f"{client.name}/model={name}", limits, divisor)) is not None
+                if (rule := _rule(f"{client.name}/model={name}", limits, divisor, tag)) is not None
             }
-            own = _rule(client.name, client.limits, divisor)
+            own = _rule(client.name, client.limits, divisor, tag)
             strict = client.budget_enforcement == "strict"
-            self._rules[client.name] = _ClientRules(own, routes, models, strict)
+            every = [r for r in (own, team_rule, *routes.values(), *models.values()) if r]
+            money = any(limit.counts_money for r in every for limit in r.limits)
+            self._rules[client.name] = _ClientRules(
+                own, routes, models, strict, team_rule, money, client.unpriced == "allow"
+            )
 
     @property
     def ready(self) -> bool:
@@ -182,11 +233,19 @@ class Limiter:
         rules = self._rules.get(client)
         return rules is not None and rules.strict
 
+    def counts_money(self, client: str) -> bool:
+        """Whether ``client`` (or its team) has a money limit (its requests are priced
+        before they are sent)."""
+        rules = self._rules.get(client)
+        return rules is not None and rules.money
+
     def rules_of(self, client: str) -> list[Rule]:
         rules = self._rules.get(client)
         if rules is None:
             return []
         found = [rules.own] if rules.own is not None else []
+        if rules.team is not None:
+            found.append(rules.team)
         return found + list(rules.routes.values()) + list(rules.models.values())
 
     def _plan(self, client: str, route: str, model: str | None, stream: bool, now: float) -> _Plan:
@@ -202,7 +261,10 @@ class Limiter:
             budgets = tuple(
                 (index, check.limit.window, check.value)
                 for index, check in enumerate(checks)
-                if check.limit.is_budget and check.scope == client and check.limit.window
+                if check.limit.is_budget
+                and check.scope == client
+                and check.limit.window
+                and check.tokens
             )
             plan = self._plans[key] = _Plan(minute, checks, budgets, _header_layout(checks))
         return plan
@@ -210,6 +272,8 @@ class Limiter:
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
         rules = self._rules[client]
         found = [rules.own] if rules.own is not None else []
+        if rules.team is not None:
+            found.append(rules.team)
         if rules.routes and route in rules.routes:
             found.append(rules.routes[route])
         if rules.models and model is not None and model in rules.models:
@@ -221,20 +285,32 @@ class Limiter:
         client: str,
         route: str,
         model: str | None,
-        request: Mapping[str, Any] | None,
         estimated_input: int,
-        default_output: int,
+        output: int,
         stream: bool,
         request_id: str,
         hold: float,
         bound_input: int | None = None,
+        quote: Quote | None = None,
     ) -> Reservation:
         """Reserve the request's estimate (``strict``: ``bound_input`` and at most what is
-        left for the output) in every counter it touches, or LimitRefused."""
+        left for the output) in every counter it touches, or LimitRefused. ``output`` is
+        what the request allows itself by its protocol's own fields
+        (``ProtocolSpec.requested_output``), or its route's default reservation. Under a
+        money limit the request is priced at ``quote`` (its dearest token prices: an upper
+        bound); a model without one is refused (``Unpriced``) unless its client allows
+        it (then it reserves, and is charged, no money)."""
         now = self._clock()
-        strict = self._rules[client].strict
+        rules = self._rules[client]
+        strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
-        output = requested_output(request, default_output)
+        input_money = output_pico = 0
+        if rules.money and (input_ or output):  # (a cache hit reserves nothing)
+            if quote is not None:
+                input_money = quote.bound(input_, 0)
+                output_pico = quote.output_pico
+            elif not rules.allow_unpriced:
+                raise Unpriced(model)
         ask = Ask(
             # an id only where a reservation can outlive its call (the memory backend's
             # cannot)
@@ -243,6 +319,8 @@ class Limiter:
             output,
             strict,
             hold,
+            input_money,
+            output_pico,
         )
         key = (client, route, model, stream)
         plan = self._plans.get(key)
@@ -250,7 +328,9 @@ class Limiter:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
         if self._memory is not None:
-            answer = self._memory.reserve_now(checks, input_, output, strict, now)
+            answer = self._memory.reserve_now(
+                checks, input_, output, strict, now, input_money, output_pico
+            )
         elif not checks:  # (a client whose only limit is on streams, and no stream)
             return Reservation(client, ask, [], 0, estimated_input, settled=True, plan=key)
         elif not self.backend.ready:
@@ -267,7 +347,14 @@ class Limiter:
                     raise LimitRefused(503, None, 1.0, []) from None
                 reserved = input_ + output
                 return Reservation(
-                    client, ask, checks, reserved, estimated_input, plan=key, counted=False
+                    client,
+                    ask,
+                    checks,
+                    reserved,
+                    estimated_input,
+                    plan=key,
+                    counted=False,
+                    money=input_money + -(-output * output_pico // 1000),
                 )
         headers = _headers(plan.headers, answer.used, now)
         if answer.refused is not None:
@@ -284,6 +371,7 @@ class Limiter:
             plan.budgets,
             key,
             answer.output if strict else None,
+            money=answer.money,
         )
         if plan.budgets and self._on_budget is not None:
             self._budgets(client, plan.budgets, answer.used)
@@ -305,15 +393,25 @@ class Limiter:
         current = plan.checks
         if self._memory is not None:
             delta = cost.total - reservation.reserved
-            after = self._memory.settle_now(checks, current, delta, served)
+            after = self._memory.settle_now(
+                checks, current, delta, served, cost.money - reservation.money
+            )
         else:
             try:
                 after = await self.backend.settle(
-                    checks, current, reservation.ask, reservation.reserved, cost.total, served
+                    checks,
+                    current,
+                    reservation.ask,
+                    reservation.reserved,
+                    cost.total,
+                    served,
+                    reservation.money,
+                    cost.money,
                 )
             except BackendError as exc:
                 self._failed("settle", exc)
                 return
+        reservation.left = _left(current, after)
         if reservation.budgets and self._on_budget is not None:
             self._budgets(reservation.client, reservation.budgets, after)
 
@@ -377,6 +475,24 @@ class Limiter:
                 self._on_budget(client, window, limit, value)
 
 
+def _left(checks: list[Check], after: list[int | None]) -> list[dict[str, Any]]:
+    """Each budget (a day's, a month's, a total) of ``checks`` with what it has left."""
+    found: list[dict[str, Any]] = []
+    for check, value in zip(checks, after, strict=False):
+        if not check.limit.is_budget or value is None:
+            continue
+        left = max(check.value - value, 0)
+        found.append(
+            {
+                "scope": check.scope,
+                "limit": str(check.limit),
+                "value": nanos_to_usd(check.value) if check.money else check.value,
+                "left": nanos_to_usd(left) if check.money else left,
+            }
+        )
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     minute: int
@@ -423,6 +539,15 @@ def _headers(layout: tuple[_Family, ...], used: list[int], now: float) -> list[t
                 other_left = other_value - used[other_index]
                 if other_left < left:
                     left, value, end = other_left, other_value, other_end
+        if limit_name.endswith(b"usd"):  # a money budget's, in dollars
+            extend(
+                (
+                    (limit_name, nanos_to_usd(value).encode()),
+                    (remaining_name, nanos_to_usd(max(left, 0)).encode()),
+                    (reset_name, b"%.3fs" % (end - now if end > now else 0.0)),
+                )
+            )
+            continue
         extend(
             (
                 (limit_name, b"%d" % value),
@@ -439,14 +564,16 @@ def build_limiter(
     on_budget: Callable[[str, Window, int, int], None] | None = None,
 ) -> Limiter | None:
     """The limiter the settings ask for; None when no client has a limit."""
-    if not any(c.limited() for c in settings.clients):
+    team_limited = {team.name for team in settings.teams if team.limits.any()}
+    if not any(c.limited() or c.team in team_limited for c in settings.clients):
         return None
     backend: Backend
     if settings.limits_backend == "redis":
         from gateway.limits.redis_backend import RedisBackend
 
-        assert settings.redis_url is not None
-        backend = RedisBackend(settings.redis_url, settings.limits_timeout)
+        target = settings.redis_target()
+        assert target is not None
+        backend = RedisBackend(target, settings.limits_timeout)
         divisor = 1
     else:
         backend = MemoryBackend()
@@ -461,6 +588,7 @@ def build_limiter(
     return Limiter(
         settings.clients,
         backend,
+        teams=settings.teams,
         deny_on_error=settings.on_backend_error == "deny",
         divisor=divisor,
         on_error=on_error,

@@ -12,7 +12,7 @@ fail or arrive late, so a reservation's identity is the limiter's business
 
 from __future__ import annotations
 
-from gateway.limits.backend import Ask, Reserved
+from gateway.limits.backend import Ask, Reserved, money_of
 from gateway.policy.quota import Check
 
 __all__ = ["MemoryBackend"]
@@ -30,7 +30,9 @@ class MemoryBackend:
         self._next_sweep = 0.0
 
     async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
-        return self.reserve_now(checks, ask.input, ask.output, ask.strict, now)
+        return self.reserve_now(
+            checks, ask.input, ask.output, ask.strict, now, ask.input_money, ask.output_pico
+        )
 
     async def settle(
         self,
@@ -40,11 +42,22 @@ class MemoryBackend:
         reserved: int,
         cost: int,
         served: bool = True,
+        reserved_money: int = 0,
+        cost_money: int = 0,
     ) -> list[int | None]:
-        return self.settle_now(checks, current, cost - reserved, served)
+        return self.settle_now(
+            checks, current, cost - reserved, served, cost_money - reserved_money
+        )
 
     def reserve_now(
-        self, checks: list[Check], input_: int, output: int, strict: bool, now: float
+        self,
+        checks: list[Check],
+        input_: int,
+        output: int,
+        strict: bool,
+        now: float,
+        input_money: int = 0,
+        output_pico: int = 0,
     ) -> Reserved:
         """``reserve`` without a coroutine: nothing here awaits."""
         if now >= self._next_sweep:
@@ -57,14 +70,19 @@ class MemoryBackend:
                     room = check.value - get(check.key, 0) - input_
                     if room < output:
                         output = room if room > 1 else 1
+                elif check.money and output_pico:
+                    room = (check.value - get(check.key, 0) - input_money) * 1000 // output_pico
+                    if room < output:
+                        output = room if room > 1 else 1
         amount = input_ + output
+        money = money_of(input_money, output, output_pico)
         expires = self._expires
         after: list[int] = []
         fresh: list[str] | None = None  # the counters this reservation made
         # one pass: each counter written as it fits (a Check unpacked once costs less
         # than its fields read by name); a refusal puts the earlier ones back
-        for _, _, value, key, tokens, end in checks:
-            step = amount if tokens else 1
+        for _, _, value, key, tokens, end, is_money, _ in checks:
+            step = amount if tokens else money if is_money else 1
             count = get(key)
             if count is None:
                 count = step
@@ -80,12 +98,18 @@ class MemoryBackend:
             # a reservation of no tokens (a cache hit) is refused by no token counter,
             # even one over its limit: only its request and stream counters count it
             if count > value and step:
-                return self._refused(checks, len(after), amount, output, fresh)
+                return self._refused(checks, len(after), amount, money, output, fresh)
             after.append(count)
-        return Reserved(None, after, output)
+        return Reserved(None, after, output, money)
 
     def _refused(
-        self, checks: list[Check], index: int, amount: int, output: int, fresh: list[str] | None
+        self,
+        checks: list[Check],
+        index: int,
+        amount: int,
+        money: int,
+        output: int,
+        fresh: list[str] | None,
     ) -> Reserved:
         """Take back what a refused reservation wrote, up to and with the counter it did
         not fit (a counter it made is dropped again); every counter as it stood."""
@@ -95,25 +119,35 @@ class MemoryBackend:
                 del counters[check.key]
                 self._expires.pop(check.key, None)
             else:
-                counters[check.key] -= amount if check.tokens else 1
-        return Reserved(index, [counters.get(c.key, 0) for c in checks], output)
+                counters[check.key] -= check.amount(amount, money)
+        return Reserved(index, [counters.get(c.key, 0) for c in checks], output, money)
 
     def settle_now(
-        self, checks: list[Check], current: list[Check], delta: int, served: bool = True
+        self,
+        checks: list[Check],
+        current: list[Check],
+        delta: int,
+        served: bool = True,
+        money_delta: int = 0,
     ) -> list[int | None]:
         """``settle`` without a coroutine: ``delta`` (cost minus reservation) to the token
-        counters of the windows reserved in, or what it adds to the current ones' where
-        that window has ended; the stream counted out; a request not ``served`` (refused
-        after its reservation) counted out of its requests too."""
+        counters of the windows reserved in (``money_delta`` to the money ones), or what
+        it adds to the current ones' where that window has ended; the stream counted
+        out; a request not ``served`` (refused after its reservation) counted out of its
+        requests too."""
         counters = self._counters
         get = counters.get
         after: list[int | None] = []
-        for (_, _, _, key, tokens, end), now_check in zip(checks, current, strict=False):
+        token_delta = delta
+        for (_, _, _, key, tokens, end, is_money, _), now_check in zip(
+            checks, current, strict=False
+        ):
+            delta = money_delta if is_money else token_delta
             if end is None:
                 count = get(key)
                 if count is not None:
                     counters[key] = count - 1 if count > 0 else 0
-            elif tokens:
+            elif tokens or is_money:
                 if key == now_check[3]:
                     count = get(key)
                     if count is not None:

@@ -30,6 +30,7 @@ from typing import Any
 from gateway.limits.backend import Ask, BackendError, Reserved
 from gateway.limits.redis_link import RedisLink, Script
 from gateway.policy.quota import Check
+from gateway.redisconn import RedisTarget, as_target
 
 __all__ = ["RedisBackend"]
 
@@ -38,19 +39,21 @@ __all__ = ["RedisBackend"]
 ID_MARGIN = 300
 
 #: KEYS: the id, then the counters. ARGV: now, member, the id's ttl, input, output, strict
-#: (1/0), then per counter: kind (c: requests, t: tokens, z: streams), limit, expiry.
-#: Returns {0, output, used...} admitted, {index, output, used...} refused at a counter
-#: (1-based; used before), {-1} when the id was closed already. A reservation of no
-#: tokens (a cache hit) fits every token counter, even one over its limit.
+#: (1/0), input money, output pico-dollars a token, then per counter: kind (c: requests,
+#: t: tokens, m: money, z: streams), limit, expiry.
+#: Returns {0, output, money, used...} admitted, {index, output, money, used...} refused at
+#: a counter (1-based; used before), {-1} when the id was closed already. A reservation of
+#: no tokens (a cache hit) fits every token counter, even one over its limit.
 RESERVE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1}
 end
 local now = tonumber(ARGV[1])
 local input, output = tonumber(ARGV[4]), tonumber(ARGV[5])
+local input_money, output_pico = tonumber(ARGV[7]), tonumber(ARGV[8])
 local used = {}
 for i = 2, #KEYS do
-  local at = 7 + (i - 2) * 3
+  local at = 9 + (i - 2) * 3
   if ARGV[at] == 'z' then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
     used[i - 1] = redis.call('ZCARD', KEYS[i])
@@ -60,28 +63,34 @@ for i = 2, #KEYS do
 end
 if ARGV[6] == '1' and output > 0 then
   for i = 2, #KEYS do
-    local at = 7 + (i - 2) * 3
+    local at = 9 + (i - 2) * 3
+    local room = nil
     if ARGV[at] == 't' then
-      local room = tonumber(ARGV[at + 1]) - used[i - 1] - input
-      if room < output then
-        output = math.max(room, 1)
-      end
+      room = tonumber(ARGV[at + 1]) - used[i - 1] - input
+    elseif ARGV[at] == 'm' and output_pico > 0 then
+      room = math.floor((tonumber(ARGV[at + 1]) - used[i - 1] - input_money) * 1000 / output_pico)
+    end
+    if room ~= nil and room < output then
+      output = math.max(room, 1)
     end
   end
 end
 local amount = input + output
+local money = input_money + math.ceil(output * output_pico / 1000)
 for i = 2, #KEYS do
-  local at = 7 + (i - 2) * 3
+  local at = 9 + (i - 2) * 3
   local step = 1
   if ARGV[at] == 't' then
     step = amount
+  elseif ARGV[at] == 'm' then
+    step = money
   end
   if step > 0 and used[i - 1] + step > tonumber(ARGV[at + 1]) then
-    return {i - 1, output, unpack(used)}
+    return {i - 1, output, money, unpack(used)}
   end
 end
 for i = 2, #KEYS do
-  local at = 7 + (i - 2) * 3
+  local at = 9 + (i - 2) * 3
   local kind, expiry = ARGV[at], tonumber(ARGV[at + 2])
   if kind == 'z' then
     redis.call('ZADD', KEYS[i], expiry, ARGV[2])
@@ -92,38 +101,52 @@ for i = 2, #KEYS do
     local step = 1
     if kind == 't' then
       step = amount
+    elseif kind == 'm' then
+      step = money
     end
-    used[i - 1] = redis.call('INCRBY', KEYS[i], step)
+    used[i - 1] = redis.call('INCRBY', KEYS[i], string.format('%.0f', step))
     redis.call('EXPIREAT', KEYS[i], expiry)
   end
 end
-redis.call('SET', KEYS[1], amount, 'EX', ARGV[3])
-return {0, output, unpack(used)}
+redis.call('SET', KEYS[1], string.format('%.0f:%.0f', amount, money), 'EX', ARGV[3])
+return {0, output, money, unpack(used)}
 """
 
 #: KEYS: the id, then per counter two keys: the one reserved in, the one of now.
-#: ARGV: member, the id's ttl, cost, served (1/0), then per counter: kind, the current
-#: window's expiry. Returns {0, current values...}, or {-1} when settled already.
+#: ARGV: member, the id's ttl, cost, served (1/0), money cost, then per counter: kind, the
+#: current window's expiry. The id holds "tokens:money" reserved. Returns {0, current
+#: values...}, or {-1} when settled already.
 SETTLE = """
 local state = redis.call('GET', KEYS[1])
 if state == 'x' then
   return {-1}
 end
 local cost = tonumber(ARGV[3])
+local money_cost = tonumber(ARGV[5])
 local served = ARGV[4] == '1'
 local counted = state ~= false
-local delta = cost
+local delta, money_delta = cost, money_cost
 if counted then
-  delta = cost - tonumber(state)
+  local sep = string.find(state, ':', 1, true)
+  if sep then
+    delta = cost - tonumber(string.sub(state, 1, sep - 1))
+    money_delta = money_cost - tonumber(string.sub(state, sep + 1))
+  else
+    delta = cost - tonumber(state)
+  end
 end
 local after = {0}
 for j = 1, (#KEYS - 1) / 2 do
   local rk, ck = KEYS[2 * j], KEYS[2 * j + 1]
-  local kind, expiry = ARGV[3 + 2 * j], tonumber(ARGV[4 + 2 * j])
+  local kind, expiry = ARGV[4 + 2 * j], tonumber(ARGV[5 + 2 * j])
   if kind == 'z' then
     redis.call('ZREM', rk, ARGV[1])
     after[j + 1] = redis.call('ZCARD', rk)
   else
+    local d = delta
+    if kind == 'm' then
+      d = money_delta
+    end
     if kind == 'c' then
       if counted and not served and redis.call('EXISTS', rk) == 1 then
         local n = redis.call('DECR', rk)
@@ -135,14 +158,14 @@ for j = 1, (#KEYS - 1) / 2 do
         redis.call('EXPIREAT', ck, expiry)
       end
     elseif counted and rk == ck then
-      if redis.call('EXISTS', rk) == 1 and delta ~= 0 then
-        local n = redis.call('INCRBY', rk, delta)
+      if redis.call('EXISTS', rk) == 1 and d ~= 0 then
+        local n = redis.call('INCRBY', rk, string.format('%.0f', d))
         if n < 0 then
           redis.call('SET', rk, 0, 'KEEPTTL')
         end
       end
-    elseif delta > 0 then
-      redis.call('INCRBY', ck, delta)
+    elseif d > 0 then
+      redis.call('INCRBY', ck, string.format('%.0f', d))
       redis.call('EXPIREAT', ck, expiry)
     end
     after[j + 1] = tonumber(redis.call('GET', ck) or '0')
@@ -156,8 +179,8 @@ return after
 class RedisBackend:
     remote = True
 
-    def __init__(self, url: str, timeout: float, prefix: str = "gateway") -> None:
-        self._link = RedisLink(url, timeout, (RESERVE, SETTLE))
+    def __init__(self, target: RedisTarget | str, timeout: float, prefix: str = "gateway") -> None:
+        self._link = RedisLink(as_target(target), timeout, (RESERVE, SETTLE))
         self._prefix = prefix
 
     @property
@@ -165,7 +188,7 @@ class RedisBackend:
         return self._link.ready
 
     def _tag(self, check: Check) -> str:
-        return f"{self._prefix}:{{{check.scope.partition('/')[0]}}}:"
+        return f"{self._prefix}:{{{check.tag or check.scope.partition('/')[0]}}}:"
 
     def _key(self, check: Check) -> str:
         return self._tag(check) + check.key
@@ -181,28 +204,36 @@ class RedisBackend:
             ask.input,
             ask.output,
             1 if ask.strict else 0,
+            ask.input_money,
+            ask.output_pico,
         ]
         for check in checks:
             if check.expires is None:
                 args += ["z", check.value, repr(now + ask.hold)]
             else:
-                args += ["t" if check.tokens else "c", check.value, check.expires]
+                args += [_kind(check), check.value, check.expires]
         keys = [self._id(checks, ask.member), *(self._key(c) for c in checks)]
         (answer,) = await self._link.call([Script(0, keys, args)])
         first = int(answer[0])
         if first < 0:
             raise BackendError("reservation id closed already")
-        used = [int(v) for v in answer[2:]]
-        return Reserved(first - 1 if first else None, used, int(answer[1]))
+        used = [int(v) for v in answer[3:]]
+        return Reserved(first - 1 if first else None, used, int(answer[1]), int(answer[2]))
 
     def _settlement(
-        self, checks: list[Check], current: list[Check], ask: Ask, cost: int, served: bool
+        self,
+        checks: list[Check],
+        current: list[Check],
+        ask: Ask,
+        cost: int,
+        served: bool,
+        money: int = 0,
     ) -> Script:
         keys = [self._id(checks, ask.member)]
-        args: list[Any] = [ask.member, _ttl(ask.hold), cost, 1 if served else 0]
+        args: list[Any] = [ask.member, _ttl(ask.hold), cost, 1 if served else 0, money]
         for check, now_check in zip(checks, current, strict=True):
             keys += [self._key(check), self._key(now_check)]
-            kind = "z" if check.expires is None else "t" if check.tokens else "c"
+            kind = "z" if check.expires is None else _kind(check)
             args += [kind, now_check.expires or 0]
         return Script(1, keys, args)
 
@@ -214,12 +245,14 @@ class RedisBackend:
         reserved: int,
         cost: int,
         served: bool = True,
+        reserved_money: int = 0,
+        cost_money: int = 0,
     ) -> list[int | None]:
         """``reserved`` is Redis's to know (the id's key holds it): a reservation that
         never counted is charged the whole cost."""
         if not checks:
             return []
-        script = self._settlement(checks, current, ask, cost, served)
+        script = self._settlement(checks, current, ask, cost, served, cost_money)
         (answer,) = await self._link.call([script], durable_for=ask.hold + 60)
         if int(answer[0]) < 0:
             return [None] * len(checks)
@@ -249,6 +282,11 @@ class RedisBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._link.close)
+
+
+def _kind(check: Check) -> str:
+    """A windowed counter's kind in the scripts: tokens, money, or requests."""
+    return "t" if check.tokens else "m" if check.money else "c"
 
 
 def _ttl(hold: float) -> int:

@@ -35,12 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from gateway.limits.backend import BackendError
+from gateway.redisconn import RedisTarget
+from gateway.redisconn.clients import sync_client
 
 __all__ = ["Call", "RedisLink", "Script"]
 
@@ -81,14 +80,11 @@ class Call:
 class RedisLink:
     """A thread that sends the calls handed to it, in batches, on its own connection."""
 
-    def __init__(self, url: str, timeout: float, scripts: tuple[str, ...]) -> None:
-        self._client: Any = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
+    def __init__(self, target: RedisTarget, timeout: float, scripts: tuple[str, ...]) -> None:
+        self._target = target
+        self._timeout = timeout
+        #: Built by the thread at its first call (a cluster client asks its seeds then).
+        self._client: Any = None
         self._scripts = scripts
         #: The loop's own bound on a call, far beyond the socket's: only a thread stuck
         #: where no socket timeout reaches (a name lookup) meets it.
@@ -155,7 +151,8 @@ class RedisLink:
                 "window ends, their stream slots until their hold ends",
                 len(self._retry),
             )
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     # -- the thread's side -----------------------------------------------------------------
 
@@ -202,6 +199,8 @@ class RedisLink:
         return True
 
     def _execute(self, batch: list[Call]) -> list[list[Any]]:
+        if self._client is None:
+            self._client = sync_client(self._target, timeout=self._timeout)
         if self._shas is None:
             self._shas = [self._client.script_load(text) for text in self._scripts]
         replies = self._pipeline(batch)

@@ -126,6 +126,13 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
             "output": record.charge.output,
             "source": record.charge.source.value,
         },
+        "spend": None
+        if record.spend is None
+        else {
+            "nanos": record.spend.nanos,
+            "evidence": record.spend.evidence.value,
+            "table": record.spend.table or None,
+        },
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
         "attempts": [_attempt(a) for a in record.attempts],

@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gateway import __version__, guard_build
 from gateway.observe.record import RequestRecord
 from gateway.observe.runtime import runtime_registry
+from gateway.observe.table import Bounds, Declared, build
 from gateway.observe.ws_metrics import WsMetrics
 
 __all__ = [
@@ -224,9 +225,227 @@ class ModelLabels:
 
 
 class Metrics:
-    """All gateway metrics on one registry."""
+    """All gateway metrics on one registry: the table below, one row a metric
+    (``gateway.observe.table``), in the order they are exposed."""
 
     name = "metrics"
+
+    requests = Declared(
+        "gateway_requests_total",
+        Counter,
+        "Proxied requests by the status the client got.",
+        ("route", "method", "code", "client"),
+    )
+    request_duration = Declared(
+        "gateway_request_duration_seconds",
+        Histogram,
+        "Request received to last byte sent.",
+        ("route", "stream"),
+        buckets=lambda b: duration_buckets(b.request),
+    )
+    streams = Declared(
+        "gateway_streams_total",
+        Counter,
+        "Requests that asked for a stream, by verdict.",
+        ("route", "model", "outcome", "reason", "client"),
+    )
+    active_streams = Declared(
+        "gateway_active_streams",
+        Gauge,
+        "Streams being relayed now.",
+        ("route",),
+        mode="livesum",
+    )
+    time_to_first_byte = Declared(
+        "gateway_time_to_first_byte_seconds",
+        Histogram,
+        "Request received to first body byte sent to the client.",
+        ("route",),
+        buckets=lambda b: first_token_buckets(b.first_byte),
+    )
+    time_to_first_token = Declared(
+        "gateway_time_to_first_token_seconds",
+        Histogram,
+        "Request received to the first event carrying output.",
+        ("route", "model"),
+        buckets=lambda b: first_token_buckets(b.first_byte),
+    )
+    time_per_output_chunk = Declared(
+        "gateway_time_per_output_chunk_seconds",
+        Histogram,
+        "Gaps between upstream reads that carried output (events in one read count once).",
+        ("route", "model"),
+        buckets=lambda b: TIME_PER_OUTPUT_TOKEN_BUCKETS,
+    )
+    tokens = Declared(
+        "gateway_tokens_total",
+        Counter,
+        "Tokens as reported by the provider.",
+        ("route", "model", "type", "client"),
+    )
+    client_tokens = Declared(
+        "gateway_client_tokens_total",
+        Counter,
+        "Tokens charged to a named client: reported by the provider, or estimated.",
+        ("client", "route", "model", "type", "source"),
+    )
+    spend = Declared(
+        "gateway_spend_usd_total",
+        Counter,
+        "Money charged, in USD, priced from verified usage (evidence: reported, estimated, "
+        "partial, unpriced).",
+        ("client", "team", "model", "route", "evidence"),
+    )
+    limited_requests = Declared(
+        "gateway_limited_requests_total",
+        Counter,
+        "Requests a named client's limits refused (429), or 503 with the backend down.",
+        ("client", "limit"),
+    )
+    budget_remaining = Declared(
+        "gateway_client_budget_remaining_tokens",
+        Gauge,
+        "Tokens left in a named client's day or month budget, as last counted.",
+        ("client", "window"),
+        mode="mostrecent",
+    )
+    budget_tokens = Declared(
+        "gateway_client_budget_tokens",
+        Gauge,
+        "A named client's day or month token budget (per worker with limits_per_worker).",
+        ("client", "window"),
+        mode="mostrecent",
+    )
+    limit_backend_errors = Declared(
+        "gateway_limit_backend_errors_total",
+        Counter,
+        "Limits backend calls that failed or timed out, by operation.",
+        ("operation",),
+    )
+    usage_unknown = Declared(
+        "gateway_usage_unknown_total",
+        Counter,
+        "Streams that ended without reported usage.",
+        ("route", "model"),
+    )
+    relayed_bytes = Declared(
+        "gateway_relayed_bytes_total",
+        Counter,
+        "Body bytes relayed, by direction.",
+        ("route", "direction"),
+    )
+    rejected = Declared(
+        "gateway_rejected_requests_total",
+        Counter,
+        "Requests refused before reaching an upstream.",
+        ("reason",),
+    )
+    cache = Declared(
+        "gateway_cache_total",
+        Counter,
+        "Response cache decisions: hit, miss, bypass, follow (a live leader's answer), "
+        "stored, refused (not stored: why).",
+        ("route", "result", "reason"),
+    )
+    cache_saved_tokens = Declared(
+        "gateway_cache_saved_tokens_total",
+        Counter,
+        "Provider tokens (input + output) that cache hits did not spend.",
+        ("route",),
+    )
+    request_errors = Declared(
+        "gateway_request_errors_total",
+        Counter,
+        "Requests whose exchange with the upstream or the client failed, by kind.",
+        ("route", "error"),
+    )
+    upstream_attempts = Declared(
+        "gateway_upstream_attempts_total",
+        Counter,
+        "Attempts on each upstream of a route's pool, by result.",
+        ("route", "upstream", "result"),
+    )
+    continuations = Declared(
+        "gateway_continuations_total",
+        Counter,
+        "Streams cut after some text that were continued, by result.",
+        ("route", "upstream", "result"),
+    )
+    upstream_ejected = Declared(
+        "gateway_upstream_ejected",
+        Gauge,
+        "1 from an upstream's ejection until a probe request succeeds (any worker).",
+        ("route", "upstream"),
+        mode="livemax",
+    )
+    upstream_active = Declared(
+        "gateway_upstream_active_streams",
+        Gauge,
+        "Requests in flight on an upstream, streams included (what balancing compares).",
+        ("route", "upstream"),
+        mode="livesum",
+    )
+    observer_errors = Declared(
+        "gateway_observer_errors_total",
+        Counter,
+        "Failures of an observer (metrics, access log, tracing, status) on a finished request.",
+        ("observer",),
+    )
+    forged_annotations = Declared(
+        "gateway_forged_annotations_total",
+        Counter,
+        "Upstream comment lines that began with the annotation's prefix, never relayed.",
+        ("route",),
+    )
+    captures_written = Declared(
+        "gateway_captures_written_total",
+        Counter,
+        "Capture files written (routes with capture set).",
+        ("route",),
+    )
+    captures_dropped = Declared(
+        "gateway_captures_dropped_total",
+        Counter,
+        "Captures not written: the writer's queue was full, or the write failed.",
+        ("route", "reason"),
+    )
+    access_log_dropped = Declared(
+        "gateway_access_log_dropped_lines_total",
+        Counter,
+        "Access-log lines dropped: stdout did not take them (a stalled reader).",
+    )
+    build_info = Declared(
+        "gateway_build_info",
+        Gauge,
+        "Build information; the value is always 1. guard: compiled or python.",
+        ("version", "guard"),
+        mode="max",
+    )
+    resumes = Declared(
+        "gateway_resumes_total",
+        Counter,
+        "Resumes of a stream (GET .../gateway/streams/{id}, a Responses retrieve), by result.",
+        ("route", "result"),
+    )
+    detached_streams = Declared(
+        "gateway_detached_streams",
+        Gauge,
+        "Streams read on into their log after their client left.",
+        ("route",),
+        mode="livesum",
+    )
+    stream_store_bytes = Declared(
+        "gateway_stream_store_bytes",
+        Gauge,
+        "Bytes of stream logs this process holds in the stream store (its own accounting).",
+        mode="livesum",
+    )
+    resume_off = Declared(
+        "gateway_resume_off_total",
+        Counter,
+        "Streams of a resumable route served without resume, by reason (store_full, store_error).",
+        ("route", "reason"),
+    )
 
     def __init__(
         self, longest_request_seconds: float = 3600.0, longest_first_byte_seconds: float = 300.0
@@ -235,225 +454,15 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._adds: dict[tuple[Any, ...], Add] = {}
-        reg = self.registry
         self.multiprocess = multiprocess_enabled()
         #: The multiprocess directory (None with one process); the status page shares it.
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         #: process_* and python_* (gateway.observe.runtime), appended to the exposition.
         self.runtime = runtime_registry(self.multiprocess_dir)
-        self.requests = Counter(
-            "gateway_requests_total",
-            "Proxied requests by the status the client got.",
-            ["route", "method", "code", "client"],
-            registry=reg,
-        )
-        self.request_duration = Histogram(
-            "gateway_request_duration_seconds",
-            "Request received to last byte sent.",
-            ["route", "stream"],
-            buckets=duration_buckets(longest_request_seconds),
-            registry=reg,
-        )
-        self.streams = Counter(
-            "gateway_streams_total",
-            "Requests that asked for a stream, by verdict.",
-            ["route", "model", "outcome", "reason", "client"],
-            registry=reg,
-        )
-        self.active_streams = Gauge(
-            "gateway_active_streams",
-            "Streams being relayed now.",
-            ["route"],
-            registry=reg,
-            multiprocess_mode="livesum",
-        )
-        self.time_to_first_byte = Histogram(
-            "gateway_time_to_first_byte_seconds",
-            "Request received to first body byte sent to the client.",
-            ["route"],
-            buckets=first_token_buckets(longest_first_byte_seconds),
-            registry=reg,
-        )
-        self.time_to_first_token = Histogram(
-            "gateway_time_to_first_token_seconds",
-            "Request received to the first event carrying output.",
-            ["route", "model"],
-            buckets=first_token_buckets(longest_first_byte_seconds),
-            registry=reg,
-        )
-        self.time_per_output_chunk = Histogram(
-            "gateway_time_per_output_chunk_seconds",
-            "Gaps between upstream reads that carried output (events in one read count once).",
-            ["route", "model"],
-            buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS,
-            registry=reg,
-        )
-        self.tokens = Counter(
-            "gateway_tokens_total",
-            "Tokens as reported by the provider.",
-            ["route", "model", "type", "client"],
-            registry=reg,
-        )
-        self.client_tokens = Counter(
-            "gateway_client_tokens_total",
-            "Tokens charged to a named client: reported by the provider, or estimated.",
-            ["client", "route", "model", "type", "source"],
-            registry=reg,
-        )
-        self.limited_requests = Counter(
-            "gateway_limited_requests_total",
-            "Requests a named client's limits refused (429), or 503 with the backend down.",
-            ["client", "limit"],
-            registry=reg,
-        )
-        self.budget_remaining = Gauge(
-            "gateway_client_budget_remaining_tokens",
-            "Tokens left in a named client's day or month budget, as last counted.",
-            ["client", "window"],
-            registry=reg,
-            multiprocess_mode="mostrecent",
-        )
-        self.budget_tokens = Gauge(
-            "gateway_client_budget_tokens",
-            "A named client's day or month token budget (per worker with limits_per_worker).",
-            ["client", "window"],
-            registry=reg,
-            multiprocess_mode="mostrecent",
-        )
-        self.limit_backend_errors = Counter(
-            "gateway_limit_backend_errors_total",
-            "Limits backend calls that failed or timed out, by operation.",
-            ["operation"],
-            registry=reg,
-        )
-        self.usage_unknown = Counter(
-            "gateway_usage_unknown_total",
-            "Streams that ended without reported usage.",
-            ["route", "model"],
-            registry=reg,
-        )
-        self.relayed_bytes = Counter(
-            "gateway_relayed_bytes_total",
-            "Body bytes relayed, by direction.",
-            ["route", "direction"],
-            registry=reg,
-        )
-        self.rejected = Counter(
-            "gateway_rejected_requests_total",
-            "Requests refused before reaching an upstream.",
-            ["reason"],
-            registry=reg,
-        )
-        self.cache = Counter(
-            "gateway_cache_total",
-            "Response cache decisions: hit, miss, bypass, follow (a live leader's answer), "
-            "stored, refused (not stored: why).",
-            ["route", "result", "reason"],
-            registry=reg,
-        )
-        self.cache_saved_tokens = Counter(
-            "gateway_cache_saved_tokens_total",
-            "Provider tokens (input + output) that cache hits did not spend.",
-            ["route"],
-            registry=reg,
-        )
-        self.request_errors = Counter(
-            "gateway_request_errors_total",
-            "Requests whose exchange with the upstream or the client failed, by kind.",
-            ["route", "error"],
-            registry=reg,
-        )
-        self.upstream_attempts = Counter(
-            "gateway_upstream_attempts_total",
-            "Attempts on each upstream of a route's pool, by result.",
-            ["route", "upstream", "result"],
-            registry=reg,
-        )
-        self.continuations = Counter(
-            "gateway_continuations_total",
-            "Streams cut after some text that were continued, by result.",
-            ["route", "upstream", "result"],
-            registry=reg,
-        )
-        self.upstream_ejected = Gauge(
-            "gateway_upstream_ejected",
-            "1 from an upstream's ejection until a probe request succeeds (any worker).",
-            ["route", "upstream"],
-            registry=reg,
-            multiprocess_mode="livemax",
-        )
-        self.upstream_active = Gauge(
-            "gateway_upstream_active_streams",
-            "Requests in flight on an upstream, streams included (what balancing compares).",
-            ["route", "upstream"],
-            registry=reg,
-            multiprocess_mode="livesum",
-        )
-        self.observer_errors = Counter(
-            "gateway_observer_errors_total",
-            "Failures of an observer (metrics, access log, tracing, status) on a finished request.",
-            ["observer"],
-            registry=reg,
-        )
-        self.forged_annotations = Counter(
-            "gateway_forged_annotations_total",
-            "Upstream comment lines that began with the annotation's prefix, never relayed.",
-            ["route"],
-            registry=reg,
-        )
-        self.captures_written = Counter(
-            "gateway_captures_written_total",
-            "Capture files written (routes with capture set).",
-            ["route"],
-            registry=reg,
-        )
-        self.captures_dropped = Counter(
-            "gateway_captures_dropped_total",
-            "Captures not written: the writer's queue was full, or the write failed.",
-            ["route", "reason"],
-            registry=reg,
-        )
-        self.access_log_dropped = Counter(
-            "gateway_access_log_dropped_lines_total",
-            "Access-log lines dropped: stdout did not take them (a stalled reader).",
-            registry=reg,
-        )
-        self.build_info = Gauge(
-            "gateway_build_info",
-            "Build information; the value is always 1. guard: compiled or python.",
-            ["version", "guard"],
-            registry=reg,
-            multiprocess_mode="max",
-        )
-        self.resumes = Counter(
-            "gateway_resumes_total",
-            "Resumes of a stream (GET .../gateway/streams/{id}, a Responses retrieve), by result.",
-            ["route", "result"],
-            registry=reg,
-        )
-        self.detached_streams = Gauge(
-            "gateway_detached_streams",
-            "Streams read on into their log after their client left.",
-            ["route"],
-            registry=reg,
-            multiprocess_mode="livesum",
-        )
-        self.stream_store_bytes = Gauge(
-            "gateway_stream_store_bytes",
-            "Bytes of stream logs this process holds in the stream store (its own accounting).",
-            registry=reg,
-            multiprocess_mode="livesum",
-        )
-        self.resume_off = Counter(
-            "gateway_resume_off_total",
-            "Streams of a resumable route served without resume, by reason (store_full, "
-            "store_error).",
-            ["route", "reason"],
-            registry=reg,
-        )
+        build(self, self.registry, Bounds(longest_request_seconds, longest_first_byte_seconds))
         self.build_info.labels(__version__, guard_build()).set(1)
         #: The Responses WebSocket connections' own (gateway.observe.ws_metrics).
-        self.websocket = WsMetrics(reg)
+        self.websocket = WsMetrics(self.registry)
 
     def stream_started(self, route: str) -> None:
         self._add(self.active_streams, route)(1)
@@ -592,6 +601,11 @@ class Metrics:
                 add(self.client_tokens, client, route, model, "output", source)(
                     _counted(charge.output)
                 )
+        spend = record.spend
+        if spend is not None and (spend.nanos or spend.evidence != "reported"):
+            add(self.spend, client, record.team or "none", model, route, spend.evidence.value)(
+                spend.nanos / 1_000_000_000
+            )
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)

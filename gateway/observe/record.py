@@ -11,6 +11,7 @@ from gateway.policy.errors import RequestError
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
     from gateway.policy.quota import Cost
+    from gateway.spend.charge import Charge
 
 __all__ = ["Attempt", "RequestRecord"]
 
@@ -44,6 +45,11 @@ class RequestRecord:
     client: str | None = None  # the peer address, or the client behind a trusted proxy
     client_name: str = "anonymous"  # the named client whose key it presented ([[clients]])
     charge: Cost | None = None  # what a named client was charged (its limits, its tokens)
+    #: What it cost in money (``gateway.spend``), with its evidence; None: not priced.
+    spend: Charge | None = None
+    team: str | None = None  # the named client's team, if it has one
+    #: The budgets its settlement charged, each with what it has left (its receipt's).
+    budgets: list[dict[str, Any]] | None = None
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it

@@ -10,24 +10,28 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.observe.table import Declared, build
+
 __all__ = ["WsMetrics"]
 
 
 class WsMetrics:
+    open = Declared(
+        "gateway_active_websocket_connections",
+        Gauge,
+        "WebSocket connections open now.",
+        ("route",),
+        mode="livesum",
+    )
+    closed = Declared(
+        "gateway_websocket_connections_total",
+        Counter,
+        "WebSocket connections, by why they ended (a limit's name, or who closed).",
+        ("route", "close"),
+    )
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.open = Gauge(
-            "gateway_active_websocket_connections",
-            "WebSocket connections open now.",
-            ["route"],
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self.closed = Counter(
-            "gateway_websocket_connections_total",
-            "WebSocket connections, by why they ended (a limit's name, or who closed).",
-            ["route", "close"],
-            registry=registry,
-        )
+        build(self, registry)
 
     def opened(self, route: str) -> None:
         self.open.labels(route).inc()

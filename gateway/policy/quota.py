@@ -12,8 +12,9 @@ and what it finally cost.
   by its scope, its limit and its window's start, and lives until the
   window's end: nothing grows without bound.
 - A reservation is the input estimate (the bytes of the prompt's text, 4 a
-  token) plus the output the request allows (``max_tokens`` and its
-  per-protocol names), or the route's ``default_output_reservation``.
+  token) plus the output the request allows by its protocol's own fields
+  (``ProtocolSpec.requested_output``), or the route's
+  ``default_output_reservation``.
 - The settlement replaces it by the cost: the provider's reported usage when
   there is some (``reported``), else the input estimate plus the output bytes
   actually relayed, 4 a token (``estimated``). Never zero for a stream that
@@ -45,7 +46,6 @@ __all__ = [
     "input_bound",
     "measure_input",
     "output_estimate",
-    "requested_output",
     "window_end",
     "window_start",
 ]
@@ -60,6 +60,12 @@ class Window(enum.StrEnum):
     MINUTE = "minute"
     DAY = "day"
     MONTH = "month"
+    #: No end: a total budget (its counter's end is ``FOREVER``).
+    TOTAL = "total"
+
+
+#: The end of a total budget's window (9999-12-31T00:00:00Z): a counter that lives on.
+FOREVER = 253402214400
 
 
 class Limit(enum.StrEnum):
@@ -95,6 +101,9 @@ class Limit(enum.StrEnum):
     TOKENS_PER_MINUTE = ("tokens_per_minute", Window.MINUTE, True, "tokens", "rate_limit_exceeded")
     TOKENS_PER_DAY = ("tokens_per_day", Window.DAY, True, "tokens", "insufficient_quota")
     TOKENS_PER_MONTH = ("tokens_per_month", Window.MONTH, True, "tokens", "insufficient_quota")
+    USD_PER_DAY = ("usd_per_day", Window.DAY, False, "usd", "insufficient_quota")
+    USD_PER_MONTH = ("usd_per_month", Window.MONTH, False, "usd", "insufficient_quota")
+    USD_TOTAL = ("usd_total", Window.TOTAL, False, "usd", "insufficient_quota")
     MAX_CONCURRENT_STREAMS = (
         "max_concurrent_streams",
         None,
@@ -102,6 +111,11 @@ class Limit(enum.StrEnum):
         "requests",
         "rate_limit_exceeded",
     )
+
+    @property
+    def counts_money(self) -> bool:
+        """Counts a request's money (nano-dollars), not its tokens or itself."""
+        return self.family == "usd"
 
     @property
     def is_budget(self) -> bool:
@@ -119,6 +133,8 @@ class Source(enum.StrEnum):
 def window_start(window: Window, now: float) -> int:
     """The start of the UTC window that holds ``now``, in whole epoch seconds."""
     second = int(now)
+    if window is Window.TOTAL:
+        return 0
     if window is Window.MINUTE:
         return second - second % 60
     if window is Window.DAY:
@@ -129,6 +145,8 @@ def window_start(window: Window, now: float) -> int:
 
 def window_end(window: Window, now: float) -> int:
     """The end of the UTC window that holds ``now`` (the next one's start)."""
+    if window is Window.TOTAL:
+        return FOREVER
     start = window_start(window, now)
     if window is Window.MINUTE:
         return start + 60
@@ -144,11 +162,14 @@ class Rule:
     """One scope's limits: a client's, or its share of one route or one model.
 
     ``scope`` names it in counters (``team-a``, ``team-a/route=chat``,
-    ``team-a/model=gpt-4o``); ``limits`` maps each configured limit to its value.
+    ``team-a/model=gpt-4o``, a team's ``team:eng``); ``limits`` maps each configured
+    limit to its value (a money limit's in nano-dollars); ``tag`` groups counters that
+    one request touches together (a client in a team and its team share the team's).
     """
 
     scope: str
     limits: Mapping[Limit, int]
+    tag: str = ""
 
 
 class Check(NamedTuple):
@@ -156,7 +177,8 @@ class Check(NamedTuple):
     where the amount is the request's reserved tokens (``tokens``), else 1.
 
     ``key`` names the counter (scope, limit, window start); ``expires`` is its
-    window's end (None: the concurrency count, which has no window). Nothing in it
+    window's end (None: the concurrency count, which has no window). ``money``: the
+    amount is the request's reserved money instead. ``tag``: its rule's. Nothing in it
     depends on the request but its scopes and the minute: checks are kept and reused.
     """
 
@@ -166,9 +188,11 @@ class Check(NamedTuple):
     key: str
     tokens: bool
     expires: int | None
+    money: bool = False
+    tag: str = ""
 
-    def amount(self, reserved: int) -> int:
-        return reserved if self.tokens else 1
+    def amount(self, reserved: int, money: int = 0) -> int:
+        return reserved if self.tokens else money if self.money else 1
 
 
 def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
@@ -181,13 +205,26 @@ def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
             if window is None:
                 if stream:
                     key = f"{rule.scope}|{limit}"
-                    checks.append(Check(rule.scope, limit, value, key, False, None))
+                    checks.append(
+                        Check(rule.scope, limit, value, key, False, None, False, rule.tag)
+                    )
                 continue
             bound = bounds.get(window)
             if bound is None:
                 bound = bounds[window] = (window_start(window, now), window_end(window, now))
             key = f"{rule.scope}|{limit}|{bound[0]}"
-            checks.append(Check(rule.scope, limit, value, key, limit.counts_tokens, bound[1]))
+            checks.append(
+                Check(
+                    rule.scope,
+                    limit,
+                    value,
+                    key,
+                    limit.counts_tokens,
+                    bound[1],
+                    limit.counts_money,
+                    rule.tag,
+                )
+            )
     return checks
 
 
@@ -195,8 +232,6 @@ def checks_for(rules: Iterable[Rule], stream: bool, now: float) -> list[Check]:
 
 #: Request fields whose text is the input: every protocol's names for it.
 _INPUT_FIELDS = ("messages", "prompt", "input", "contents", "system", "instructions", "tools")
-#: Fields that say how much output a request allows, by protocol.
-_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 #: Tokens a message costs besides its text (its role, its delimiters): OpenAI's cookbook
@@ -253,35 +288,6 @@ def input_bound(request: Mapping[str, Any] | None, body_size: int) -> int:
     return size + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD
 
 
-def requested_output(request: Mapping[str, Any] | None, default: int) -> int:
-    """The output a request allows (``max_tokens``, ``max_completion_tokens``,
-    ``max_output_tokens``, Gemini's ``generationConfig.maxOutputTokens``, Ollama's
-    ``options.num_predict``), else ``default``."""
-    if request is None:
-        return default
-    get = request.get
-    for name in _OUTPUT_FIELDS:
-        value = get(name)
-        # _positive inlined: an absent field (the usual case) is one comparison
-        if value is not None and isinstance(value, int) and value > 0 and value is not True:
-            return value
-    config = request.get("generationConfig") or request.get("generation_config")
-    if isinstance(config, Mapping):
-        value = config.get("maxOutputTokens", config.get("max_output_tokens"))
-        if isinstance(value, int) and _positive(value):
-            return value
-    options = request.get("options")
-    if isinstance(options, Mapping):  # Ollama's; -1 (no limit) or -2 (fill) take the default
-        value = options.get("num_predict")
-        if isinstance(value, int) and _positive(value):
-            return value
-    return default
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _tokens(size: int) -> int:
     return -(-size // BYTES_PER_TOKEN)
 
@@ -328,11 +334,13 @@ def _nested_bytes(stack: list[object]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """What a request really cost, in tokens, and where the numbers came from."""
+    """What a request really cost, in tokens, and where the numbers came from; ``money``
+    its price in nano-dollars (``gateway.spend``), 0 when not priced."""
 
     input: int
     output: int
     source: Source
+    money: int = 0
 
     @property
     def total(self) -> int:

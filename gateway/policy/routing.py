@@ -204,6 +204,16 @@ def _signer(config: UpstreamConfig, route: RouteConfig, secret: SecretStr | None
     return Signer(AwsKeys.unpack(secret.get_secret_value()), config.aws.region, service)
 
 
+def signing_scope(route: RouteConfig) -> tuple[frozenset[str], frozenset[str]]:
+    """The regions and services a client's SigV4 signature may be scoped to on ``route``:
+    its upstreams' ``aws`` regions, and the services its protocols sign for (an empty set:
+    the route names none, and that part is not checked)."""
+    specs = [spec_for(route.protocol)] if route.protocol != "auto" else list(REGISTRY)
+    services = frozenset(s.signing_service for s in specs if s.signing_service)
+    regions = frozenset(u.aws.region for u in route.pool() if u.aws is not None)
+    return regions, services
+
+
 @dataclass(slots=True)
 class Route:
     """A configured route: its resolved upstreams and their pool, deadlines, live counters."""

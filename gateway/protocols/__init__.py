@@ -30,6 +30,7 @@ from gateway.protocols.openai import CHAT, COMPLETIONS, RESPONSES
 from gateway.protocols.sse import SSE
 
 __all__ = [
+    "ANY_PATH",
     "REGISTRY",
     "ClientRequests",
     "ContractOptions",
@@ -56,6 +57,10 @@ REGISTRY: tuple[ProtocolSpec, ...] = (
     SSE,
 )
 
+#: The spec of a path no other spec claims (a route for any path): its framing is checked,
+#: no completion contract applies. What a caller falls back to without naming it.
+ANY_PATH: ProtocolSpec = SSE
+
 _BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
 
 
@@ -70,4 +75,4 @@ def detect(path: str) -> ProtocolSpec:
     for spec in REGISTRY:
         if spec.matches(path):
             return spec
-    return SSE
+    return ANY_PATH

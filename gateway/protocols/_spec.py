@@ -25,6 +25,7 @@ __all__ = [
     "ProtocolSpec",
     "Redaction",
     "Tool",
+    "UsageBasis",
     "body_says_stream",
     "openai_error",
 ]
@@ -125,6 +126,17 @@ class ClientRequests:
     simulator_prefix: str = "/v1"
 
 
+@dataclass(frozen=True, slots=True)
+class UsageBasis:
+    """How a protocol's reported counts relate to each other, so that a charge prices
+    each token once (``gateway.spend``): whether its input count already holds the
+    cached input (read and written), and whether its output count already holds the
+    reasoning tokens."""
+
+    input_includes_cached: bool = True
+    output_includes_reasoning: bool = True
+
+
 def body_says_stream(path: str, body: Json | None) -> bool:
     """The OpenAI/Anthropic way: the JSON body has ``"stream": true``."""
     return body is not None and body.get("stream") is True
@@ -201,6 +213,12 @@ class ProtocolSpec:
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: The provider whose prices its models are priced at in the price table (a
+    #: ``genai-prices`` provider id); None: none (self-hosted), unless the upstream's
+    #: URL or a price override names one.
+    price_provider: str | None = None
+    #: How its usage's counts relate (what a charge adds up).
+    usage_basis: UsageBasis = UsageBasis()
 
     @property
     def name(self) -> str:
@@ -215,6 +233,30 @@ class ProtocolSpec:
     def finish_table(self) -> Mapping[str, Reason]:
         return self.contract.finish_table
 
+    def _output_limits(self, request: Json) -> list[tuple[str, str, int]]:
+        """Each output field a request names with a positive count: (member, nested
+        member or "", count). A count of 0 or less (Ollama's -1, no limit) is none."""
+        found = []
+        for path in self.output_limit:
+            head, _, rest = path.partition(".")
+            value = request.get(head)
+            if value is None:  # the usual case: one lookup
+                continue
+            if rest:
+                value = value.get(rest) if isinstance(value, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append((head, rest, value))
+        return found
+
+    def requested_output(self, request: Json | None, default: int) -> int:
+        """The output a request allows itself, by this protocol's own fields (the most
+        any of them allows), else ``default`` (the route's reservation for a request that
+        names none)."""
+        if not self.output_limit or request is None:
+            return default
+        limits = self._output_limits(request)
+        return max(count for _, _, count in limits) if limits else default
+
     def capped_output(self, request: Json | None, cap: int) -> Json:
         """The changes to a request (top-level members, objects merged) that limit its
         output to at most ``cap`` tokens: each of its output fields it names above the
@@ -222,17 +264,11 @@ class ProtocolSpec:
         if not self.output_limit or request is None:
             return {}
         changes: Json = {}
-        named = False
-        for path in self.output_limit:
-            head, _, rest = path.partition(".")
-            value = request.get(head)
-            if rest:
-                value = value.get(rest) if isinstance(value, dict) else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                named = True
-                if value > cap:
-                    changes[head] = {rest: cap} if rest else cap
-        if not named:
+        limits = self._output_limits(request)
+        for head, rest, value in limits:
+            if value > cap:
+                changes[head] = {rest: cap} if rest else cap
+        if not limits:
             head, _, rest = self.output_limit[0].partition(".")
             changes[head] = {rest: cap} if rest else cap
         return changes

@@ -12,6 +12,7 @@ from gateway.protocols._spec import (
     CredentialStyle,
     ProtocolSpec,
     Tool,
+    UsageBasis,
     body_says_stream,
 )
 from gateway.protocols.finish import messages_finish
@@ -82,6 +83,8 @@ MESSAGES = ProtocolSpec(
     output_limit=("max_tokens",),
     genai_operation="chat",
     genai_provider="anthropic",
+    price_provider="anthropic",
+    usage_basis=UsageBasis(input_includes_cached=False),
     error_shape=anthropic_error,
     continuable=True,
     hosts=("anthropic",),

@@ -31,7 +31,14 @@ from urllib.parse import quote, unquote
 from gateway.guard import BedrockContract, Protocol
 from gateway.guard.bedrock import bedrock_usage
 from gateway.guard.usage import messages_usage
-from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Redactor, Tool
+from gateway.protocols._spec import (
+    ClientRequests,
+    CredentialStyle,
+    ProtocolSpec,
+    Redactor,
+    Tool,
+    UsageBasis,
+)
 
 __all__ = ["BEDROCK", "bedrock_error", "redact_eventstream"]
 
@@ -232,4 +239,6 @@ BEDROCK = ProtocolSpec(
     output_limit=("inferenceConfig.maxTokens", "max_tokens"),
     genai_operation="chat",
     genai_provider="aws.bedrock",
+    price_provider="aws",
+    usage_basis=UsageBasis(input_includes_cached=False),
 )

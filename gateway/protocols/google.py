@@ -18,7 +18,13 @@ from gateway.guard.gemini import (
     google_error,
     is_gemini_path,
 )
-from gateway.protocols._spec import ClientRequests, CredentialStyle, ProtocolSpec, Tool
+from gateway.protocols._spec import (
+    ClientRequests,
+    CredentialStyle,
+    ProtocolSpec,
+    Tool,
+    UsageBasis,
+)
 from gateway.protocols.finish import gemini_finish
 
 __all__ = ["GEMINI"]
@@ -106,6 +112,8 @@ GEMINI = ProtocolSpec(
     output_limit=("generationConfig.maxOutputTokens", "generation_config.max_output_tokens"),
     genai_operation="generate_content",
     genai_provider="gcp.gemini",
+    price_provider="google",
+    usage_basis=UsageBasis(output_includes_reasoning=False),
     error_shape=_error,
     hosts=("googleapis",),
     answer_finish=gemini_finish,

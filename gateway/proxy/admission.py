@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 from starlette.types import Receive, Scope
 
-from gateway.policy.routing import PathRejected, Route, Target, request_target
+from gateway.policy.routing import PathRejected, Route, Target, request_target, signing_scope
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig
@@ -206,6 +206,7 @@ class Admission:
             raise Refused(
                 403, "forbidden", "This API key is not allowed on this route.", "permission_error"
             )
+        _check_signing_scope(route, parts)
         return secret, caller
 
     @staticmethod
@@ -339,6 +340,26 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     elif key is None and auth is not None and auth.startswith(b"AWS4-HMAC-SHA256 "):
         key = auth  # a SigV4 signature: the whole header, never forwarded either
     return key
+
+
+def _check_signing_scope(route: Route, parts: Mapping[str, str] | None) -> None:
+    """Refused (401) unless a signature's scope names the route's region and service."""
+    if parts is None:
+        return
+    regions, services = signing_scope(route.config)
+    if (regions and parts["region"] not in regions) or (
+        services and parts["service"] not in services
+    ):
+        wanted = " or ".join(
+            f"{r}/{s}" for r in sorted(regions or {"*"}) for s in sorted(services or {"*"})
+        )
+        raise Refused(
+            401,
+            "unauthorized",
+            f"The request signature is scoped to {parts['region']}/{parts['service']}; "
+            f"this route takes {wanted}.",
+            "authentication_error",
+        )
 
 
 def _signature_holds(scope: Scope, secret: SecretStr, body: bytes) -> bool:

@@ -41,7 +41,13 @@ from gateway.proxy.buffered import BufferedFailure, buffered_length, failure_bod
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
-from gateway.proxy.headers import RawHeaders, strip_hop_by_hop
+from gateway.proxy.headers import (
+    RESPONSE_DROP,
+    STREAM_HEADERS,
+    STREAM_RESPONSE_DROP,
+    RawHeaders,
+    strip_hop_by_hop,
+)
 from gateway.proxy.timer import Deadline
 from gateway.proxy.upstream import ReadChunk, chunk_reader, drain_for_reuse
 
@@ -58,15 +64,6 @@ __all__ = [
     "response_headers",
 ]
 
-_RESPONSE_DROP = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
-# Streamed bodies are forwarded decoded (the guard must read them), so no Content-Encoding.
-_STREAM_RESPONSE_DROP = _RESPONSE_DROP | {
-    b"content-length",
-    b"content-encoding",
-    b"cache-control",
-    b"x-accel-buffering",
-}
-_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _JSON_SNIFF_LIMIT = 8 * 1024 * 1024  # non-streamed bodies up to this size are read for usage
 _DRAIN_SEND_SECONDS = 5.0  # while draining, how long a last send may wait for the client
 #: Bytes of comment lines before a held stream's first event beyond which its head goes out.
@@ -74,7 +71,7 @@ _HOLD_LIMIT = 64 * 1024
 
 
 def response_headers(
-    response: httpx.Response, record: RequestRecord, drop: frozenset[bytes] = _RESPONSE_DROP
+    response: httpx.Response, record: RequestRecord, drop: frozenset[bytes] = RESPONSE_DROP
 ) -> RawHeaders:
     headers = strip_hop_by_hop(response.headers.raw, drop)
     headers.append((b"x-request-id", record.request_id.encode()))
@@ -526,7 +523,7 @@ async def relay_stream(
         {
             "type": "http.response.start",
             "status": response.status_code,
-            "headers": response_headers(response, record, _STREAM_RESPONSE_DROP) + _STREAM_HEADERS,
+            "headers": [*response_headers(response, record, STREAM_RESPONSE_DROP), *STREAM_HEADERS],
         }
     )
     exchange.events.begin(held is not None)

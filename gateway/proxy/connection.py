@@ -1,6 +1,6 @@
 """The client connection as one request sees it: reset it, watch it, ask why the edge refused it.
 
-``gateway.edge.EdgeProtocol`` offers these through a scope extension
+``gateway.server.edge.EdgeProtocol`` offers these through a scope extension
 (``ABORT_EXTENSION``); under any other server each helper says it cannot
 (``False`` or ``None``) and the relay falls back on what ``receive()`` tells.
 This module imports nothing of uvicorn, so the relay's layers do not either.

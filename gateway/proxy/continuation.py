@@ -407,19 +407,21 @@ class Rescuer:
             return ContinuationResult.REJECTED
         if check.state is not Check.HONOURED:
             return ContinuationResult.NOT_HONOURED
-        self._relaying(guard)
+        self._relaying(guard, endpoint.name)
         await self._send(first)
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
             await self._send(joint.rewrite_events(data))
         return guard, read
 
-    def _relaying(self, guard: StreamGuard) -> None:
+    def _relaying(self, guard: StreamGuard, upstream: str) -> None:
         """A continuation's first content goes out: the stream is continued from here,
-        also when the drain or the client stops it before its end."""
+        also when the drain or the client stops it before its end, and its answer is
+        ``upstream``'s from here (the access log's ``upstream``)."""
         self._live = guard
         self.continued += 1
         self.exchange.record.continued = self.continued
+        self.exchange.record.upstream = upstream
         self.original = self._cut_reason
 
     async def _hold(

@@ -19,8 +19,7 @@ from starlette.types import Scope, Send
 from gateway.guard import Outcome, Reason, Verdict, WholeEvents
 from gateway.observe import RequestRecord
 from gateway.policy.routing import Route, Target
-from gateway.protocols import ProtocolSpec
-from gateway.protocols.sse import SSE
+from gateway.protocols import ANY_PATH, ProtocolSpec
 from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
 from gateway.settings import Timeouts
 
@@ -40,7 +39,7 @@ class Exchange:
     scope: Scope
     send: Send
     record: RequestRecord
-    spec: ProtocolSpec = SSE
+    spec: ProtocolSpec = ANY_PATH
     withhold_usage: bool = False
     total_deadline: float = 0.0
     counted: bool = False  # counted in the active streams (admission, gauge)

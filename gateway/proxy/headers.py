@@ -1,4 +1,4 @@
-"""Header rules of the proxy: hop-by-hop filtering, request ids, forwarding headers.
+"""Header rules of the proxy: what each way drops, request ids, forwarding headers.
 
 Headers are ASGI-style lists of (lower-case name, value) byte pairs.
 
@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CREDENTIAL_HEADERS",
     "FORWARDING_HEADERS",
+    "HANDSHAKE_DROP",
     "HOP_BY_HOP",
+    "REQUEST_DROP",
+    "RESPONSE_DROP",
+    "STORED_REQUEST_DROP",
+    "STREAM_HEADERS",
+    "STREAM_RESPONSE_DROP",
     "Forwarding",
     "RawHeaders",
     "get_header",
@@ -218,6 +224,49 @@ def _parse_address(value: str) -> IPAddress | None:
 CREDENTIAL_HEADERS: Final = frozenset(
     {b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"}
 )
+
+# What each way drops (besides ``HOP_BY_HOP``, through ``strip_hop_by_hop``): every
+# header-dropping set of the proxy is here, so what leaves the gateway is read in one place.
+
+#: A client's request on its way upstream: what the gateway sets itself (the upstream's
+#: host and length, its own request id) or answers itself (``Expect``, a resume).
+REQUEST_DROP: Final = (
+    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
+    | FORWARDING_HEADERS
+)
+#: A client's WebSocket handshake on its way upstream: the handshake's own headers are
+#: the upstream connection's to make.
+HANDSHAKE_DROP: Final = (
+    frozenset(
+        {
+            b"host",
+            b"upgrade",
+            b"connection",
+            b"content-length",
+            b"x-request-id",
+            b"sec-websocket-key",
+            b"sec-websocket-version",
+            b"sec-websocket-extensions",
+            b"sec-websocket-accept",
+        }
+    )
+    | FORWARDING_HEADERS
+)
+#: An upstream's answer on its way to the client: the gateway's own request id, and what
+#: would tell the client about the upstream rather than the gateway.
+RESPONSE_DROP: Final = frozenset({b"x-request-id", b"x-gateway-upstream", b"server", b"date"})
+#: A streamed answer's: streamed bodies are forwarded decoded (the guard must read them),
+#: so no length or ``Content-Encoding``; the gateway sets the caching ones itself.
+STREAM_RESPONSE_DROP: Final = RESPONSE_DROP | {
+    b"content-length",
+    b"content-encoding",
+    b"cache-control",
+    b"x-accel-buffering",
+}
+#: What the gateway sets on every stream it sends (a relayed one, a resumed one).
+STREAM_HEADERS: Final = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+#: A request's headers kept in the stream store (to continue an orphan): no secret.
+STORED_REQUEST_DROP: Final = CREDENTIAL_HEADERS | {b"cookie"}
 
 
 def without_key(headers: RawHeaders, key: bytes | None) -> RawHeaders:

@@ -17,7 +17,7 @@ import time
 
 from starlette.types import Message, Send
 
-from gateway.limits import LimitRefused
+from gateway.limits import LimitRefused, Unpriced
 from gateway.observe import RequestRecord
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
@@ -27,6 +27,11 @@ __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
 
 
 def _message(refused: LimitRefused, now: float) -> str:
+    if isinstance(refused, Unpriced):
+        return (
+            f"The model {refused.model!r} has no price in the gateway's price table or its "
+            "[[prices]] overrides, and this client has a money budget: it cannot be charged."
+        )
     if refused.limit is None:
         return "The gateway cannot check this client's limits now; retry shortly."
     if refused.limit.is_budget:
@@ -40,7 +45,9 @@ def _message(refused: LimitRefused, now: float) -> str:
 def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: float) -> bytes:
     """The error body in ``protocol``'s shape."""
     limit = refused.limit
-    if limit is None:
+    if isinstance(refused, Unpriced):
+        type_, code = "invalid_request_error", "model_not_priced"
+    elif limit is None:
         type_, code = "service_unavailable", "limits_backend_unavailable"
     elif limit.is_budget:
         type_, code = "insufficient_quota", limit.code
@@ -50,6 +57,8 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
 
 
 def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
+    if isinstance(refused, Unpriced):  # nothing to wait for
+        return [(b"x-should-retry", b"false")]
     seconds = refused.retry_after
     headers: RawHeaders = [
         (b"retry-after", str(max(math.ceil(seconds), 1)).encode()),

@@ -87,7 +87,7 @@ from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
-    FORWARDING_HEADERS,
+    REQUEST_DROP,
     Forwarding,
     RawHeaders,
     get_header,
@@ -103,16 +103,13 @@ from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.resume import build_resumes
 from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
+from gateway.spend import build_spend
 from gateway.store import StreamStore, build_store
 
 __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_REQUEST_DROP = (
-    frozenset({b"host", b"content-length", b"x-request-id", b"expect", b"x-gateway-resume"})
-    | FORWARDING_HEADERS
-)
 _UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
@@ -165,6 +162,8 @@ class Relay:
         warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
+        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
+        self.spend = build_spend(settings)
         #: The stream store (``stream_store``), shared by resumable streams and the response
         #: cache; None when no route resumes or caches. The app opens and closes it.
         self.store = _stream_store(settings)
@@ -175,7 +174,7 @@ class Relay:
         self.forwarding = Forwarding(settings.trusted_proxies)
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
-        self._request_drop = _REQUEST_DROP | tracer.fields if tracer else _REQUEST_DROP
+        self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
         self._forged_log = LogGate()
         #: The app's stages around the relay's own way (gateway.proxy.stages).
         self._stages = chain(stages, self._features)
@@ -316,18 +315,20 @@ class Relay:
             strict = limiter.strict(record.client_name)
             # A cache hit is counted as a request that spends no tokens.
             hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
+            # The output the request allows itself, by its protocol's own fields.
+            output = spec.requested_output(request_json, route.config.default_output_reservation)
             try:
                 reservation = await limiter.reserve(
                     record.client_name,
                     route.name,
                     record.model,
-                    None if hit else request_json,
                     0 if hit else input_estimate(request_json, len(exchange.body)),
-                    0 if hit else route.config.default_output_reservation,
+                    0 if hit else output,
                     record.stream,
                     record.request_id,
                     route.timeouts.total,
                     strict_input(request_json, len(exchange.body)) if strict and not hit else None,
+                    None if hit else self.spend.quote(exchange),
                 )
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
@@ -360,6 +361,7 @@ class Relay:
             if record.client_name != ANONYMOUS:
                 # What a named client's request cost: its tokens metric, its limits.
                 cost = cost_of_record(record, input_estimate(request_json, len(body)))
+                cost = self.spend.price(exchange, cost)
                 record.charge = cost
             try:
                 if plan is not None and self.cache is not None:
@@ -367,6 +369,7 @@ class Relay:
             finally:
                 if reservation is not None and self.limiter is not None:
                     await self.limiter.settle(reservation, cost)
+                    record.budgets = reservation.left
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
@@ -388,7 +391,7 @@ class Relay:
     async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
         """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
         record = exchange.record
-        record.rejected = "rate_limited" if refused.status == 429 else "limits_unavailable"
+        record.rejected = refused.rejected
         record.status = refused.status
         # Counted apart from gateway_rejected_requests_total: a team at its limit is no
         # sign of an overloaded gateway.
@@ -979,7 +982,7 @@ def _stream_store(settings: Settings) -> StreamStore | None:
     return build_store(
         settings.stream_store,
         max_bytes=settings.stream_store_max_bytes,
-        url=settings.redis_url,
+        redis=settings.redis_target(),
         timeout=settings.stream_store_timeout,
     )
 

@@ -36,7 +36,7 @@ Ends, each with one ``Close`` (the ``close`` label of
   once, one with a response closes after it; past the drain timeout the
   response gets the ``gateway_shutdown`` error first;
 - limits: binary message 1003, over ``ws_max_client_messages_per_second``
-  1008, over ``max_ws_message_bytes`` 1009 (``gateway.wsedge``),
+  1008, over ``max_ws_message_bytes`` 1009 (``gateway.server.wsedge``),
   ``ws_idle_seconds`` without a response and ``ws_max_connection_seconds``
   1000 (with a response in flight: its ``total_timeout`` error, 1011).
 
@@ -73,7 +73,7 @@ from gateway.proxy.admission import Admission, Caller, Refused, presented_key
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
-    FORWARDING_HEADERS,
+    HANDSHAKE_DROP,
     Forwarding,
     RawHeaders,
     get_header,
@@ -90,29 +90,12 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
+from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
-from gateway.wsedge import WS_EXTENSION
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
 log = logging.getLogger("gateway")
-
-_HANDSHAKE_DROP = (
-    frozenset(
-        {
-            b"host",
-            b"upgrade",
-            b"connection",
-            b"content-length",
-            b"x-request-id",
-            b"sec-websocket-key",
-            b"sec-websocket-version",
-            b"sec-websocket-extensions",
-            b"sec-websocket-accept",
-        }
-    )
-    | FORWARDING_HEADERS
-)
 
 
 class Close(enum.StrEnum):
@@ -417,7 +400,7 @@ class WebSocketRelay:
             return refused
 
     def _upstream_headers(self, scope: Scope, request_id: str, caller: Caller) -> RawHeaders:
-        headers = strip_hop_by_hop(scope["headers"], _HANDSHAKE_DROP)
+        headers = strip_hop_by_hop(scope["headers"], HANDSHAKE_DROP)
         if caller.keyed:  # a gateway key is the gateway's: never the upstream's
             headers = without_key(headers, presented_key(scope["headers"]))
         headers += self.forwarding.headers(

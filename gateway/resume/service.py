@@ -12,9 +12,12 @@
   (``gateway.resume.responses``) for a response the store holds.
 
 A stream belongs to the named client that made it, or without one to a digest of
-the credential it presented; anyone else is told 404, as for an id that never
-was. An id carries the second it was made, so an id whose log can only have
-expired gets 410 without the store keeping anything about it.
+the credential it presented, and is read only under the route that made it;
+anyone else, and any other route, is told 404, as for an id that never was, at
+the same cost (one look at the store: the log is written before its id is
+handed out, so nothing is waited for). An id carries the second it was made, so
+an id whose log can only have expired gets 410 without the store keeping
+anything about it.
 """
 
 from __future__ import annotations
@@ -29,14 +32,15 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import StreamGuard
+from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
+from gateway.protocols import ANY_PATH, ContractOptions
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
-from gateway.proxy.headers import get_header
+from gateway.proxy.headers import STREAM_HEADERS, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.upstream import Upstream
 from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
@@ -63,9 +67,6 @@ _STREAMS = "/gateway/streams/"
 _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
 _OPT_OUT = b"x-gateway-resume"
-_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-#: An id made this recently whose log is not there yet may be about to be: wait for it.
-_YOUNG_SECONDS = 5.0
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
@@ -233,12 +234,10 @@ class Resumes:
         if STREAM_ID.fullmatch(stream_id):
             try:
                 info = await self.store.info(stream_id)
-                if info is None and time.time() - made_at(stream_id) < _YOUNG_SECONDS:
-                    info = await self._made(stream_id)
             except StoreError:
                 await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
                 return "store_error"
-        if info is not None and info.owner == owner_of(exchange):
+        if info is not None and _belongs(info, exchange):
             return info
         if (
             info is None
@@ -295,7 +294,7 @@ class Resumes:
             info = await self.store.info(stream_id) if stream_id is not None else None
         except StoreError:
             return False
-        if stream_id is None or info is None or info.owner != owner_of(exchange):
+        if stream_id is None or info is None or not _belongs(info, exchange):
             return False
         route = exchange.route.name
         raw = query.get("starting_after", ["-1"])[0]
@@ -308,17 +307,6 @@ class Resumes:
         result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
         self.metrics.resumed(route, result)
         return True
-
-    async def _made(self, stream_id: str) -> StreamInfo | None:
-        """A stream made a moment ago on another replica: its log is made by its
-        writer's first batch, so wait for it a little before saying it is not there."""
-        deadline = asyncio.get_running_loop().time() + _CATCH_UP_SECONDS
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-            info = await self.store.info(stream_id)
-            if info is not None:
-                return info
-        return None
 
     async def _caught_up(self, stream_id: str, info: StreamInfo, after: int) -> StreamInfo:
         """A live stream's info once its log holds ``after`` events, or as it stands
@@ -373,9 +361,14 @@ class Resumes:
                 if batch.end is not None:
                     await self._body(exchange, batch.end.trailer, more=False)
                     return result
-        except (Gone, BeyondEnd, Vanished, StoreError):
+        except (Vanished, StoreError) as exc:
+            # The log vanished or the store is away under the reader: its writer is
+            # lost to it. It ends as a lost owner's stream does, never with a reset.
+            await self._body(exchange, _lost(exchange, info, self.settings.annotate), more=False)
+            return "expired" if isinstance(exc, Vanished) else "store_error"
+        except (Gone, BeyondEnd):
             pass
-        # The log stopped (its byte cap), expired or failed under the reader: cut.
+        # The log stopped at its byte cap under the reader: cut.
         abort_connection(exchange.scope)
         raise AbortConnection
 
@@ -440,8 +433,8 @@ class Resumes:
 
     async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
         headers = [
-            (b"content-type", info.meta.get("content_type", "text/event-stream").encode()),
-            *_STREAM_HEADERS,
+            (b"content-type", info.meta.get("content_type", ANY_PATH.framing.media_type).encode()),
+            *STREAM_HEADERS,
             (b"x-request-id", exchange.record.request_id.encode()),
             (STREAM_ID_HEADER, stream_id.encode()),
         ]
@@ -471,6 +464,24 @@ class Resumes:
             code,
             record.request_id,
         )
+
+
+def _lost(exchange: Exchange, info: StreamInfo, annotate: bool) -> bytes:
+    """The ending of a stream whose log can no longer be read: the protocol's error
+    event and trailer, reason ``owner_lost``."""
+    route = exchange.route
+    contract = route.spec_for(info.meta.get("path", "")).new_contract(ContractOptions())
+    guard = StreamGuard(contract)
+    guard.abort(Reason.OWNER_LOST, force=True)
+    if not annotate:
+        return guard.withheld
+    return guard.withheld + guard.annotation(exchange.record.request_id)
+
+
+def _belongs(info: StreamInfo, exchange: Exchange) -> bool:
+    """Whether this request may read the stream: its owner's, on the route that made it
+    (another route has its own error shape, continuation upstream and credentials)."""
+    return info.owner == owner_of(exchange) and info.meta.get("route") == exchange.route.name
 
 
 def build_resumes(

@@ -35,7 +35,7 @@ from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import CREDENTIAL_HEADERS, RawHeaders, with_credential
+from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders, with_credential
 from gateway.proxy.request_body import continuation_body
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
@@ -46,7 +46,6 @@ __all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
 
 #: Headers never kept in a log: any credential (the continuation carries the upstream's
 #: own), and cookies.
-_SECRET_HEADERS = CREDENTIAL_HEADERS | {b"cookie"}
 #: The largest request kept in a log's meta for a takeover's continuation.
 MAX_REQUEST_BYTES = 256 * 1024
 
@@ -66,7 +65,7 @@ def continuation_meta(
     kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
     return {
         "request": request,
-        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in _SECRET_HEADERS]),
+        "headers": json.dumps([kv for kv in kept if kv[0].encode() not in STORED_REQUEST_DROP]),
         "upstream": upstream,
         "method": str(scope["method"]),
         "raw_path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),

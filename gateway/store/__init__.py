@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from gateway.redisconn import RedisTarget
 from gateway.store.api import (
     Batch,
     BeyondEnd,
@@ -47,14 +48,14 @@ def build_store(
     kind: Literal["memory", "redis"],
     *,
     max_bytes: int,
-    url: str | None = None,
+    redis: RedisTarget | None = None,
     timeout: float = 1.0,
 ) -> StreamStore:
-    """The configured store (``stream_store``); Redis needs ``url``."""
+    """The configured store (``stream_store``); Redis needs ``redis`` (where it is)."""
     if kind == "memory":
         return MemoryStore(max_bytes)
     from gateway.store.redis_store import RedisStore  # redis is imported only when used
 
-    if url is None:
+    if redis is None:
         raise ValueError('stream_store = "redis" needs redis_url')
-    return RedisStore(url, timeout, max_bytes)
+    return RedisStore(redis, timeout, max_bytes)

@@ -184,6 +184,9 @@ class StreamStore(Protocol):
 
     #: Whether it is across a network (shared by every worker and replica).
     remote: bool
+    #: When the current outage of its backend started (monotonic seconds), None while
+    #: it answers (the breaker: during an outage every call fails at once).
+    down_since: float | None
 
     @property
     def size(self) -> int:

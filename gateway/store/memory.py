@@ -133,6 +133,7 @@ class _MemoryWriter(Writer):
 
 class MemoryStore:
     remote = False
+    down_since: float | None = None
 
     def __init__(self, max_bytes: int) -> None:
         self.budget = Budget(max_bytes, self.clock)

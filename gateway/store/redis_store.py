@@ -10,9 +10,8 @@ Per stream, three keys under one hash tag (one cluster slot):
   ``total``, ``kept``, ``size``, ``stopped``, ``max_bytes``, ``end``, ``cancel``;
 - ``{prefix}:s:{id}:lease``, the writer's token, with a short expiry it renews.
 
-Opening a log does no I/O: its first write makes the meta and takes the lease
-(a log opened by another writer meanwhile: the lease is lost). A writer never
-writes per event: ``append`` queues, and one flusher per process
+Opening a log is one write (the meta and the lease), before its id is handed
+out. A writer never writes per event: ``append`` queues, and one flusher per process
 writes what every writer queued in one pipeline of script calls (``WRITE``, one
 per writer: the lease is checked, the entries added, the counters set, every
 key's expiry pushed back ``ttl``), ``FLUSH_SECONDS`` after the first event that
@@ -23,8 +22,15 @@ its log (a ``_Tail``), which wakes them all: a hundred resumers of a stream hold
 one blocked connection, not a hundred.
 
 Every call is bounded by the store's timeout (plus the wait of a blocking read);
-every failure is a ``StoreError``. A writer whose write fails stops writing: its
-lease runs out and the stream is an orphan (``owner_lost`` for its readers).
+every failure is a ``StoreError`` and opens the **breaker**: one log line, then
+every call fails at once (no request waits on a Redis that is away) while one
+PING a second looks for it; when it answers, one more line (how long, how many
+calls failed) and the writers write what waited. A writer whose write fails
+keeps its events and its end and sends them again then (the script skips what
+was written), taking its lease back if it ran out meanwhile and nobody took the
+log over: a client that got the whole answer never finds it ended ``owner_lost``
+for want of a write. A takeover starts with a grace of one lease for exactly
+that (``ADOPT``).
 """
 
 from __future__ import annotations
@@ -32,16 +38,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.redisconn import RedisTarget, as_target
+from gateway.redisconn.clients import async_client
 from gateway.store.api import (
     READ_LIMIT,
     Batch,
@@ -57,6 +63,8 @@ from gateway.store.budget import Budget
 
 __all__ = ["RedisStore"]
 
+log = logging.getLogger("gateway")
+
 #: Connections to Redis per process at most (one per followed stream, plus short calls).
 MAX_CONNECTIONS = 4096
 #: How long one shared blocking read waits before it looks again for readers.
@@ -67,7 +75,7 @@ TAIL_BLOCK_SECONDS = 1.0
 FLUSH_SECONDS = 0.02
 #: How often the writers' leases are looked at for a renewal.
 RENEW_TICK_SECONDS = 0.1
-#: After a failed write, how long new logs are refused before Redis is asked again.
+#: While Redis is away, how often one PING asks whether it is back.
 RETRY_SECONDS = 1.0
 
 #: Events written in one script call at most.
@@ -76,24 +84,41 @@ WRITE_BATCH = 256
 #: KEYS: log, meta, lease. ARGV: token, ttl ms, lease ms, the new log's meta as JSON
 #: (its first write: the meta is made and the lease taken) or "", total, kept, size,
 #: stopped, first event number, n, the n events, then "1", trailer, fields (the end)
-#: or "0". Returns {owned, cancel}.
+#: or "0". Returns {owned, cancel}. Sent again after a failure, it does nothing twice
+#: (events already logged are skipped; an end already written is the writer's own).
+#: A writer whose lease ran out while it could not write (Redis away) takes it back,
+#: unless the log ended, vanished or has an heir (``writer`` names the lease's holder).
+#: An unended log lives ``ttl`` plus two leases after its last write (the lease runs
+#: out, a takeover has its grace), an ended one ``ttl``.
 WRITE = """
-if ARGV[4] ~= '' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0} end
+local owner = redis.call('HGET', KEYS[2], 'writer')
+if ARGV[4] ~= '' and not owner then
   for field, value in pairs(cjson.decode(ARGV[4])) do
     redis.call('HSET', KEYS[2], field, value)
   end
+  redis.call('HSET', KEYS[2], 'writer', ARGV[1], 'logged', 0)
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
-elseif redis.call('GET', KEYS[3]) ~= ARGV[1] then
+elseif owner ~= ARGV[1] then
   return {0, 0}
+elseif redis.call('HGET', KEYS[2], 'end') then
+  return {1, 0}
+elseif redis.call('GET', KEYS[3]) ~= ARGV[1] then
+  if redis.call('EXISTS', KEYS[3]) == 1 then return {0, 0} end
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
 end
+redis.call('HDEL', KEYS[2], 'grace')
+local logged = tonumber(redis.call('HGET', KEYS[2], 'logged'))
 local first, n = tonumber(ARGV[9]), tonumber(ARGV[10])
 for i = 1, n do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[10 + i])
+  if first + i - 1 > logged then
+    redis.call('XADD', KEYS[1], '0-' .. (first + i - 1), 'e', ARGV[10 + i])
+  end
 end
+if first + n - 1 > logged then logged = first + n - 1 end
 redis.call('HSET', KEYS[2], 'total', ARGV[5], 'kept', ARGV[6], 'size', ARGV[7],
-  'stopped', ARGV[8])
+  'stopped', ARGV[8], 'logged', logged)
 local at = 11 + n
+local ttl = tonumber(ARGV[2])
 if ARGV[at] == '1' then
   redis.call('XADD', KEYS[1], '0-' .. (tonumber(ARGV[6]) + 1), 'end', ARGV[at + 1],
     'f', ARGV[at + 2])
@@ -101,20 +126,39 @@ if ARGV[at] == '1' then
   redis.call('DEL', KEYS[3])
 else
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  ttl = ttl + 2 * tonumber(ARGV[3])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
 if redis.call('HGET', KEYS[2], 'cancel') then return {1, 1} end
 return {1, 0}
 """
 
-#: KEYS: meta, lease. ARGV: token, lease ms. Returns {} or {total, kept, size, stopped,
-#: max_bytes, ttl ms} when the lease was taken (an orphan: no end, no lease).
+#: KEYS: meta, lease, log. ARGV: token, lease ms. Returns {} or {total, kept, size,
+#: stopped, max_bytes, ttl ms} when the lease was taken (an orphan: no end, no lease).
+#: The first look at an orphan only starts its grace (one lease, by Redis's clock, the
+#: log kept a TTL past it): its writer may have been cut off from Redis rather than
+#: dead, and takes its lease back the moment it can write (``WRITE``).
 ADOPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'end') then
   return {}
 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {} end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local grace = tonumber(redis.call('HGET', KEYS[1], 'grace'))
+if not grace then
+  local keep = tonumber(ARGV[2]) + tonumber(redis.call('HGET', KEYS[1], 'ttl') or '0')
+  redis.call('HSET', KEYS[1], 'grace', now + tonumber(ARGV[2]))
+  if redis.call('PTTL', KEYS[1]) < keep then
+    redis.call('PEXPIRE', KEYS[1], keep)
+    redis.call('PEXPIRE', KEYS[3], keep)
+  end
+  return {}
+end
+if now < grace then return {} end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {} end
+redis.call('HSET', KEYS[1], 'writer', ARGV[1])
 return redis.call('HMGET', KEYS[1], 'total', 'kept', 'size', 'stopped', 'max_bytes', 'ttl')
 """
 
@@ -131,7 +175,9 @@ def _key(prefix: str, stream_id: str, kind: str) -> str:
 
 
 class _RedisWriter(Writer):
-    """A writer whose events wait in ``_pending`` for the store's flusher."""
+    """A writer whose events wait in ``_pending`` for the store's flusher, and stay
+    there until a write took them (a write that failed is sent again once Redis is
+    back: the client got those events, the log gets them too)."""
 
     def __init__(
         self,
@@ -162,6 +208,8 @@ class _RedisWriter(Writer):
         self._end: End | None = None
         #: The end was written (or the lease lost): nothing more to write.
         self.closed = False
+        #: A write failed (Redis away): the log is behind what was relayed.
+        self.behind = False
         store.live.add(self)
 
     def _room(self, size: int) -> bool:
@@ -176,52 +224,71 @@ class _RedisWriter(Writer):
     def _stop(self) -> None:
         self._store.dirty(self)  # the counters say so at the next write
 
-    def next_call(self) -> list[Any]:
+    def next_call(self) -> tuple[list[Any], int]:
         """The script's arguments for what is queued (at most ``WRITE_BATCH`` events,
-        then the end when nothing else is)."""
+        then the end when nothing else is), and how many events they carry."""
         batch = self._pending[:WRITE_BATCH]
-        del self._pending[:WRITE_BATCH]
-        first = self._first
-        self._first += len(batch)
         args: list[Any] = [
             *(self._token, self._ttl_ms, self._lease_ms, self._create),
             *(self.total, self.kept, self.size, int(self.stopped)),
-            *(first, len(batch), *batch),
+            *(self._first, len(batch), *batch),
         ]
-        self._create = ""
         end = self._end
-        if end is not None and not self._pending:
+        if end is not None and len(self._pending) == len(batch):
             args += ["1", end.trailer, json.dumps(dict(end.fields))]
         else:
             args.append("0")
-        return args
+        return args, len(batch)
 
-    def written(self, answer: Any, ended: bool) -> None:
-        """The flusher's report of one call: its answer (or the exception)."""
+    def written(self, answer: Any, ended: bool, sent: int) -> None:
+        """The flusher's report of one call that reached Redis: its answer (or the
+        script's error), for the ``sent`` events it carried."""
         self.written_at = time.monotonic()
         owned, cancel = (0, 0) if isinstance(answer, Exception) else answer
         if not owned:
             self.lost = True
+            if self.behind or self._pending:
+                log.warning(
+                    "stream %s: its log was taken over or expired while Redis was away; "
+                    "%d events the client got are not in it",
+                    self.id,
+                    len(self._pending),
+                )
             self._pending.clear()
-        elif cancel:
-            self._cancelled()
-        if self.lost or ended:
+        else:
+            del self._pending[:sent]
+            self._first += sent
+            self._create = ""
+            if cancel:
+                self._cancelled()
+            if self.behind and not self._pending:
+                self.behind = False
+                log.info("stream %s: its log caught up after Redis was away", self.id)
+        if self.lost or (ended and owned):
             self.closed = True
             self._store.live.discard(self)
             self._store.budget.expires(self.id, time.monotonic() + self._ttl_ms / 1000)
-        elif self._pending:
+        elif self._pending or self._end is not None:
             self._store.dirty(self)
 
     @property
+    def creating(self) -> bool:
+        """Its log is not made yet (its first write has not succeeded)."""
+        return bool(self._create)
+
+    @property
     def ending(self) -> bool:
-        return self._end is not None and not self._pending
+        return self._end is not None and len(self._pending) <= WRITE_BATCH
 
     async def flush(self) -> None:
         while (self._pending or self._create) and not self.lost:
+            self._store.check()
             self._store.dirty(self)
             await self._store.next_write()
 
     async def finish(self, end: End) -> None:
+        """Write the end; StoreError when Redis is away (the end is written with the
+        events before it once it is back: this writer stays queued until then)."""
         if self.finished:
             return
         self.finished = True
@@ -240,6 +307,7 @@ class _RedisWriter(Writer):
 
     async def _close(self) -> None:
         while not self.closed:
+            self._store.check()
             self._store.dirty(self)
             await self._store.next_write()
 
@@ -262,13 +330,13 @@ class _Tail:
 class RedisStore:
     remote = True
 
-    def __init__(self, url: str, timeout: float, max_bytes: int, prefix: str = "gateway") -> None:
-        self._redis: Any = Redis.from_url(
-            url,
+    def __init__(
+        self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
+    ) -> None:
+        self._redis: Any = async_client(
+            as_target(redis),
             socket_timeout=None,  # every call has its own bound (a blocking read is long)
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
+            connect_timeout=timeout,
             max_connections=MAX_CONNECTIONS,
         )
         self._tails: dict[str, _Tail] = {}
@@ -285,42 +353,95 @@ class RedisStore:
         self.write = self._redis.register_script(WRITE)
         self._adopt = self._redis.register_script(ADOPT)
         self._cancel = self._redis.register_script(CANCEL)
-        #: When the last write failed, the time until which ``open`` refuses at once
-        #: (then one PING says whether Redis is back); None: writes succeed.
-        self._failing_until: float | None = None
+        #: The breaker: when the current outage started (monotonic), None while Redis
+        #: answers. While it is open every call fails at once (``check``) and one
+        #: background PING a ``RETRY_SECONDS`` says when Redis is back.
+        self.down_since: float | None = None
+        #: Calls that failed or were refused during the current outage.
+        self._failures = 0
+        self._back = asyncio.Event()
+        self._back.set()
+        self._prober: asyncio.Task[None] | None = None
 
     @property
     def size(self) -> int:
         self.budget.expire()
         return self.budget.used
 
+    def check(self) -> None:
+        """Raise StoreError at once while Redis is known to be away (the breaker)."""
+        if self.down_since is not None:
+            self._failures += 1
+            raise StoreError("Redis is unavailable")
+
+    def _trip(self, exc: BaseException) -> StoreError:
+        """A call failed: one PING (bounded by the timeout) confirms that Redis is
+        away before the breaker opens (a deadline kept on a busy event loop can fire
+        with the answer already on the socket); the StoreError for the caller."""
+        self._failures += 1
+        if self.down_since is None and self._prober is None:
+            self._prober = asyncio.get_running_loop().create_task(self._probe(exc))
+        written, self._written = self._written, None  # a flush waiting on it looks again
+        if written is not None and not written.done():
+            written.set_result(None)
+        return StoreError(type(exc).__name__)
+
+    async def _ping(self) -> bool:
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(self.timeout):
+                await self._redis.execute_command("PING")
+            return True
+        return False
+
+    async def _probe(self, exc: BaseException) -> None:
+        """Confirm an outage (then the breaker opens, logged once), and PING every
+        ``RETRY_SECONDS`` (never on a request's way) until Redis answers; then the
+        breaker closes (logged with the outage's length) and what waits is written."""
+        if await self._ping():
+            self._prober = None
+            self._failures = 0
+            self._wake.set()
+            return
+        self.down_since = time.monotonic()
+        self._back.clear()
+        log.warning(
+            "stream store: Redis unavailable (%s): new streams go without resume and "
+            "answers uncached, and the logs being written wait in memory, until it "
+            "answers again",
+            type(exc).__name__,
+        )
+        while True:
+            await asyncio.sleep(RETRY_SECONDS)
+            if await self._ping():
+                break
+        behind = sum(1 for writer in self.live if writer.behind)
+        log.warning(
+            "stream store: Redis answers again after %.1f s (%d calls failed or refused "
+            "meanwhile); %d logs being written catch up",
+            time.monotonic() - self.down_since,
+            self._failures,
+            behind,
+        )
+        self.down_since, self._failures, self._prober = None, 0, None
+        self._back.set()
+        self._wake.set()
+
     async def call(self, script: Any, keys: list[str], args: list[Any], wait: float = 0.0) -> Any:
         """One script call, bounded by the timeout; any failure is a StoreError."""
+        self.check()
         try:
             async with asyncio.timeout(self.timeout + wait):
                 return await script(keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
+            raise self._trip(exc) from None
 
     async def _do(self, command: str, *args: Any, wait: float = 0.0) -> Any:
+        self.check()
         try:
             async with asyncio.timeout(self.timeout + wait):
                 return await self._redis.execute_command(command, *args)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
-
-    async def _writable(self) -> None:
-        """Raise StoreError while the last write failed: a log opened then would be
-        lost at its first write, its client given a stream id no resume can serve.
-        Once ``RETRY_SECONDS`` passed, one PING says whether Redis is back."""
-        until = self._failing_until
-        if until is None:
-            return
-        if time.monotonic() < until:
-            raise StoreError("the last write failed")
-        self._failing_until = time.monotonic() + RETRY_SECONDS  # one PING at a time
-        await self._do("PING")
-        self._failing_until = None
+            raise self._trip(exc) from None
 
     def _start(self) -> None:
         """The flusher and the renewer, once there is a writer."""
@@ -343,29 +464,31 @@ class RedisStore:
     async def _flusher(self) -> None:
         """One pipeline for every writer with something to write, then the next: the
         events of every stream in this process reach Redis in one round trip per
-        ``FLUSH_SECONDS`` at most, never one per event."""
+        ``FLUSH_SECONDS`` at most, never one per event. While Redis is away nothing is
+        sent; what waits is written once the probe saw it back."""
         while True:
             await self._wake.wait()
+            await self._back.wait()
             await asyncio.sleep(FLUSH_SECONDS)  # what comes meanwhile goes in the same one
             self._wake.clear()
-            writers = list(self._dirty)
+            writers = [w for w in self._dirty if not w.closed]
             self._dirty.clear()
             done, self._written = self._written, None
-            calls = [(w, w.ending, w.next_call()) for w in writers if not w.closed]
-            answers: list[Any] = []
+            calls = [(w, w.ending, *w.next_call()) for w in writers]
             try:
                 async with asyncio.timeout(self.timeout + len(calls) * 0.001):
                     async with self._redis.pipeline(transaction=False) as pipe:
-                        for writer, _, args in calls:
+                        for writer, _, args, _ in calls:
                             await self.write(keys=writer.keys, args=args, client=pipe)
                         answers = await pipe.execute(raise_on_error=False)
             except (RedisError, OSError, TimeoutError) as exc:
-                answers = [exc] * len(calls)
-                self._failing_until = time.monotonic() + RETRY_SECONDS
+                self._trip(exc)
+                for writer in writers:  # kept, and sent again once Redis is back
+                    writer.behind = True
+                    self._dirty[writer] = None
             else:
-                self._failing_until = None
-            for (writer, ended, _), answer in zip(calls, answers, strict=True):
-                writer.written(answer, ended)
+                for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
+                    writer.written(answer, ended, sent)
             if done is not None and not done.done():
                 done.set_result(None)
 
@@ -384,10 +507,10 @@ class RedisStore:
                 for script in (self.write, self._adopt, self._cancel):
                     script.sha = await self._redis.script_load(script.script)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
+            raise self._trip(exc) from None
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *([self._prober] if self._prober else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -409,7 +532,7 @@ class RedisStore:
     ) -> Writer | None:
         if not self.budget.room(max_bytes):
             return None
-        await self._writable()
+        self.check()
         stream_id = stream_id or new_stream_id()
         token = secrets.token_hex(8)
         fields: dict[str, Any] = {f"m:{k}": v for k, v in meta.items()}
@@ -425,12 +548,21 @@ class RedisStore:
             lease=lease,
             create=json.dumps(fields),
         )
-        self.dirty(writer)  # its meta and lease are made by the next pipeline
-        return writer
+        # The log is made (meta and lease, by the next pipeline: a burst of new streams
+        # shares one round trip) before its id is handed out: an id the store has not
+        # taken is never given to a client.
+        self.dirty(writer)
+        await self.next_write()
+        if writer.creating:  # its pipeline failed: one bounded wait, then none
+            writer.closed = True
+            self.live.discard(writer)
+            self._dirty.pop(writer, None)
+            raise StoreError("the log could not be made")
+        return None if writer.lost else writer
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
         token = secrets.token_hex(8)
-        keys = [self._k(stream_id, "meta"), self._k(stream_id, "lease")]
+        keys = [self._k(stream_id, k) for k in ("meta", "lease", "log")]
         got = await self.call(self._adopt, keys, [token, max(int(lease * 1000), 1)])
         if not got:
             return None
@@ -450,6 +582,7 @@ class RedisStore:
         return writer
 
     async def info(self, stream_id: str) -> StreamInfo | None:
+        self.check()
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -458,7 +591,7 @@ class RedisStore:
                     pipe.xrevrange(self._k(stream_id, "log"), count=1)
                     meta, leased, last = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
+            raise self._trip(exc) from None
         if not meta:
             return None
         end = None
@@ -468,6 +601,7 @@ class RedisStore:
 
     async def read(self, stream_id: str, after: int, *, wait: float = 0.0) -> Batch | None:
         log = self._k(stream_id, "log")
+        self.check()
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -475,7 +609,7 @@ class RedisStore:
                     pipe.xrange(log, f"0-{after + 1}", "+", count=READ_LIMIT)
                     (total, kept, stopped, ended), entries = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreError(type(exc).__name__) from None
+            raise self._trip(exc) from None
         if total is None:
             return None
         if after > int(total):

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gateway.app import create_app
-from gateway.edge import uvicorn_options
 from gateway.guard import SSEDecoder
+from gateway.server.edge import uvicorn_options
 from gateway.settings import Settings
 from tests.conftest import ServerThread, running
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -65,7 +64,7 @@ def _sha(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     route = {
         "name": "bedrock",
         "prefix": "/bedrock",
@@ -80,10 +79,7 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
     }
     issued = {"access_key_id": ISSUED.access_key_id, "secret_access_key_env": "TEAM_A_SECRET"}
     clients = [{"name": "team-a", "key_sha256": [_sha(KEY)], "aws_keys": [issued]}]
-    with gateway_for(
-        "", routes=[route], credentials=credentials, clients=clients, access_log=True
-    ) as gw:
-        yield gw
+    return {"routes": [route], "credentials": credentials, "clients": clients, "access_log": True}
 
 
 def _client(
@@ -432,3 +428,33 @@ def test_a_bedrock_stream_resumes_byte_for_byte_from_a_frame_cursor(
     for k, again in zip((0, 3, len(frames)), resumed, strict=True):
         assert again.status_code == 200
         assert again.content == b"".join(frames[k:])
+
+
+def _signed_converse(url: str, region: str, service: str) -> Any:
+    """A Converse request signed with the issued key pair for ``region`` and ``service``."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    body = json.dumps({"messages": MESSAGES}).encode()
+    target = f"{url}/bedrock/model/{MODEL}/converse"
+    request = AWSRequest(
+        method="POST", url=target, data=body, headers={"content-type": "application/json"}
+    )
+    credentials = Credentials(ISSUED.access_key_id, ISSUED.secret_access_key)
+    SigV4Auth(credentials, service, region).add_auth(request)
+    return web.post(target, content=body, headers=dict(request.headers.items()))
+
+
+def test_a_signature_scoped_to_another_region_or_service_is_refused(
+    gateway: ServerThread,
+) -> None:
+    """Issue 45 item 7: a signature for ``eu-west-9`` or for ``s3`` verified all the same;
+    its scope is the route's region (its upstreams') and the protocol's service."""
+    assert _signed_converse(gateway.url, "us-east-1", "bedrock").status_code == 200
+    for region, service in (("eu-west-9", "bedrock"), ("us-east-1", "s3")):
+        refused = _signed_converse(gateway.url, region, service)
+        assert refused.status_code == 401, refused.text
+        message = refused.json()["message"]
+        assert f"{region}/{service}" in message
+        assert "us-east-1/bedrock" in message

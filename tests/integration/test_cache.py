@@ -934,3 +934,43 @@ def test_a_hit_on_a_resumable_route_carries_no_stream_id_of_the_first_answer(
         assert "x-gateway-stream-id" not in hit.headers
         assert hit.headers.get_list("x-gateway-cache") == ["HIT"]
         assert without_trailer(hit.content) == without_trailer(miss.content)
+
+
+def test_numbers_past_a_float_and_duplicate_members_never_share_an_entry(
+    sim: ServerThread,
+) -> None:
+    """Issue 45 item 6: two seeds past 64 bits are two keys, and a body naming a member
+    twice is relayed uncached (the upstream may read the other value)."""
+    with gateway_for("", routes=routes(sim, cache_scope="route")) as gw:
+        for seed in (b"18446744073709551617", b"18446744073709551618"):
+            got = httpx.post(
+                f"{gw.url}/v1/chat/completions",
+                content=b'{"model":"sim-1","stream":true,"seed":' + seed + b',"messages":'
+                b'[{"role":"user","content":"hi"}]}',
+                headers={"content-type": "application/json"},
+                timeout=30,
+            )
+            assert got.headers["x-gateway-cache"] == "MISS"
+        twice = (
+            b'{"model":"sim-1","stream":true,"messages":[{"role":"user","content":"a"}],'
+            b'"messages":[{"role":"user","content":"b"}]}'
+        )
+        for _ in range(2):
+            got = httpx.post(
+                f"{gw.url}/v1/chat/completions",
+                content=twice,
+                headers={"content-type": "application/json"},
+                timeout=30,
+            )
+            assert got.headers["x-gateway-cache"] == "BYPASS"
+        assert upstream_count(sim) == 4
+
+
+def test_a_hit_names_the_upstream_that_answered_first(sim: ServerThread) -> None:
+    """Issue 45 item 10: docs/wire-contract.md says a hit carries ``X-Gateway-Upstream``."""
+    with gateway_for("", routes=routes(sim)) as gw:
+        miss = post(gw, CHAT)
+        hit = post(gw, CHAT)
+        assert hit.headers["x-gateway-cache"] == "HIT"
+        assert miss.headers["x-gateway-upstream"] == "r"
+        assert hit.headers.get_list("x-gateway-upstream") == ["r"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,16 +46,15 @@ CLIENTS: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def gw(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS, access_log=True) as server:
-        yield server
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"upstream_url": simulator.url + "/v1", "clients": CLIENTS, "access_log": True}
 
 
-def _post(gw: ServerThread, key: str | None, rid: str, body: dict[str, Any], **headers: str):  # type: ignore[no-untyped-def]
+def _post(gateway: ServerThread, key: str | None, rid: str, body: dict[str, Any], **headers: str):  # type: ignore[no-untyped-def]
     if key is not None:
         headers["authorization"] = f"Bearer {key}"
     headers["x-request-id"] = rid
-    return web.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    return web.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
 def _seen_by_simulator(simulator: ServerThread, rid: str) -> dict[str, Any]:
@@ -65,19 +63,19 @@ def _seen_by_simulator(simulator: ServerThread, rid: str) -> dict[str, Any]:
 
 
 def test_a_named_client_is_labelled_and_its_key_never_reaches_the_upstream(
-    gw: ServerThread, simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+    gateway: ServerThread, simulator: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for rid, key in (("named-a", KEY_A), ("named-a-next", "sk-team-a-next")):
-        response = _post(gw, key, rid, _chat())
+        response = _post(gateway, key, rid, _chat())
         assert response.status_code == 200, response.text
         seen = _seen_by_simulator(simulator, rid)
         assert "authorization" not in seen, seen
         line = access_log_line(capsys, rid)
         assert line["client_name"] == "team-a"
         assert line["charged"]["source"] == "reported"
-    assert _post(gw, None, "nokey", _chat()).status_code == 401
-    assert _post(gw, "sk-stranger", "stranger", _chat()).status_code == 401
-    text = web.get(gw.url + "/metrics").text
+    assert _post(gateway, None, "nokey", _chat()).status_code == 401
+    assert _post(gateway, "sk-stranger", "stranger", _chat()).status_code == 401
+    text = web.get(gateway.url + "/metrics").text
     assert metric_value(text, "gateway_streams_total", client="team-a", outcome="complete") >= 2
     assert metric_value(text, "gateway_requests_total", client="team-a", code="200") >= 2
     assert metric_value(text, "gateway_requests_total", client="anonymous", code="401") >= 2
@@ -114,11 +112,11 @@ def test_a_key_of_a_client_and_of_a_route_list_is_refused_at_start() -> None:
 
 
 def test_requests_per_minute_answers_429_in_openais_shape_with_the_headers(
-    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+    gateway: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
     answers = []
     for index in range(4):
-        answers.append(_post(gw, KEY_B, f"rpm-{index}", _chat(max_tokens=30)))
+        answers.append(_post(gateway, KEY_B, f"rpm-{index}", _chat(max_tokens=30)))
     ok = [a for a in answers if a.status_code == 200]
     limited = [a for a in answers if a.status_code == 429]
     assert ok
@@ -133,7 +131,7 @@ def test_requests_per_minute_answers_429_in_openais_shape_with_the_headers(
     assert 0 < int(limited[0].headers["retry-after-ms"]) <= 60000
     rid = limited[0].headers["x-request-id"]
     assert access_log_line(capsys, rid)["rejected"] == "rate_limited"
-    text = web.get(gw.url + "/metrics").text
+    text = web.get(gateway.url + "/metrics").text
     assert metric_value(
         text, "gateway_limited_requests_total", client="team-b", limit="requests_per_minute"
     ) == len(limited)
@@ -143,11 +141,11 @@ def test_requests_per_minute_answers_429_in_openais_shape_with_the_headers(
     assert 0 < remaining < 100000
 
 
-def _slow_stream(gw: ServerThread, done: threading.Event) -> None:
+def _slow_stream(gateway: ServerThread, done: threading.Event) -> None:
     body = _chat(max_tokens=30)
     with web.stream(
         "POST",
-        gw.url + "/v1/chat/completions",
+        gateway.url + "/v1/chat/completions",
         json=body,
         headers={"authorization": f"Bearer {KEY_C}", "x-sim-tokens": "8", "x-sim-tps": "8"},
         timeout=30,
@@ -159,11 +157,11 @@ def _slow_stream(gw: ServerThread, done: threading.Event) -> None:
 
 
 def test_the_openai_sdk_gets_rate_limit_error_and_its_retry_waits_for_room(
-    gw: ServerThread,
+    gateway: ServerThread,
 ) -> None:
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY_C, max_retries=0)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY_C, max_retries=0)
     started = threading.Event()
-    holder = threading.Thread(target=_slow_stream, args=(gw, started))
+    holder = threading.Thread(target=_slow_stream, args=(gateway, started))
     holder.start()
     try:
         assert started.wait(20)
@@ -219,9 +217,9 @@ def test_the_ollama_client_gets_the_refusal_as_its_error_message(
 
 
 def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(
-    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+    gateway: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cut = _post(gw, KEY_A, "cut-a", _chat(), **{"x-sim-fault": "drop_after_text"})
+    cut = _post(gateway, KEY_A, "cut-a", _chat(), **{"x-sim-fault": "drop_after_text"})
     assert cut.status_code == 200
     charged = access_log_line(capsys, "cut-a")["charged"]
     assert charged["source"] == "estimated"
@@ -229,7 +227,7 @@ def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(
     assert charged["input"] > 0
     with web.stream(
         "POST",
-        gw.url + "/v1/chat/completions",
+        gateway.url + "/v1/chat/completions",
         json=_chat(),
         headers={
             "authorization": f"Bearer {KEY_A}",
@@ -347,9 +345,11 @@ def test_limits_per_worker_divides_every_limit() -> None:
     }
 
 
-def test_an_anthropic_style_key_is_removed_too(gw: ServerThread, simulator: ServerThread) -> None:
+def test_an_anthropic_style_key_is_removed_too(
+    gateway: ServerThread, simulator: ServerThread
+) -> None:
     response = web.post(
-        gw.url + "/v1/messages",
+        gateway.url + "/v1/messages",
         json={"model": "sim", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
         headers={
             "x-api-key": KEY_A,

@@ -496,3 +496,46 @@ def test_the_readme_uses_the_one_model_the_simulator_lists(simulator: ServerThre
     assert {m["id"] for m in anthropic.json()["data"]} == listed
     assert len(listed) == 1
     assert sent == listed, (sent, listed)
+
+
+# ------------------------------------------------- allowed values and booleans (issue 45)
+
+
+def test_a_mistyped_allowed_value_gets_a_suggestion_and_a_string_is_no_boolean(
+    tmp_path: Path,
+) -> None:
+    """Issue 45 item 12: ``5xxx``, ``redsi``, ``strickt`` get the did-you-mean a mistyped
+    key gets; ``cache = "yes"`` and ``resume = "on"`` were read as true."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        'stream_store = "redsi"\n'
+        "[[routes]]\n"
+        'name = "a"\nprefix = "/v1"\nupstream = "http://127.0.0.1:9/v1"\n'
+        'retry_on = ["5xxx"]\ncache = "yes"\nresume = "on"\n'
+        "[[clients]]\n"
+        'name = "c"\nkey_sha256 = ["' + "0" * 64 + '"]\nbudget_enforcement = "strickt"\n'
+        "cache_admin = 1\n"
+    )
+    result = _gateway("check-config", "--config", str(config))
+    _refused(
+        result,
+        "stream_store (config file",
+        "(did you mean 'redis'?)",
+        "routes[0].retry_on[0] (config file",
+        "(did you mean '5xx'?)",
+        "(did you mean 'strict'?)",
+        "routes[0].cache (config file",
+        "must be true or false (a boolean, not 'yes')",
+        "routes[0].resume (config file",
+        "(a boolean, not 'on')",
+        "clients[0].cache_admin (config file",
+        "(a boolean, not 1)",
+    )
+
+
+def test_a_boolean_from_the_environment_is_true_or_false() -> None:
+    assert _gateway("check-config", env={"GATEWAY_SIMULATOR": "TRUE"}).returncode == 0
+    _refused(
+        _gateway("check-config", env={"GATEWAY_SIMULATOR": "yes"}),
+        "simulator (environment variable GATEWAY_SIMULATOR): must be true or false",
+    )

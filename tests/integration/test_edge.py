@@ -1,4 +1,4 @@
-"""The client edge (gateway/edge.py), driven with raw sockets against a real gateway.
+"""The client edge (gateway/server/edge.py), driven with raw sockets against a real gateway.
 
 A recording upstream proves what reached it (or that nothing did); the gateway
 runs with short client timeouts so that the 408 paths are quick to reach.
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.edge import uvicorn_options
 from gateway.proxy.connection import abort_connection, watch_connection
+from gateway.server.edge import uvicorn_options
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, gateway_process, running
@@ -86,10 +86,9 @@ def recorder(upstream: tuple[ServerThread, Recorder]) -> Recorder:
 
 
 @pytest.fixture(scope="module")
-def gateway(upstream: tuple[ServerThread, Recorder]) -> Iterator[ServerThread]:
+def gateway_settings(upstream: tuple[ServerThread, Recorder]) -> dict[str, Any]:
     timeouts = {"client_header": CLIENT_TIMEOUT, "client_body": CLIENT_TIMEOUT}
-    with gateway_for(upstream[0].url + "/v1", timeouts=timeouts) as server:
-        yield server
+    return {"upstream_url": upstream[0].url + "/v1", "timeouts": timeouts}
 
 
 # ------------------------------------------------------------------ raw-socket helpers

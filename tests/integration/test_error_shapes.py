@@ -31,7 +31,7 @@ HELLO = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     routes = [
         {"name": "a", "prefix": "/anthropic", "upstream": simulator.url, "protocol": "messages"},
         {"name": "o", "prefix": "/api", "upstream": simulator.url + "/api", "protocol": "ollama"},
@@ -39,13 +39,11 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
     ]
     for route in routes:
         route["max_concurrent_streams"] = 1
-    with gateway_for(
-        "",
-        routes=routes,
-        client_key_sha256=[hashlib.sha256(KEY.encode()).hexdigest()],
-        limits={"max_request_bytes": LIMIT},
-    ) as gw:
-        yield gw
+    return {
+        "routes": routes,
+        "client_key_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
+        "limits": {"max_request_bytes": LIMIT},
+    }
 
 
 @contextmanager

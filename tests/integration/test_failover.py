@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.edge import uvicorn_options
+from gateway.server.edge import uvicorn_options
 from gateway.settings import load_settings
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
@@ -503,15 +503,16 @@ def test_max_attempts_is_honoured_and_the_last_answer_is_relayed(
 
 
 def test_the_total_deadline_ends_the_attempts(stalling: ServerThread) -> None:
-    """Each attempt may take first_byte (2 s), the request only total (3.5 s): the
+    """Each attempt may take first_byte (4 s), the request only total (6 s): the
     second attempt is cut by the deadline and no third one starts. (At 0.6 s and
-    1.0 s, a loaded loop's late first timeout left the deadline no second attempt.)"""
+    1.0 s, a loaded loop's late first timeout left the deadline no second attempt; 2 s
+    and 3.5 s left a margin of 1.5 s, 4 s and 6 s leave 2 s either side.)"""
     upstreams = [up(name, stalling.url + "/v1") for name in ("a", "b", "c")]
     routes = pool(
         *upstreams,
         max_attempts=3,
         retry_on=["first_byte_timeout"],
-        timeouts={"first_byte": 2.0, "total": 3.5},
+        timeouts={"first_byte": 4.0, "total": 6.0},
     )
     with gateway_for("", routes=routes) as gw:
         response = stream(gw, "deadline")

@@ -10,7 +10,7 @@ route's credential goes upstream as ``x-goog-api-key``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,9 +33,8 @@ def _routes(upstream: str, **extra: object) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for("", routes=_routes(simulator.url + "/v1beta")) as gw:
-        yield gw
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"routes": _routes(simulator.url + "/v1beta")}
 
 
 def _client(gw: ServerThread, **headers: str) -> genai.Client:
@@ -152,3 +151,23 @@ def test_the_access_log_names_the_model_from_the_url(
         (True, MODEL),
         (False, "gemini-2.0-flash"),
     ]
+
+
+def test_serve_simulator_has_a_gemini_route_and_a_404_in_googles_shape() -> None:
+    """Issue 45 item 13: ``gateway serve --simulator`` had no Gemini route, and its 404
+    was OpenAI's shape, so google-genai showed only "404 Not Found"."""
+    with gateway_for("", simulator=True) as gw:
+        with _client(gw) as client:
+            chunks = list(client.models.generate_content_stream(model=MODEL, contents="hi"))
+        assert "".join(chunk.text or "" for chunk in chunks) == expected_text(20)
+        streams = web.get(gw.url + "/metrics").text
+        assert metric_value(streams, "gateway_streams_total", route="simulator-gemini") == 1
+        options = genai_types.HttpOptions(base_url=gw.url + "/nowhere", api_version="v1beta")
+        with (
+            genai.Client(api_key="k", http_options=options) as lost,
+            pytest.raises(genai_errors.ClientError) as raised,
+        ):
+            lost.models.generate_content(model=MODEL, contents="hi")
+        assert raised.value.code == 404
+        assert raised.value.message is not None
+        assert "No route for this path" in raised.value.message

@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.app import create_app
-from gateway.edge import EdgeRefusal, uvicorn_options
 from gateway.observe import Observers, RequestRecord
+from gateway.server.edge import EdgeRefusal, uvicorn_options
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, gateway_process, running

@@ -332,7 +332,10 @@ def test_a_gateway_started_with_redis_unreachable_is_not_ready_until_it_answers(
         _, err = gateway.stop()
         server.stop()
     log = err.decode(errors="replace")
-    assert "limits: backend redis, stream store none, 1 named clients (1 limited)" in log
+    assert (
+        "limits: backend redis, stream store memory (unused: no route resumes or caches), "
+        "1 named clients (1 limited)"
+    ) in log
     assert "limits backend: Redis answers; limited requests are admitted" in log
     # the kill is an outage, logged when it starts and when it ends
     assert "limits backend: Redis does not answer" in log

@@ -7,14 +7,13 @@ stream whose client did not ask for usage is charged the usage the gateway asked
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests import web
 from tests.conftest import ServerThread
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import metric_value
 
 STRICT, HEADERS = "sk-strict-0123", "sk-headers-4567"
 #: The simulator reports a prompt of its body's bytes / 4: a prompt of some length keeps
@@ -41,14 +40,13 @@ CLIENTS = [
 
 
 @pytest.fixture(scope="module")
-def gw(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS) as server:
-        yield server
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"upstream_url": simulator.url + "/v1", "clients": CLIENTS}
 
 
-def _post(gw: ServerThread, key: str, rid: str, path: str, body: dict[str, Any]) -> Any:
+def _post(gateway: ServerThread, key: str, rid: str, path: str, body: dict[str, Any]) -> Any:
     headers = {"authorization": f"Bearer {key}", "x-request-id": rid, "x-sim-tokens": "2000"}
-    return web.post(gw.url + path, json=body, headers=headers, timeout=30)
+    return web.post(gateway.url + path, json=body, headers=headers, timeout=30)
 
 
 def _seen(simulator: ServerThread, rid: str) -> dict[str, Any]:
@@ -56,9 +54,9 @@ def _seen(simulator: ServerThread, rid: str) -> dict[str, Any]:
     return body
 
 
-def test_every_answer_and_the_429_carry_all_six_headers(gw: ServerThread) -> None:
+def test_every_answer_and_the_429_carry_all_six_headers(gateway: ServerThread) -> None:
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
-    answers = [_post(gw, HEADERS, f"six-{i}", "/v1/chat/completions", body) for i in range(3)]
+    answers = [_post(gateway, HEADERS, f"six-{i}", "/v1/chat/completions", body) for i in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 429]
     for answer in answers:
         assert set(answer.headers) >= SIX, answer.headers
@@ -70,7 +68,7 @@ def test_every_answer_and_the_429_carry_all_six_headers(gw: ServerThread) -> Non
 
 
 def test_strict_caps_the_output_at_what_is_left_and_never_passes_the_budget(
-    gw: ServerThread, simulator: ServerThread
+    gateway: ServerThread, simulator: ServerThread
 ) -> None:
     """A day budget of 2,000; answers 2,000 tokens long unless capped. Each request's own
     max_tokens (Anthropic's, Chat's) is lowered to what is left; the provider stops there
@@ -80,7 +78,7 @@ def test_strict_caps_the_output_at_what_is_left_and_never_passes_the_budget(
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,  # no stream_options: the gateway asks for usage, and withholds it
     }
-    first = _post(gw, STRICT, "strict-chat", "/v1/chat/completions", chat)
+    first = _post(gateway, STRICT, "strict-chat", "/v1/chat/completions", chat)
     assert first.status_code == 200
     cap = _seen(simulator, "strict-chat")["max_tokens"]
     assert 0 < cap < 2000
@@ -93,15 +91,17 @@ def test_strict_caps_the_output_at_what_is_left_and_never_passes_the_budget(
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
     }
-    second = _post(gw, STRICT, "strict-messages", "/v1/messages", messages)
+    second = _post(gateway, STRICT, "strict-messages", "/v1/messages", messages)
     statuses = [second.status_code]
     if second.status_code == 200:
         assert _seen(simulator, "strict-messages")["max_tokens"] < 4096
         assert b'"stop_reason":"max_tokens"' in second.content
     for index in range(5):  # until the budget is spent
-        statuses.append(_post(gw, STRICT, f"strict-{index}", "/v1/messages", messages).status_code)
+        statuses.append(
+            _post(gateway, STRICT, f"strict-{index}", "/v1/messages", messages).status_code
+        )
     assert 429 in statuses
-    text = web.get(gw.url + "/metrics").text
+    text = web.get(gateway.url + "/metrics").text
     charged = metric_value(text, "gateway_client_tokens_total", client="strict")
     assert 0 < charged <= 2000
     assert (

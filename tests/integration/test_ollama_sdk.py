@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,9 +44,8 @@ def _routes(simulator: ServerThread) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for("", routes=_routes(simulator), access_log=True) as gw:
-        yield gw
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"routes": _routes(simulator), "access_log": True}
 
 
 def _client(gw: ServerThread, **headers: str) -> ollama.Client:

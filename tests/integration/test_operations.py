@@ -354,7 +354,7 @@ def test_route_credential_replaces_the_clients(simulator: ServerThread) -> None:
     finally:
         del os.environ["GW_TEST_OPENAI_KEY"], os.environ["GW_TEST_ANTHROPIC_KEY"]
     from gateway.app import create_app
-    from gateway.edge import uvicorn_options
+    from gateway.server.edge import uvicorn_options
     from tests.conftest import running
 
     with running(create_app(settings), **uvicorn_options()) as gw:

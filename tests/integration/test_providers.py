@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -15,21 +15,21 @@ from tests.sdk import anthropic, openai
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     # deadlines that no stream of these tests comes near, even on a loaded machine
-    with gateway_for(
-        simulator.url + "/v1", timeouts={"first_byte": 30.0, "idle": 30.0, "total": 60.0}
-    ) as server:
-        yield server
+    return {
+        "upstream_url": simulator.url + "/v1",
+        "timeouts": {"first_byte": 30.0, "idle": 30.0, "total": 60.0},
+    }
 
 
 @pytest.fixture(scope="module")
-def strict_gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def strict_gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     # a short idle deadline for the stall test (the stall lasts an hour)
-    with gateway_for(
-        simulator.url + "/v1", timeouts={"first_byte": 30.0, "idle": 1.0, "total": 60.0}
-    ) as server:
-        yield server
+    return {
+        "upstream_url": simulator.url + "/v1",
+        "timeouts": {"first_byte": 30.0, "idle": 1.0, "total": 60.0},
+    }
 
 
 def _oa(base: str) -> openai.OpenAI:

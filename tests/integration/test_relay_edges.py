@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,14 +22,13 @@ CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stre
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     # deadlines that no request of these tests comes near, even on a loaded machine
-    with gateway_for(
-        simulator.url + "/v1",
-        timeouts={"idle": 30.0, "first_byte": 30.0, "total": 60.0},
-        limits={"max_request_bytes": 4096},
-    ) as server:
-        yield server
+    return {
+        "upstream_url": simulator.url + "/v1",
+        "timeouts": {"idle": 30.0, "first_byte": 30.0, "total": 60.0},
+        "limits": {"max_request_bytes": 4096},
+    }
 
 
 def _sim_record(simulator: ServerThread, request_id: str) -> dict[str, object] | None:

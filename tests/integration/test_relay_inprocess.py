@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
+from gateway.protocols import REGISTRY
 from gateway.settings import load_settings
 from tests.integration.helpers import access_log_line, annotation, metric_value
 
@@ -71,7 +73,7 @@ class Upstream:
 
 
 @contextlib.asynccontextmanager
-async def gateway(upstream: Upstream, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def in_process(upstream: Upstream, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
     options: dict[str, Any] = {"access_log": False}
     if "routes" not in settings:
         options["upstream_url"] = "http://upstream.test/v1"
@@ -92,7 +94,7 @@ def test_a_complete_stream_is_relayed_then_annotated_and_counted() -> None:
     upstream = Upstream(lambda r: answer(200, chat_stream(), **SSE))
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             metrics = (await client.get("/metrics")).text
         assert response.content.startswith(chat_stream())
@@ -110,7 +112,7 @@ def test_a_cut_stream_gets_the_error_event_and_no_terminator() -> None:
     upstream = Upstream(lambda r: answer(200, chat_stream(finish=False), **SSE))
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         assert b"[DONE]" not in response.content
         assert b'"code": "missing_done"' in response.content.replace(b'":"', b'": "')
@@ -126,7 +128,7 @@ def test_an_upstream_error_status_is_relayed_unchanged() -> None:
     )
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             metrics = (await client.get("/metrics")).text
         assert response.status_code == 429
@@ -142,7 +144,7 @@ def test_an_unreachable_upstream_is_a_502_that_names_no_host() -> None:
         raise httpx.ConnectError("connection refused to upstream.test:443", request=request)
 
     async def test() -> None:
-        async with gateway(Upstream(refuse)) as client:
+        async with in_process(Upstream(refuse)) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             metrics = (await client.get("/metrics")).text
         assert response.status_code == 502
@@ -177,7 +179,7 @@ def test_the_route_credential_goes_in_its_protocols_header(
     )
 
     async def test() -> None:
-        async with gateway(upstream, routes=[route]) as client:
+        async with in_process(upstream, routes=[route]) as client:
             await client.post(path, json={"model": "m"}, headers={"x-api-key": "client-key"})
         (sent,) = upstream.requests
         assert sent.headers[header] == value
@@ -215,7 +217,7 @@ def test_on_a_route_for_any_path_the_credential_style_is_the_request_protocols(
     )
 
     async def test() -> None:
-        async with gateway(upstream, routes=[route]) as client:
+        async with in_process(upstream, routes=[route]) as client:
             await client.post(path, json={"model": "m", "stream": False})
         (sent,) = upstream.requests
         expected = "Bearer sk-route" if header == "authorization" else "sk-route"
@@ -241,7 +243,7 @@ def test_an_ndjson_answer_no_request_streamed_is_relayed_plain_and_not_invalid_j
     routes = [{**route, "protocol": protocol}]
 
     async def test() -> None:
-        async with gateway(upstream, routes=routes, access_log=True) as c:
+        async with in_process(upstream, routes=routes, access_log=True) as c:
             response = await c.post(
                 "/api/pull", json={"model": "m"}, headers={"x-request-id": "pull-1"}
             )
@@ -266,7 +268,7 @@ def test_usage_is_asked_for_and_withheld_from_a_client_that_did_not() -> None:
     }
 
     async def test() -> None:
-        async with gateway(upstream, routes=[route]) as client:
+        async with in_process(upstream, routes=[route]) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             metrics = (await client.get("/metrics")).text
         sent = json.loads(upstream.requests[0].content)
@@ -284,7 +286,7 @@ def test_a_stream_asked_for_in_the_url_is_counted_before_any_answer() -> None:
     route = {"name": "g", "prefix": "/v1beta", "upstream": "http://upstream.test/v1beta"}
 
     async def test() -> None:
-        async with gateway(Upstream(refuse), routes=[route]) as client:
+        async with in_process(Upstream(refuse), routes=[route]) as client:
             path = "/v1beta/models/g:streamGenerateContent?alt=sse"
             response = await client.post(path, json={"contents": []})
             metrics = (await client.get("/metrics")).text
@@ -298,7 +300,7 @@ def test_a_broken_plain_answer_is_recorded() -> None:
     upstream = Upstream(lambda r: answer(200, b'{"id": ', **{"content-type": "application/json"}))
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post("/v1/chat/completions", json={"model": "m"})
             metrics = (await client.get("/metrics")).text
         assert response.status_code == 200
@@ -314,7 +316,7 @@ def test_request_ids_and_forwarding_headers() -> None:
     )
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post(
                 "/v1/chat/completions",
                 json={"model": "m"},
@@ -347,7 +349,7 @@ def test_each_read_that_carries_output_after_the_first_is_one_chunk_gap() -> Non
     upstream = Upstream(lambda r: httpx.Response(200, headers=SSE, content=reads()))
 
     async def test() -> None:
-        async with gateway(upstream) as client:
+        async with in_process(upstream) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             metrics = (await client.get("/metrics")).text
         assert annotation(response.content)["outcome"] == "complete"
@@ -357,3 +359,44 @@ def test_each_read_that_carries_output_after_the_first_is_one_chunk_gap() -> Non
         assert metric_value(metrics, "gateway_time_to_first_token_seconds_count", model="m") == 1
 
     run(test)
+
+
+LIMITED_SPECS = [s for s in REGISTRY if s.output_limit and s.requests is not None]
+
+
+@pytest.mark.parametrize("spec", LIMITED_SPECS, ids=lambda spec: spec.name)
+def test_a_named_clients_reservation_is_the_requests_own_output_limit(spec: Any) -> None:
+    """A request that allows itself 50 tokens, in its protocol's own field, reserves 50
+    tokens of output, not the route's default (which alone would not fit the client's
+    minute): each protocol's request, as its own clients write it."""
+    upstream = Upstream(lambda r: answer(200, b"{}", **{"content-type": "application/json"}))
+    route = {
+        "name": "r",
+        "prefix": "/p",
+        "upstream": "http://upstream.test",
+        "protocol": spec.name,
+        "default_output_reservation": 100_000,
+    }
+    clients = [
+        {
+            "name": "team",
+            "key_sha256": [hashlib.sha256(b"sk-team").hexdigest()],
+            "limits": {"tokens_per_minute": 10_000},
+        }
+    ]
+    assert spec.requests is not None
+    body = spec.requests.text("m", "hi", 50, False)
+
+    async def test() -> httpx.Response:
+        async with in_process(upstream, routes=[route], clients=clients) as client:
+            return await client.post(
+                "/p" + spec.requests.path("m", False),
+                json=body,
+                headers={"authorization": "Bearer sk-team", **spec.requests.headers},
+            )
+
+    response = asyncio.run(test())
+    assert response.status_code != 429, response.text
+    assert len(upstream.requests) == 1
+    reserved = 10_000 - int(response.headers["x-ratelimit-remaining-tokens"])
+    assert 50 <= reserved < 50 + 100  # the output, and a few tokens of input

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -57,15 +57,13 @@ DEADLINES = {"first_byte": 30.0, "idle": 2.0, "total": 5.0}
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for(simulator.url + "/v1", timeouts=RELAXED) as server:
-        yield server
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"upstream_url": simulator.url + "/v1", "timeouts": RELAXED}
 
 
 @pytest.fixture(scope="module")
-def strict_gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for(simulator.url + "/v1", timeouts=DEADLINES) as server:
-        yield server
+def strict_gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"upstream_url": simulator.url + "/v1", "timeouts": DEADLINES}
 
 
 @pytest.fixture

@@ -556,3 +556,25 @@ def test_a_messages_stream_whose_every_continuation_fails_charges_every_attempt(
     assert charged["output"] == 6  # three content events from each attempt
     # The continuation's prompt holds the original's and the text so far.
     assert charged["input"] > 2 * first_input
+
+
+def test_a_continued_answer_names_the_upstream_that_finished_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 45 item 15: the access log named the upstream that cut the stream as the one
+    that answered; the answer's end came from the one that continued it."""
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim() as fallback,
+    ):
+        routes = continuing(sim_up("primary", primary), sim_up("fallback", fallback, priority=1))
+        with gateway_for("", routes=routes, access_log=True) as gw:
+            response = continued_chat(gw, "finished-by")
+            assert annotation(response.content)["continued"] == "1"
+            line = access_log_line(capsys, "finished-by")
+    assert [(a["upstream"], a["result"]) for a in line["attempts"]] == [
+        ("primary", "incomplete"),
+        ("fallback", "ok"),
+    ]
+    assert line["upstream"] == "fallback"
+    assert response.headers["x-gateway-upstream"] == "primary"  # sent before the cut

@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import pytest
 
 from tests import web
 from tests.conftest import ServerThread, free_port
-from tests.integration.helpers import gateway_for
 from tests.integration.test_node_sdks import node_sdks  # noqa: F401 (a fixture)
 
 
@@ -84,11 +82,10 @@ class CuttingProxy:
         up_writer.transport.abort()
 
 
-@pytest.fixture
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+@pytest.fixture(scope="module")
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     routes = [{"name": "v1", "prefix": "/v1", "upstream": simulator.url + "/v1", "resume": True}]
-    with gateway_for("", routes=routes) as gw:
-        yield gw
+    return {"routes": routes}
 
 
 def test_eventsource_reconnects_with_last_event_id(

@@ -18,7 +18,6 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -72,10 +71,9 @@ CLIENTS = [
 ]
 
 
-@pytest.fixture
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
-    with gateway_for("", routes=_routes(simulator), clients=CLIENTS) as gw:
-        yield gw
+@pytest.fixture(scope="module")
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
+    return {"routes": _routes(simulator), "clients": CLIENTS}
 
 
 def _request(protocol: str, **sim: str) -> tuple[str, dict[str, Any], dict[str, str]]:

@@ -34,7 +34,7 @@ import httpx  # noqa: E402
 
 import tests.conftest  # noqa: E402, F401  # first: it chooses the guard's build before any import of it
 from gateway.app import create_app  # noqa: E402
-from gateway.edge import uvicorn_options  # noqa: E402
+from gateway.server.edge import uvicorn_options  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.simulator import create_simulator_app  # noqa: E402
 from tests.conftest import running  # noqa: E402

@@ -40,6 +40,7 @@ import tests.conftest  # noqa: E402, F401  # first: it chooses the guard's build
 from gateway.limits import Limiter  # noqa: E402
 from gateway.limits.memory import MemoryBackend  # noqa: E402
 from gateway.policy.quota import Cost, Source, estimate_input  # noqa: E402
+from gateway.protocols import spec_for  # noqa: E402
 from gateway.settings import ClientConfig, ClientLimits  # noqa: E402
 
 KEY = "sk-bench-client"
@@ -70,9 +71,8 @@ async def _cycle(limiter: Limiter, n: int) -> list[float]:
             "bench",
             "chat",
             "gpt-4o-mini",
-            REQUEST,
             estimate_input(REQUEST, 1500),  # made while the body is parsed, in the gateway
-            1024,
+            spec_for("chat").requested_output(REQUEST, 1024),
             True,
             f"r{index}",
             3600.0,
@@ -128,9 +128,8 @@ def redis_bursts(url: str, bursts: int, size: int = 200) -> tuple[float, float, 
             "bench",
             "chat",
             "gpt-4o-mini",
-            REQUEST,
             estimate_input(REQUEST, 1500),
-            1024,
+            spec_for("chat").requested_output(REQUEST, 1024),
             True,
             f"b{index}",
             3600.0,

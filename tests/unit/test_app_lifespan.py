@@ -100,3 +100,22 @@ def test_a_failed_start_closes_what_it_opened(failing: str) -> None:
     if port is not None:
         assert not _listens(port)
     assert not gateway.lifecycle.ready
+
+
+def test_the_start_log_names_the_configured_store_and_backend(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 45 item 15: it said "stream store none" where the reference documents the
+    default ``memory``; it now names the setting, and says when nothing uses it."""
+    app = create_app(Settings(simulator=True))
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            pass
+
+    with caplog.at_level("INFO", logger="gateway"):
+        asyncio.run(run())
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("limits:")]
+    assert "none" not in line
+    assert "backend memory (unused: no client has limits)" in line
+    assert "stream store memory (unused: no route resumes or caches)" in line

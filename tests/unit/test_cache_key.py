@@ -175,3 +175,44 @@ def test_a_plain_answer_is_decoded_to_read_its_finish_within_a_bound() -> None:
     assert decoded(gzip.compress(text)[:-4], b"gzip", 1000) is None  # cut
     assert decoded(b"not gzip", b"gzip", 1000) is None
     assert decoded(text, b"br", 1000) is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (b'{"seed": 18446744073709551617}', b'{"seed": 18446744073709551618}'),
+        (b'{"t": 1e400}', b'{"t": 1e500}'),
+        (b'{"t": -1e400}', b'{"t": -1e401}'),
+        (b'{"t": 0.1}', b'{"t": 0.10000000000000000001}'),
+        (b'{"t": 1e-400}', b'{"t": 1e-401}'),
+        (b'{"t": 15}', b'{"t": 15.0}'),
+        (b'{"t": 1e400}', b'{"t": Infinity}'),
+        (b'{"t": 1e400}', b'{"t": "1E+400"}'),
+    ],
+)
+def test_every_json_number_is_keyed_exactly(a: bytes, b: bytes) -> None:
+    """Issue 45 item 6: the key is what the upstream reads, number for number (orjson
+    turned integers past 64 bits into floats, and 1e400 and 1e500 into one infinity)."""
+    assert body_digest(a) is not None
+    assert body_digest(b) is not None
+    assert body_digest(a) != body_digest(b)
+
+
+def test_the_same_number_spelled_twice_shares_a_key() -> None:
+    assert body_digest(b'{"t": 1e400, "u": 0.5}') == body_digest(b'{"u":5E-1,"t":10e399}')
+    assert body_digest(b'{"t": 0.5}') == body_digest(b'{"t":5e-1}')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"messages": [1], "messages": [2]}',
+        b'{"a": {"b": 1, "b": 1}}',
+        b'{"a": [{"x": 1}, {"x": 2, "x": 3}]}',
+        b'{"a\\u0062": 1, "ab": 2}',
+    ],
+)
+def test_a_body_with_duplicate_keys_has_no_digest(body: bytes) -> None:
+    """Issue 45 item 6: the key took the last of two duplicate members while the upstream
+    may read the first, a way to poison a ``route``-scoped entry: never cached."""
+    assert body_digest(body) is None

@@ -9,6 +9,8 @@
 - ``gateway/store/`` imports nothing of the package but itself (no HTTP, no
   protocol, no cache), and the cache's key (``gateway.cache.key``) does no I/O.
 - No import cycle among the package's modules, imports inside functions included.
+- The package's top level holds at most nine modules; the rest live in folders
+  named for what kind of code they hold.
 - A name names one room: one module or package is called ``limits`` (the client
   limits' counters and limiter), one ``quota`` (their arithmetic, in ``policy``);
   the ``[limits]`` table's model is ``GatewayLimits``, a client's ``ClientLimits``.
@@ -119,8 +121,21 @@ def test_the_cache_key_is_pure() -> None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gateway.store")))
 def test_the_stream_store_knows_no_http_and_no_cache(module: str) -> None:
+    """Beyond itself, the store uses only the one Redis client factory."""
     outside = sorted(
-        m for m in GRAPH[module] if not m.startswith("gateway.store") and m != "gateway"
+        m
+        for m in GRAPH[module]
+        if not m.startswith(("gateway.store", "gateway.redisconn")) and m != "gateway"
+    )
+    assert not outside, f"{module} imports {outside}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gateway.redisconn")))
+def test_the_redis_factory_knows_nothing_of_its_users(module: str) -> None:
+    """``gateway.redisconn`` builds clients for the limits, the store and the rest: it
+    imports none of them (nor the settings), so each may use it."""
+    outside = sorted(
+        m for m in GRAPH[module] if not m.startswith("gateway.redisconn") and m != "gateway"
     )
     assert not outside, f"{module} imports {outside}"
 
@@ -180,6 +195,11 @@ def _cycle() -> list[str] | None:
         if name not in state and (found := visit(name)):
             return found
     return None
+
+
+def test_the_top_level_holds_at_most_nine_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 9, top
 
 
 def test_no_import_cycle() -> None:

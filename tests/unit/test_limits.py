@@ -26,10 +26,10 @@ from gateway.policy.quota import (
     estimate_input,
     input_bound,
     output_estimate,
-    requested_output,
     window_end,
     window_start,
 )
+from gateway.protocols import spec_for
 from gateway.proxy.limited import limited_body, limited_headers
 from gateway.settings import ClientConfig, ClientLimits
 
@@ -67,18 +67,6 @@ def test_the_strict_input_bound_is_a_token_a_byte_plus_the_overheads() -> None:
     chat = {"messages": [system, {"role": "user", "content": "hi"}]}
     assert input_bound(chat, 0) == len("system") + 20 + len("user") + 2 + 2 * 4 + 4
     assert input_bound(None, 50) == 50 + 4 + 4
-
-
-def test_the_output_reservation_reads_each_protocols_name() -> None:
-    assert requested_output({"max_tokens": 50}, 1024) == 50
-    assert requested_output({"max_completion_tokens": 60, "max_tokens": 50}, 1024) == 60
-    assert requested_output({"max_output_tokens": 70}, 1024) == 70
-    assert requested_output({"generationConfig": {"maxOutputTokens": 80}}, 1024) == 80
-    assert requested_output({"options": {"num_predict": 90}}, 1024) == 90  # Ollama
-    assert requested_output({"options": {"num_predict": -1}}, 1024) == 1024  # no limit
-    assert requested_output({"max_tokens": True}, 1024) == 1024
-    assert requested_output({}, 1024) == 1024
-    assert requested_output(None, 7) == 7
 
 
 def test_the_cost_is_reported_when_there_is_usage_else_estimated_and_never_zero() -> None:
@@ -178,7 +166,8 @@ def _limiter(limits: ClientLimits, **kwargs: Any) -> tuple[Limiter, _Clock, list
 
 def _reserve(limiter: Limiter, request: dict[str, Any], stream: bool = False) -> Any:
     estimate = estimate_input(request, 0)
-    return _run(limiter.reserve("team-a", "chat", "m", request, estimate, 1024, stream, "rid", 60))
+    output = spec_for("chat").requested_output(request, 1024)
+    return _run(limiter.reserve("team-a", "chat", "m", estimate, output, stream, "rid", 60))
 
 
 def test_the_limiter_refuses_what_does_not_fit_until_the_window_ends() -> None:

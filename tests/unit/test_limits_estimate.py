@@ -15,7 +15,6 @@ from gateway.policy.quota import (
     _text_bytes,
     _tokens,
     estimate_input,
-    requested_output,
 )
 
 
@@ -78,25 +77,3 @@ def test_the_estimate_is_the_plain_estimate(request: dict[str, Any], size: int) 
 def test_lone_surrogates_count_as_one_byte_each_joined_or_not() -> None:
     message = {"role": "user", "content": "\ud83d", "name": "\ude00é"}
     assert _text_bytes(message) == _plain_text_bytes(message) == 4 + 1 + 1 + 2
-
-
-def _plain_requested_output(request: dict[str, Any] | None, default: int) -> int:
-    """requested_output as it was, for its first fields."""
-    if request is None:
-        return default
-    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = request.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return requested_output({k: v for k, v in request.items() if "max_" not in k}, default)
-
-
-_OUTPUT = st.dictionaries(
-    st.sampled_from(["max_completion_tokens", "max_tokens", "max_output_tokens", "x"]),
-    st.none() | st.booleans() | st.integers(min_value=-3, max_value=3) | st.floats() | _TEXT,
-)
-
-
-@given(_OUTPUT, st.integers(min_value=1, max_value=4096))
-def test_the_requested_output_is_the_plain_one(request: dict[str, Any], default: int) -> None:
-    assert requested_output(request, default) == _plain_requested_output(request, default)

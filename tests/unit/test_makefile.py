@@ -7,6 +7,7 @@ installed. The copy has no ``.venv``, so it is what a fresh clone's make would d
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,12 +96,24 @@ def test_make_examples_and_docs_install_their_extra_only(
         command, shell=True, cwd=clone, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == _extra(extra)
-    assert {spec.split(">")[0].split("=")[0] for spec in _extra("examples")} == {
-        "openai",
-        "anthropic",
-        "google-genai",
-        "ollama",
-    }
+
+
+#: The distribution a documented example's top-level import comes from.
+_DISTRIBUTIONS = {"google": "google-genai", "boto3": "boto3"}
+#: Imported by examples and installed with the gateway itself (its own dependencies).
+_INSTALLED = {"gateway", "httpx", "json", "os"}
+
+
+def test_make_examples_installs_every_sdk_a_documented_example_imports() -> None:
+    """Issue 45 item 11: docs/bedrock.md's boto3 example needed a package no extra held."""
+    imported: set[str] = set()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            imported |= set(re.findall(r"^\s*(?:import|from) ([a-z_0-9]+)", block, re.M))
+    wanted = {_DISTRIBUTIONS.get(name, name) for name in imported - _INSTALLED}
+    extra = {spec.split(">")[0].split("=")[0] for spec in _extra("examples")}
+    assert wanted >= {"openai", "anthropic", "google-genai", "ollama", "boto3"}
+    assert wanted <= extra, wanted - extra
 
 
 @pytest.mark.parametrize(

@@ -255,8 +255,8 @@ MAX_TOKENS_OPEN_TOOL = [
     message_delta("max_tokens", 30),
     MESSAGE_STOP,
 ]
-BASIC = Usage(input_tokens=472, output_tokens=15, cached_input_tokens=0)
-STARTED = Usage(input_tokens=472, output_tokens=2, cached_input_tokens=0)
+BASIC = Usage(input_tokens=472, output_tokens=15, cached_input_tokens=0, cache_write_tokens=0)
+STARTED = Usage(input_tokens=472, output_tokens=2, cached_input_tokens=0, cache_write_tokens=0)
 TEXT = text_stream()
 
 
@@ -287,7 +287,7 @@ def _cases() -> list[Case]:
             tool_stream(),
             Reason.TOOL_CALLS,
             raw_finish={0: "tool_use"},
-            usage=Usage(472, 89, 0),
+            usage=Usage(472, 89, 0, None, 0),
             content_events=4,
             tool_calls=1,
         ),
@@ -295,7 +295,7 @@ def _cases() -> list[Case]:
             "tool_use_no_arguments",
             no_arg_tool_stream(),
             Reason.TOOL_CALLS,
-            usage=Usage(472, 40, 0),
+            usage=Usage(472, 40, 0, None, 0),
             content_events=0,
             tool_calls=2,
         ),
@@ -303,7 +303,7 @@ def _cases() -> list[Case]:
             "thinking",
             thinking_stream(),
             Reason.STOP,
-            usage=Usage(20, 260, 4096, 212),
+            usage=Usage(20, 260, 4096, 212, 0),
             content_events=3,
         ),
         whole(
@@ -311,7 +311,7 @@ def _cases() -> list[Case]:
             web_search_stream(),
             Reason.OTHER,
             raw_finish={0: "pause_turn"},
-            usage=Usage(472, 510, 0),
+            usage=Usage(472, 510, 0, None, 0),
             content_events=3,
         ),
         whole("ping_first", [PING, *TEXT], Reason.STOP, usage=BASIC),
@@ -583,7 +583,7 @@ def _cases() -> list[Case]:
             "max_tokens_open_tool_block_cut_json",
             MAX_TOKENS_OPEN_TOOL,
             Reason.LENGTH,
-            usage=Usage(472, 30, 0),
+            usage=Usage(472, 30, 0, None, 0),
             raw_finish={0: "max_tokens"},
             content_events=3,
             tool_calls=1,
@@ -596,7 +596,7 @@ def _cases() -> list[Case]:
                 MESSAGE_STOP,
             ],
             Reason.LENGTH,
-            usage=Usage(472, 30, 0),
+            usage=Usage(472, 30, 0, None, 0),
             raw_finish={0: "model_context_window_exceeded"},
             tool_calls=1,
         ),
@@ -605,7 +605,7 @@ def _cases() -> list[Case]:
             [*MAX_TOKENS_OPEN_TOOL[:-2], message_delta("end_turn", 30), MESSAGE_STOP],
             8,
             Reason.MISSING_FINISH,
-            usage=Usage(472, 30, 0),
+            usage=Usage(472, 30, 0, None, 0),
             raw_finish={0: "end_turn"},
             tool_calls=1,
         ),
@@ -622,7 +622,7 @@ def _cases() -> list[Case]:
             ],
             6,
             Reason.MISSING_FINISH,
-            usage=Usage(472, 30, 0),
+            usage=Usage(472, 30, 0, None, 0),
             raw_finish={0: "max_tokens"},
             tool_calls=1,
         ),

@@ -19,16 +19,16 @@ BLOCKS = [
 
 
 def test_blocks_of_every_line_end() -> None:
-    splitter = Splitter(ndjson=False)
+    splitter = Splitter(lines=False)
     assert splitter.feed(b"".join(BLOCKS[:5]) + b": open") == BLOCKS[:5]
     assert splitter.rest == b": open"
     assert splitter.feed(b" block\n\n") == [b": open block\n\n"]
 
 
 def test_blank_lines_before_a_block_belong_to_it() -> None:
-    splitter = Splitter(ndjson=False)
+    splitter = Splitter(lines=False)
     assert splitter.feed(b"data: a\n\n\n\ndata: b\n\n") == [b"data: a\n\n", b"\n\ndata: b\n\n"]
-    splitter = Splitter(ndjson=False)
+    splitter = Splitter(lines=False)
     assert splitter.feed(b"data: a\r\n\r\n\r\ndata: b\r\n\r\n") == [
         b"data: a\r\n\r\n",
         b"\r\ndata: b\r\n\r\n",
@@ -36,7 +36,7 @@ def test_blank_lines_before_a_block_belong_to_it() -> None:
 
 
 def test_ndjson_lines() -> None:
-    splitter = Splitter(ndjson=True)
+    splitter = Splitter(lines=True)
     assert splitter.feed(b'{"a":1}\n{"b":2}\r\n{"c"') == [b'{"a":1}\n', b'{"b":2}\r\n']
     assert splitter.feed(b":3}\n") == [b'{"c":3}\n']
 
@@ -49,7 +49,7 @@ def test_id_lines() -> None:
 def test_any_partition_gives_the_same_events(blocks: list[bytes], data: st.DataObject) -> None:
     """The relay sends whole events in sends of any grouping: the events are the blocks."""
     cuts = sorted(data.draw(st.sets(st.integers(0, len(blocks)))))
-    splitter = Splitter(ndjson=False)
+    splitter = Splitter(lines=False)
     events: list[bytes] = []
     start = 0
     for cut in [*cuts, len(blocks)]:

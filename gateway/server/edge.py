@@ -27,7 +27,7 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
   the strict parser wants CRLF) gets 400, in the gateway's shape like every
   other refusal (uvicorn's own is plain text).
 - A WebSocket handshake (``Upgrade: websocket``) hands the connection to
-  ``gateway.wsedge`` once its head passed the checks. Any other ``Upgrade``
+  ``gateway.server.wsedge`` once its head passed the checks. Any other ``Upgrade``
   request is an ordinary request, and what follows it on the connection is
   parsed on (stock uvicorn drops it).
 - Every request's scope carries the ``gateway.abort`` extension (a dict, as
@@ -168,9 +168,9 @@ def uvicorn_options() -> dict[str, Any]:
     """uvicorn's options for the gateway app: the edge in front, its lifespan required.
 
     ``serve()`` and the tests both use these. A WebSocket handshake leaves the
-    edge for ``gateway.wsedge`` (its own limits; per-message deflate off).
+    edge for ``gateway.server.wsedge`` (its own limits; per-message deflate off).
     """
-    from gateway.wsedge import EdgeWebSocketProtocol
+    from gateway.server.wsedge import EdgeWebSocketProtocol
 
     return {
         "http": EdgeProtocol,
@@ -369,7 +369,7 @@ class EdgeProtocol(HttpToolsProtocol):
             except httptools.HttpParserUpgrade as upgrade:
                 if self._should_upgrade() and not self._discard:
                     # A WebSocket handshake: the connection leaves the edge for
-                    # ``gateway.wsedge`` (its head passed the checks above).
+                    # ``gateway.server.wsedge`` (its head passed the checks above).
                     self._upgrade()
                     return False
                 # Any other Upgrade request is an ordinary one, but the parser

@@ -2,7 +2,7 @@
 
 ``EdgeWebSocketProtocol`` is uvicorn's sans-IO websockets protocol with the
 checks only the connection can make, configured at run time from the
-lifespan state (``ws_edge_state``), as ``gateway.edge`` is for HTTP:
+lifespan state (``ws_edge_state``), as ``gateway.server.edge`` is for HTTP:
 
 - a message (its frames joined) of at most ``max_ws_message_bytes``, else
   the close code 1009 (the websockets library's own check, before anything

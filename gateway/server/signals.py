@@ -9,7 +9,8 @@ gateway takes both signals from uvicorn:
 - the first one starts the drain (``Lifecycle.begin_drain``); once every
   in-flight request has ended, the server is told to exit through
   ``should_exit``, the way a uvicorn ``Server`` is stopped from code, and the
-  process exits 0 (the signal has been handled);
+  process exits 0 after SIGTERM (the signal has been handled), 130 after SIGINT
+  (128 + 2, what a shell expects of a command a Ctrl-C ended: ``stopped_by``);
 - a second one of the same signal stops every in-flight request now with
   ``gateway_shutdown`` (each still gets its annotation and its log line) and
   then tells the server to exit. The other signal does not: with
@@ -32,12 +33,32 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["STOP_SIGNALS", "install_drain_handlers", "restore_handlers"]
+__all__ = [
+    "STOP_SIGNALS",
+    "exit_status",
+    "install_drain_handlers",
+    "restore_handlers",
+    "stopped_by",
+]
 
 #: The signals that stop the gateway: a supervisor's SIGTERM, a terminal's Ctrl-C.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 Handlers = dict[signal.Signals, Any]
+
+#: The stop signal this process received first, if any (``stopped_by``).
+_received: list[int] = []
+
+
+def stopped_by() -> int | None:
+    """The stop signal this process took first, or None."""
+    return _received[0] if _received else None
+
+
+def exit_status(signum: int | None) -> int:
+    """A server's exit status once it stopped: 130 after SIGINT (a shell's convention for
+    a command a Ctrl-C ended), 0 otherwise (SIGTERM is a supervisor's normal stop)."""
+    return 128 + signal.SIGINT if signum == signal.SIGINT else 0
 
 
 def install_drain_handlers(
@@ -74,6 +95,7 @@ def install_drain_handlers(
                 loop.call_soon_threadsafe(stop_now)
             return
         first.append(signum)
+        _received.append(signum)
         loop.call_soon_threadsafe(begin_drain, exit_server)
 
     installed: Handlers = {}

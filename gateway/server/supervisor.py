@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
@@ -29,6 +30,17 @@ log = logging.getLogger("gateway")
 
 class Supervisor(Multiprocess):
     """uvicorn's multiprocess supervisor; a worker it replaces leaves the live gauges."""
+
+    #: The stop signal the supervisor took (SIGINT: the command exits 130).
+    stopped_by: int | None = None
+
+    def handle_int(self) -> None:
+        self.stopped_by = self.stopped_by or signal.SIGINT
+        super().handle_int()
+
+    def handle_term(self) -> None:
+        self.stopped_by = self.stopped_by or signal.SIGTERM
+        super().handle_term()
 
     def keep_subprocess_alive(self) -> None:
         before = {process.pid for process in self.processes}
@@ -57,13 +69,16 @@ def worker_died(pid: int) -> None:
     )
 
 
-def run_workers(config: Config) -> None:
-    """``uvicorn.run`` for ``config.workers > 1``, with the ``Supervisor``."""
+def run_workers(config: Config) -> int | None:
+    """``uvicorn.run`` for ``config.workers > 1``, with the ``Supervisor``; the stop signal
+    it took, if any."""
     sock = config.bind_socket()
+    supervisor = Supervisor(config, sockets=[sock])
     try:
-        Supervisor(config, sockets=[sock]).run()
+        supervisor.run()
     except KeyboardInterrupt:
-        pass
+        return signal.SIGINT
     finally:
         if config.uds and os.path.exists(config.uds):
             os.remove(config.uds)
+    return supervisor.stopped_by

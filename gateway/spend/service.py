@@ -1,0 +1,118 @@
+"""Spend: the one object the request's way asks what a request may cost and what it
+cost, and that counts what it cost.
+
+``quote`` finds the prices a request will be charged at before it is sent (its
+route's upstream when the route has one, else the route's), so that the limits
+can reserve money; ``price`` turns a settled token ``Cost`` into a ``Charge``
+(``gateway.spend.charge``) and puts it on the cost, the record and the
+``gateway_spend_usd_total`` counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from gateway.policy.quota import Cost
+from gateway.spend.charge import FREE, Charge, price_cost
+from gateway.spend.prices import Pricer, Quote
+
+if TYPE_CHECKING:
+    from gateway.observe.record import RequestRecord
+    from gateway.proxy.exchange import Exchange
+    from gateway.settings import PriceOverride, RouteConfig, UpstreamConfig
+
+__all__ = ["Spend"]
+
+
+class Spend:
+    """Prices requests for the limits and the bill."""
+
+    def __init__(
+        self,
+        overrides: Sequence[PriceOverride] = (),
+        on_charge: Callable[[RequestRecord, Charge], None] | None = None,
+        pricer: Pricer | None = None,
+        teams: Mapping[str, str] | None = None,
+    ) -> None:
+        self.pricer = pricer if pricer is not None else Pricer(overrides)
+        self._on_charge = on_charge
+        #: client -> its team
+        self._teams = dict(teams or {})
+        #: route name -> its upstreams by name
+        self._routes: dict[str, dict[str, UpstreamConfig]] = {}
+
+    def _upstreams(self, config: RouteConfig) -> dict[str, UpstreamConfig]:
+        found = self._routes.get(config.name)
+        if found is None:
+            found = self._routes[config.name] = {u.name: u for u in config.pool()}
+        return found
+
+    @property
+    def version(self) -> str:
+        return self.pricer.version
+
+    def quote(self, exchange: Exchange) -> Quote | None:
+        """The prices of the request's model before an upstream is chosen: its route's
+        one upstream's, or the route's when it has several."""
+        record, config = exchange.record, exchange.route.config
+        upstreams = self._upstreams(config)
+        upstream = next(iter(upstreams.values())) if len(upstreams) == 1 else None
+        model = record.model
+        if upstream is not None and model is not None:
+            model = upstream.models.get(model, model)
+        return self.pricer.quote(
+            model,
+            exchange.spec.price_provider,
+            upstream=upstream.name if upstream is not None else "",
+            upstream_url=upstream.url if upstream is not None else "",
+            route=config.name,
+            client=record.client_name,
+        )
+
+    def price(self, exchange: Exchange, cost: Cost) -> Cost:
+        """``cost`` with its money, the record's ``spend`` set and counted."""
+        record = exchange.record
+        if cost.total == 0:
+            charge = FREE
+        else:
+            model, name, url = _answered_by(record, self._upstreams(exchange.route.config))
+            quote = self.pricer.quote(
+                model,
+                exchange.spec.price_provider,
+                upstream=name,
+                upstream_url=url,
+                route=exchange.route.name,
+                client=record.client_name,
+            )
+            verdict = record.verdict
+            usage = record.usage if record.usage is not None else verdict.usage if verdict else None
+            charge = price_cost(
+                cost,
+                usage,
+                record.continued == 0,
+                record.billed is not None,
+                exchange.spec.usage_basis,
+                quote,
+                model,
+            )
+        record.spend = charge
+        record.team = self._teams.get(record.client_name)
+        if self._on_charge is not None:
+            self._on_charge(record, charge)
+        return replace(cost, money=charge.nanos)
+
+
+def _answered_by(
+    record: RequestRecord, upstreams: Mapping[str, UpstreamConfig]
+) -> tuple[str | None, str, str]:
+    """The model that answered (as the answer named it, else as it was asked of the
+    upstream), and that upstream's name and URL."""
+    upstream = upstreams.get(record.upstream) if record.upstream is not None else None
+    if upstream is None:
+        return record.upstream_model or record.model, record.upstream or "", ""
+    model = record.upstream_model or (
+        upstream.models.get(record.model, record.model) if record.model else None
+    )
+    return model, upstream.name, upstream.url

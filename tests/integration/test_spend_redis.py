@@ -1,0 +1,189 @@
+"""Money budgets shared through a real redis-server: 200 concurrent requests over two
+gateway processes against a strict $0.01 budget (and a team's) never spend past it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import web
+from tests.conftest import ServerThread, gateway_process
+from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.redis_server import RedisServer, redis_server
+
+KEYS = {"strict": "sk-strict-money-0123", "mate": "sk-team-mate-4567"}
+#: The simulator reports a prompt of its body's bytes / 4: a prompt of some length keeps
+#: that below the strict bound (a token a byte of the text), as any real tokenizer is.
+PROMPT = "hello there " * 30
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _toml(simulator: ServerThread, redis: RedisServer) -> str:
+    return f"""
+limits_backend = "redis"
+redis_url = "{redis.url}"
+limits_timeout = 2.0
+on_backend_error = "deny"
+[[routes]]
+name = "chat"
+prefix = "/v1"
+upstream = "{simulator.url}/v1"
+[[teams]]
+name = "eng"
+[teams.limits]
+usd_per_month = "0.02"
+[[clients]]
+name = "strict"
+key_sha256 = ["{_sha(KEYS["strict"])}"]
+budget_enforcement = "strict"
+team = "eng"
+[clients.limits]
+usd_per_day = "0.01"
+[[clients]]
+name = "mate"
+key_sha256 = ["{_sha(KEYS["mate"])}"]
+budget_enforcement = "strict"
+team = "eng"
+"""
+
+
+async def _fire(urls: list[str], client: str, count: int) -> list[int]:
+    limits = httpx.Limits(max_connections=count)
+    body = {
+        "model": "gpt-4o",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"authorization": f"Bearer {KEYS[client]}", "x-sim-tokens": "300"}
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+
+        async def one(index: int) -> int:
+            url = urls[index % len(urls)] + "/v1/chat/completions"
+            return (await http.post(url, json=body, headers=headers)).status_code
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+def test_two_gateways_on_one_redis_never_spend_past_a_strict_money_budget(
+    simulator: ServerThread, redis: RedisServer, tmp_path: Path
+) -> None:
+    """A client's $0.01 a day, its team's $0.02 a month, gpt-4o: 200 concurrent streams of
+    the client over two gateways, then 200 of its team mate. Spend never passes either
+    budget; the budget's remaining header is told in dollars."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(_toml(simulator, redis))
+    with (
+        gateway_process(["--config", str(config)]) as one,
+        gateway_process(["--config", str(config)]) as two,
+    ):
+        statuses = asyncio.run(_fire([one.url, two.url], "strict", 200))
+        mate = asyncio.run(_fire([one.url, two.url], "mate", 200))
+        metrics = [web.get(gw.url + "/metrics", timeout=30).text for gw in (one, two)]
+    assert statuses.count(200) > 0
+    assert statuses.count(429) > 0
+    assert set(statuses) <= {200, 429}
+    assert mate.count(429) > 0
+
+    def spent(client: str) -> float:
+        return sum(metric_value(t, "gateway_spend_usd_total", client=client) for t in metrics)
+
+    assert 0 < spent("strict") <= 0.01
+    assert 0 < spent("strict") + spent("mate") <= 0.02
+    assert (
+        metric_value(metrics[0] + metrics[1], "gateway_spend_usd_total", evidence="estimated") == 0
+    )
+
+
+def _snapshot(redis: RedisServer) -> dict[str, object]:
+    """Every key Redis holds (counters, totals, receipts) with its value."""
+    import redis as redis_client
+
+    client = redis_client.Redis.from_url(redis.url, decode_responses=True)
+    try:
+        found: dict[str, object] = {}
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == "string":
+                found[key] = client.get(key)
+            elif kind == "hash":
+                found[key] = client.hgetall(key)
+            elif kind == "zset":
+                found[key] = client.zrange(key, 0, -1, withscores=True)
+        return found
+    finally:
+        client.close()
+
+
+def _get(gw: ServerThread, path: str) -> httpx.Response:
+    return web.get(gw.url + path, headers={"authorization": f"Bearer {KEYS['strict']}"}, timeout=30)
+
+
+def _until(gw: ServerThread, path: str) -> httpx.Response:
+    """GET ``path`` until it answers 200 (a receipt is written by a task; a Redis that
+    just came back answers the second call), bounded."""
+    for _ in range(200):
+        answer = _get(gw, path)
+        if answer.status_code == 200:
+            return answer
+    raise AssertionError(f"{path}: {answer.status_code} {answer.text}")
+
+
+def test_redis_restarted_from_its_append_only_file_has_every_counter_and_receipt(
+    simulator: ServerThread, tmp_path: Path
+) -> None:
+    """Redis run as the shipped compose file and manifests run it (append-only), killed
+    as a crash would and started again: every budget counter, spend total and receipt is
+    there, and the gateway reads them again."""
+    aof = tmp_path / "aof"
+    aof.mkdir()
+    with redis_server(persist=aof) as redis:
+        clients = [
+            {
+                "name": "strict",
+                "key_sha256": [_sha(KEYS["strict"])],
+                "limits": {"usd_per_day": "5", "tokens_per_day": 1_000_000},
+            }
+        ]
+        routes = [{"name": "chat", "prefix": "/v1", "upstream": f"{simulator.url}/v1"}]
+        with gateway_for(
+            "", routes=routes, clients=clients, limits_backend="redis", redis_url=redis.url
+        ) as gw:
+            body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+            ids = [f"kept-{i}" for i in range(5)]
+            for rid in ids:
+                headers = {
+                    "authorization": f"Bearer {KEYS['strict']}",
+                    "x-request-id": rid,
+                    "x-sim-tokens": "20",
+                }
+                answer = web.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
+                assert answer.status_code == 200
+            receipts = {rid: _until(gw, f"/v1/gateway/receipts/{rid}").json() for rid in ids}
+            report = _until(gw, "/v1/gateway/spend").json()
+            before = _snapshot(redis)
+            assert any(":receipt:" in key for key in before)
+            assert any("usd_per_day" in key for key in before)
+            assert any("tokens_per_day" in key for key in before)
+            redis.kill()
+            redis.start()
+            after = _snapshot(redis)
+            assert after == before
+            for rid in ids:
+                assert _until(gw, f"/v1/gateway/receipts/{rid}").json() == receipts[rid]
+            assert _until(gw, "/v1/gateway/spend").json() == report
+            assert report["total"]["nanos"] == sum(r["cost"]["nanos"] for r in receipts.values())
