@@ -39,6 +39,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
+from gateway.keys.api import KeysApi
+from gateway.keys.registry import Registry
+from gateway.keys.setup import build_store
+from gateway.keys.stage import KeyModels
+from gateway.keys.store import StoreUnavailable
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
@@ -91,6 +96,10 @@ class GatewayApp(Starlette):
                 relay = self.gateway.relay
                 if relay is None:
                     await _not_ready(scope, send)
+                    return
+                keys_api = self.gateway.keys_api
+                if keys_api is not None and keys_api.owns(route, scope["path"]):
+                    await keys_api.handle(route, scope, receive, send)
                     return
                 await relay.handle(route, scope, receive, send)
                 return
@@ -176,6 +185,15 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Keys issued at run time (``keys.store``): the admin API and this process's copy.
+        self.keys_api: KeysApi | None = None
+        self.key_registry: Registry | None = None
+        if settings.keys.store != "off":
+            self.key_registry = Registry(
+                build_store(settings),
+                settings.keys.refresh_seconds,
+                settings.keys.last_used_seconds,
+            )
         #: Receipts and the spend report (``gateway.spend``); None without named clients.
         self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
@@ -342,12 +360,35 @@ class _Gateway:
             limiter=limiter,
         )
 
+    async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:
+        """Issued keys: this process's copy loaded (a store that does not answer yet is
+        read again at the next poll), followed, and handed to the admission."""
+        relay, registry = self.relay, self.key_registry
+        if registry is None or relay is None:
+            return
+        from gateway.keys.service import KeyService
+        from gateway.keys.setup import limiter_follows
+
+        registry.on_change = limiter_follows(relay.limiter)
+        self._owns(stack, "keys", registry.close)
+        try:
+            await registry.load()
+        except StoreUnavailable as exc:
+            log.warning("key store not ready at start (%s): issued keys wait for it", exc)
+        registry.start()
+        relay.admission.issued = registry  # the WebSocket relay's too: the same one
+        service = KeyService(self.settings, registry.store, registry, self.metrics.key_changed)
+        admins = frozenset(c.name for c in self.settings.clients if c.keys_admin)
+        self.keys_api = KeysApi(service, relay.admission, admins)
+
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
         stages: list[Stage] = []
         if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
             stages.append(self.spend_stage)
+        if self.key_registry is not None:  # an issued key's models
+            stages.append(KeyModels(self.key_registry))
         return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
@@ -487,9 +528,11 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        view = self._status_view(board)
+        view = dataclasses.replace(self._status_view(board), services=self._services(relay))
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.key_registry is not None:
+            view = dataclasses.replace(view, keys=self.key_registry.listing())
         return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
@@ -509,6 +552,41 @@ class _Gateway:
             "forbidden",
             request_id,
         )
+
+    def _services(self, relay: Relay) -> list[tuple[str, str]]:
+        """The status page's rows for the cache, resume, the stream store, the limits
+        backend and Redis: what is on, where, and (this process's view) how it is."""
+        settings = self.settings
+
+        def routes_with(flag: str) -> str:
+            names = [r.name for r in self.routes if getattr(r.config, flag)]
+            return "on for routes " + ", ".join(names) if names else "off (no route)"
+
+        store, limiter = relay.store, relay.limiter
+        held = (
+            f"{store.size / 2**20:.1f} MiB of {settings.stream_store_max_bytes / 2**20:.0f} MiB "
+            "held (this process's account)"
+            if store is not None
+            else "unused (no route resumes or caches)"
+        )
+        answers = (
+            ("answers" if limiter.ready else "has not answered yet")
+            if limiter is not None
+            else "unused (no client has limits)"
+        )
+        redis = "not configured"
+        if settings.redis_url:
+            host = httpx.URL(settings.redis_url).host or "(socket)"
+            redis = f"{settings.redis_mode} at {host}" + (
+                f" (nodes: {', '.join(settings.redis_nodes)})" if settings.redis_nodes else ""
+            )
+        return [
+            ("cache", routes_with("cache")),
+            ("resume", routes_with("resume")),
+            (f"stream store: {settings.stream_store}", held),
+            (f"limits backend: {settings.limits_backend}", answers),
+            ("Redis", redis),
+        ]
 
     def _status_view(self, board: StatusBoard) -> StatusView:
         live = self._live_streams()
@@ -569,7 +647,16 @@ class _Gateway:
 _TRACING_SHUTDOWN_SECONDS = 5.0
 
 #: The lifespan's start, in order (``_Gateway._open_<step>``); the stop is its reverse.
-START_STEPS = ("process", "simulator", "writers", "relay", "signals", "status_share", "ready")
+START_STEPS = (
+    "process",
+    "simulator",
+    "writers",
+    "relay",
+    "keys",
+    "signals",
+    "status_share",
+    "ready",
+)
 
 
 def _longest_request(settings: Settings) -> float:

@@ -157,6 +157,37 @@ class _ClientRules:
     allow_unpriced: bool = False
 
 
+def _client_rules(
+    client: ClientConfig, divisor: int, team_limits: Mapping[str, ClientLimits]
+) -> _ClientRules | None:
+    """A client's rules (its team's included); None when it has no limit at all."""
+    team = client.team
+    # a client in a team and the team share one tag (one Redis Cluster slot)
+    tag = f"team:{team}" if team is not None else ""
+    team_rule = (
+        _rule(f"team:{team}", team_limits[team], divisor, tag)
+        if team is not None and team in team_limits
+        else None
+    )
+    if not client.limited() and team_rule is None:
+        return None
+    routes = {
+        name: rule
+        for name, limits in client.route_limits.items()
+        if (rule := _rule(f"{client.name}/route={name}", limits, divisor, tag)) is not None
+    }
+    models = {
+        name: rule
+        for name, limits in client.model_limits.items()
+        if (rule := _rule(f"{client.name}/model={name}", limits, divisor, tag)) is not None
+    }
+    own = _rule(client.name, client.limits, divisor, tag)
+    strict = client.budget_enforcement == "strict"
+    every = [r for r in (own, team_rule, *routes.values(), *models.values()) if r]
+    money = any(limit.counts_money for r in every for limit in r.limits)
+    return _ClientRules(own, routes, models, strict, team_rule, money, client.unpriced == "allow")
+
+
 class Limiter:
     """Reserves and settles the named clients' limits on one backend."""
 
@@ -186,35 +217,23 @@ class Limiter:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}{secrets.token_hex(4)}."
         self._waiting: asyncio.Task[None] | None = None
-        team_limits = {team.name: team.limits for team in teams or ()}
+        self._divisor = divisor
+        self._team_limits = {team.name: team.limits for team in teams or ()}
         for client in clients:
-            team = client.team
-            # a client in a team and the team share one tag (one Redis Cluster slot)
-            tag = f"team:{team}" if team is not None else ""
-            team_rule = (
-                _rule(f"team:{team}", team_limits[team], divisor, tag)
-                if team is not None and team in team_limits
-                else None
-            )
-            if not client.limited() and team_rule is None:
-                continue
-            routes = {
-                name: rule
-                for name, limits in client.route_limits.items()
-                if (rule := _rule(f"{client.name}/route={name}", limits, divisor, tag)) is not None
-            }
-            models = {
-                name: rule
-                for name, limits in client.model_limits.items()
-                if (rule := _rule(f"{client.name}/model={name}", limits, divisor, tag)) is not None
-            }
-            own = _rule(client.name, client.limits, divisor, tag)
-            strict = client.budget_enforcement == "strict"
-            every = [r for r in (own, team_rule, *routes.values(), *models.values()) if r]
-            money = any(limit.counts_money for r in every for limit in r.limits)
-            self._rules[client.name] = _ClientRules(
-                own, routes, models, strict, team_rule, money, client.unpriced == "allow"
-            )
+            rules = _client_rules(client, divisor, self._team_limits)
+            if rules is not None:
+                self._rules[client.name] = rules
+
+    def put_client(self, name: str, client: ClientConfig | None) -> None:
+        """A client's limits changed at run time (an issued key's): ``client``'s (its team's
+        included) from now on, or none (None, or a client without limits)."""
+        for key in [k for k in self._plans if k[0] == name]:
+            del self._plans[key]
+        rules = _client_rules(client, self._divisor, self._team_limits) if client else None
+        if rules is None:
+            self._rules.pop(name, None)
+        else:
+            self._rules[name] = rules
 
     @property
     def ready(self) -> bool:
@@ -270,7 +289,9 @@ class Limiter:
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
-        rules = self._rules[client]
+        rules = self._rules.get(client)
+        if rules is None:
+            return []
         found = [rules.own] if rules.own is not None else []
         if rules.team is not None:
             found.append(rules.team)
@@ -301,7 +322,9 @@ class Limiter:
         bound); a model without one is refused (``Unpriced``) unless its client allows
         it (then it reserves, and is charged, no money)."""
         now = self._clock()
-        rules = self._rules[client]
+        rules = self._rules.get(client)
+        if rules is None:  # its limits were taken away since it was asked (an issued key)
+            return Reservation(client, Ask("", 0, 0, False, hold), [], 0, 0, settled=True)
         strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
         input_money = output_pico = 0
@@ -563,9 +586,13 @@ def build_limiter(
     on_error: Callable[[str], None] | None = None,
     on_budget: Callable[[str, Window, int, int], None] | None = None,
 ) -> Limiter | None:
-    """The limiter the settings ask for; None when no client has a limit."""
+    """The limiter the settings ask for; None when no client has a limit (and no key
+    can be issued one at run time)."""
     team_limited = {team.name for team in settings.teams if team.limits.any()}
-    if not any(c.limited() or c.team in team_limited for c in settings.clients):
+    if (
+        not any(c.limited() or c.team in team_limited for c in settings.clients)
+        and settings.keys.store == "off"
+    ):
         return None
     backend: Backend
     if settings.limits_backend == "redis":

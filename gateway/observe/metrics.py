@@ -446,6 +446,13 @@ class Metrics:
         "Streams of a resumable route served without resume, by reason (store_full, store_error).",
         ("route", "reason"),
     )
+    key_changes = Declared(
+        "gateway_key_changes_total",
+        Counter,
+        "Changes to issued keys made by this process (admin API), by action "
+        "(create, update, rotate, revoke).",
+        ("action",),
+    )
 
     def __init__(
         self, longest_request_seconds: float = 3600.0, longest_first_byte_seconds: float = 300.0
@@ -507,6 +514,9 @@ class Metrics:
 
     def resume_refused(self, route: str, reason: str) -> None:
         self._child(self.resume_off, route, reason).inc()
+
+    def key_changed(self, action: str) -> None:
+        self._child(self.key_changes, action).inc()
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.observe.status import IncompleteStream
+from gateway.observe.status import FEATURE_KINDS, IncompleteStream
 
 __all__ = ["HEADERS", "REFRESH_SECONDS", "ClientUse", "LiveStream", "StatusView", "render"]
 
@@ -93,6 +93,10 @@ class StatusView:
     merged_workers: int | None = None
     #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
     pools: Sequence[tuple[str, str, int, str]] = ()
+    #: (what, its state): the cache, resume, the stream store, the limits backend, Redis
+    services: Sequence[tuple[str, str]] = ()
+    #: Issued keys (never a secret): (id, client, team, state, last used: unix time or None)
+    keys: Sequence[tuple[str, str, str, str, float | None]] = ()
 
 
 #: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
@@ -233,6 +237,26 @@ def _pools(view: StatusView) -> str:
     )
 
 
+def _services(view: StatusView) -> str:
+    """The cache, resume, the stream store, the limits backend and Redis, and what the
+    features did in the window (the board's ``FEATURE_KINDS``)."""
+    done: Counter[str] = Counter()
+    for kinds in view.counts.values():
+        done.update({kind: kinds[kind] for kind in FEATURE_KINDS if kinds[kind]})
+    rows = [[_e(name), _e(state)] for name, state in view.services]
+    rows.append(
+        [
+            _e(f"in the last {view.minutes} minutes"),
+            _e(", ".join(f"{kind} {done[kind]}" for kind in FEATURE_KINDS) or "-"),
+        ]
+    )
+    return (
+        '<section id="services"><h2>Cache, resume, stores and Redis</h2>'
+        + _table([], rows, set())
+        + "</section>"
+    )
+
+
 def _incomplete(view: StatusView) -> str:
     parts = ['<section id="incomplete"><h2>Incomplete streams, newest first</h2>']
     if not view.incomplete:
@@ -292,6 +316,26 @@ def _clients(view: StatusView) -> str:
     )
 
 
+def _keys(view: StatusView) -> str:
+    if not view.keys:
+        return ""
+    rows = (
+        [
+            _e(key_id),
+            _e(client),
+            _e(team or "-"),
+            _e(state),
+            _e("never" if used is None else _utc(used)),
+        ]
+        for key_id, client, team, state, used in view.keys
+    )
+    return (
+        '<section id="keys"><h2>Issued keys</h2>'
+        + _table(["id", "client", "team", "state", "last used (UTC)"], rows, set())
+        + "</section>"
+    )
+
+
 def _build(view: StatusView) -> str:
     rows = [
         ["version", _e(view.version)],
@@ -335,8 +379,10 @@ def render(view: StatusView) -> str:
             _live(view),
             _counts(view),
             _pools(view),
+            _services(view),
             _incomplete(view),
             _clients(view),
+            _keys(view),
             _build(view),
             "</body></html>",
         ]

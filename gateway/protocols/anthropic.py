@@ -69,6 +69,9 @@ def _tool(body: dict[str, Any], tool: Tool) -> None:
 
 MESSAGES = ProtocolSpec(
     protocol=Protocol.MESSAGES,
+    request_id_headers=("request-id",),
+    # 529: Anthropic's overloaded_error, with a Retry-After like a 503's
+    cool_down_statuses=frozenset({429, 503, 529}),
     contract=MessagesContract,
     matches=lambda path: path.rstrip("/").endswith("/messages"),
     wants_stream=body_says_stream,

@@ -9,6 +9,7 @@ from gateway.guard import ChatContract, CompletionsContract, Protocol, Responses
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
+from gateway.protocols.retrieval import Retrieval, after_sequence, response_id_of, stream_true
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
 
@@ -75,6 +76,7 @@ def _ends_with(suffix: str) -> Callable[[str], bool]:
 
 CHAT = ProtocolSpec(
     protocol=Protocol.CHAT,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=ChatContract,
     matches=_ends_with("/chat/completions"),
     wants_stream=body_says_stream,
@@ -102,6 +104,7 @@ CHAT = ProtocolSpec(
 
 COMPLETIONS = ProtocolSpec(
     protocol=Protocol.COMPLETIONS,
+    request_id_headers=("x-request-id", "openai-request-id"),
     contract=CompletionsContract,
     matches=_ends_with("/completions"),
     wants_stream=body_says_stream,
@@ -123,7 +126,14 @@ COMPLETIONS = ProtocolSpec(
 
 RESPONSES = ProtocolSpec(
     protocol=Protocol.RESPONSES,
-    retrieved_by_response_id=True,
+    request_id_headers=("x-request-id", "openai-request-id"),
+    retrieval=Retrieval(
+        path="/responses/",
+        id_of=response_id_of,
+        cursor="starting_after",
+        after=after_sequence,
+        wants_stream=stream_true,
+    ),
     contract=ResponsesContract,
     matches=_ends_with("/responses"),
     wants_stream=body_says_stream,

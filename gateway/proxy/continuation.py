@@ -60,7 +60,7 @@ from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.answers import Rescued, drop_stalled_client
 from gateway.proxy.attempt import attempt
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import RawHeaders
+from gateway.proxy.headers import RawHeaders, with_credential
 from gateway.proxy.upstream import ReadChunk, Upstream, chunk_reader, close_quietly
 
 __all__ = ["BLAMES_UPSTREAM", "ContinuationResult", "Rescuer"]
@@ -106,7 +106,7 @@ class Rescuer:
         metrics: Metrics,
         index: int,
         target: Target,
-        headers: Callable[[Endpoint], RawHeaders],
+        headers: RawHeaders,
         request_json: dict[str, Any],
         build: Build,
         body_size: int,
@@ -122,6 +122,8 @@ class Rescuer:
         self.metrics = metrics
         self.index = index
         self.target = target
+        #: The request's headers for any upstream: each continuation adds its upstream's
+        #: credential, or its signature over the continuation's own URL and body.
         self.headers = headers
         #: The request's small top-level members (``request_body.summary``).
         self.request_json = request_json
@@ -370,15 +372,13 @@ class Rescuer:
         exchange = self.exchange
         timeouts = endpoint.timeouts
         exchange.record.bytes_in += len(content)
+        method, url = exchange.scope["method"], endpoint.url_for(self.target)
+        headers = with_credential(
+            self.headers, endpoint, exchange.spec, method=method, url=url, body=content
+        )
         outcome = await attempt(
             self.upstream,
-            self.upstream.request(
-                exchange.scope["method"],
-                endpoint.url_for(self.target),
-                self.headers(endpoint),
-                content,
-                timeouts.connect,
-            ),
+            self.upstream.request(method, url, headers, content, timeouts.connect),
             timeouts.first_byte,
             exchange.total_deadline,
         )

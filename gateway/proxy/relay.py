@@ -64,6 +64,7 @@ from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.quota import NOTHING
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
+from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.admission import (
     Admission,
@@ -110,7 +111,6 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
     Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
@@ -126,8 +126,6 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure(
     RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
 )
-#: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
-_COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 
 
 class Relay:
@@ -597,7 +595,7 @@ class Relay:
             metrics=self.metrics,
             index=tally.lease.index,
             target=outgoing.target,
-            headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
+            headers=outgoing.headers,
             request_json=outgoing.request_json,
             build=build,
             body_size=len(outgoing.body),
@@ -674,9 +672,10 @@ class Relay:
         )
 
     def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
-        """A 429's or 503's Retry-After cools ``index`` down for the request's model (a 429
+        """A 429's or 503's (or another status the protocol says is overloaded)
+        Retry-After cools ``index`` down for the request's model (a 429
         without one: its doubling backoff); returns the Retry-After in seconds, if any."""
-        if response.status_code not in _COOL_DOWN_STATUSES:
+        if response.status_code not in exchange.spec.cool_down_statuses:
             return None
         route, model = exchange.route, exchange.record.model
         ceiling = route.config.eject_max_seconds
@@ -739,7 +738,7 @@ class Relay:
     ) -> None:
         record = exchange.record
         upstream_id = None
-        for name in _UPSTREAM_ID_HEADERS:
+        for name in UPSTREAM_REQUEST_ID_HEADERS:
             upstream_id = response.headers.get(name)
             if upstream_id:
                 break

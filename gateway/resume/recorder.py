@@ -110,8 +110,10 @@ class Recorder:
             self.detach()
 
     def _find_response_id(self, events: list[bytes]) -> None:
+        retrieval = self.exchange.spec.retrieval
+        assert retrieval is not None  # (only a retrievable protocol's recorder looks)
         for event in events:
-            response_id = response_id_of(event)
+            response_id = retrieval.id_of(event)
             if response_id is not None:
                 assert self.on_response_id is not None
                 route = self.exchange.route
@@ -160,19 +162,3 @@ class Recorder:
         with contextlib.suppress(StoreError):
             await self.writer.finish(End(exchange.events.pending + trailer, fields))
         self.metrics.store_bytes(self.store_size())
-
-
-def response_id_of(event: bytes) -> str | None:
-    """The response id a Responses event carries (``response.created`` and the like)."""
-    if b'"response"' not in event:
-        return None
-    for line in event.splitlines():
-        if line.startswith(b"data:"):
-            try:
-                data = json.loads(line[5:])
-            except ValueError:
-                return None
-            response = data.get("response") if isinstance(data, dict) else None
-            if isinstance(response, dict) and isinstance(response.get("id"), str):
-                return str(response["id"])
-    return None

@@ -35,7 +35,7 @@ from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders, with_credential
+from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders
 from gateway.proxy.request_body import continuation_body
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
@@ -201,7 +201,7 @@ async def _continue(
         metrics=metrics,
         index=index,
         target=target,
-        headers=lambda endpoint: with_credential(headers, endpoint, spec),
+        headers=headers,
         request_json=document,
         build=build,
         body_size=len(meta["request"]),

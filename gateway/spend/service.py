@@ -98,7 +98,8 @@ class Spend:
                 model,
             )
         record.spend = charge
-        record.team = self._teams.get(record.client_name)
+        # an issued key's team rides on its caller (gateway.keys); a configured client's here
+        record.team = exchange.caller.team or self._teams.get(record.client_name)
         if self._on_charge is not None:
             self._on_charge(record, charge)
         return replace(cost, money=charge.nanos)

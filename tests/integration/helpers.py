@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -15,6 +16,7 @@ from gateway.app import create_app
 from gateway.guard import SSEDecoder
 from gateway.server.edge import uvicorn_options
 from gateway.settings import Settings
+from tests import web
 from tests.conftest import ServerThread, running
 
 ANNOTATION = re.compile(
@@ -31,6 +33,41 @@ def gateway_for(upstream: str, **settings: Any) -> Iterator[ServerThread]:
         options["upstream_url"] = upstream
     options.update(settings)
     with running(create_app(Settings(**options)), **uvicorn_options()) as server:
+        yield server
+
+
+#: The admin key of ``gateway_with_clients``'s issued variant.
+KEYS_ADMIN = "sk-helper-keys-admin-0123"
+_ISSUED_FIELDS = ("limits", "route_limits", "model_limits", "budget_enforcement", "routes")
+
+
+@contextlib.contextmanager
+def gateway_with_clients(
+    upstream: str, issued: bool, clients: list[dict[str, Any]], **settings: Any
+) -> Iterator[ServerThread]:
+    """``gateway_for`` with these named clients: configured in its settings, or (``issued``)
+    issued at run time through the admin API with the same names, digests, routes and
+    limits (the memory store), so that a test of named clients runs against issued keys."""
+    if not issued:
+        if clients:
+            settings["clients"] = clients
+        with gateway_for(upstream, **settings) as server:
+            yield server
+        return
+    digest = hashlib.sha256(KEYS_ADMIN.encode()).hexdigest()
+    admin = {"name": "keys-admin", "key_sha256": [digest], "keys_admin": True}
+    with gateway_for(upstream, clients=[admin], keys={"store": "memory"}, **settings) as server:
+        prefix = settings["routes"][0]["prefix"] if settings.get("routes") else "/v1"
+        for client in clients:
+            body = {"client": client["name"], "key_sha256": client["key_sha256"]}
+            body |= {k: client[k] for k in _ISSUED_FIELDS if k in client}
+            answer = web.post(
+                f"{server.url}{prefix}/gateway/keys",
+                json=body,
+                headers={"authorization": f"Bearer {KEYS_ADMIN}"},
+                timeout=30,
+            )
+            assert answer.status_code == 201, answer.text
         yield server
 
 

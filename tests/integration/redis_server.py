@@ -4,7 +4,7 @@ that delays what goes through it (a slow Redis).
 The server keeps nothing on disk (no RDB, no AOF) unless given a directory to keep its
 append-only file in (``persist``), is stopped by its PID (``kill``: as a crash would), and
 can be stopped and started again on the same port (Redis going away mid-run, and coming
-back).
+back). ``persistence`` gives other options instead (a shipped file's own).
 """
 
 from __future__ import annotations
@@ -42,12 +42,19 @@ class RedisServer:
     127.0.0.1 that it makes there (``ca``), and ``url`` is a ``rediss://`` URL."""
 
     def __init__(
-        self, password: str | None = None, tls: Path | None = None, persist: Path | None = None
+        self,
+        password: str | None = None,
+        tls: Path | None = None,
+        persist: Path | None = None,
+        persistence: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.password = password
         self.tls = tls
         self.persist = persist
+        #: options that replace "no persistence" (``appendonly``, ``dir``...): kept across
+        #: a stop and a start
+        self.persistence = persistence
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -95,6 +102,8 @@ class RedisServer:
         }
         if self.persist is not None:  # as the shipped compose file and manifests run it
             options |= {"appendonly": "yes", "appendfsync": "always", "dir": str(self.persist)}
+        if self.persistence is not None:
+            options |= self.persistence
         if self.password:
             options["requirepass"] = self.password
         if self.tls is not None:

@@ -14,7 +14,12 @@ from pydantic import ValidationError
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread
-from tests.integration.helpers import access_log_line, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_line,
+    gateway_for,
+    gateway_with_clients,
+    metric_value,
+)
 from tests.sdk import anthropic, ollama, openai
 
 KEY_A, KEY_B, KEY_C = "sk-team-a-0123", "sk-team-b-4567", "sk-team-c-89ab"
@@ -43,6 +48,18 @@ CLIENTS: list[dict[str, Any]] = [
     },
     {"name": "team-c", "key_sha256": [_sha(KEY_C)], "limits": {"max_concurrent_streams": 1}},
 ]
+
+
+@pytest.fixture(scope="module", params=["configured", "issued"])
+def issued(request: pytest.FixtureRequest) -> bool:
+    """Each test of named clients runs twice: clients configured in the file, and the
+    same clients issued at run time (the admin API, ``gateway.keys``)."""
+    return bool(request.param == "issued")
+
+
+@pytest.fixture(scope="module")
+def clients_issued(issued: bool) -> bool:
+    return issued
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +193,11 @@ def test_the_openai_sdk_gets_rate_limit_error_and_its_retry_waits_for_room(
         holder.join(30)
 
 
-def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) -> None:
+def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread, issued: bool) -> None:
     clients = [
         {"name": "team-m", "key_sha256": [_sha(KEY_A)], "limits": {"max_concurrent_streams": 1}}
     ]
-    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+    with gateway_with_clients(simulator.url + "/v1", issued, clients) as server:
         client = anthropic.Anthropic(base_url=server.url, api_key=KEY_A, max_retries=0)
         body = {"model": "sim", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
         slow = {"x-sim-tokens": "6", "x-sim-tps": "6"}
@@ -196,7 +213,7 @@ def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) ->
 
 
 def test_the_ollama_client_gets_the_refusal_as_its_error_message(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
     # Ollama's error is a string: the ollama client keeps whatever ``error`` holds.
     clients = [
@@ -205,7 +222,7 @@ def test_the_ollama_client_gets_the_refusal_as_its_error_message(
     routes = [
         {"name": "o", "prefix": "/api", "upstream": simulator.url + "/api", "protocol": "ollama"}
     ]
-    with gateway_for("", routes=routes, clients=clients) as server:
+    with gateway_with_clients("", issued, clients, routes=routes) as server:
         client = ollama.Client(host=server.url, headers={"authorization": f"Bearer {KEY_A}"})
         hello = [{"role": "user", "content": "hi"}]
         assert list(client.chat(model="sim", messages=hello, stream=True))[-1].done
@@ -246,17 +263,19 @@ def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(
     assert line["charged"]["output"] > 0
 
 
-def test_a_named_client_without_limits_gets_no_limit_headers(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS[:1]) as server:
+def test_a_named_client_without_limits_gets_no_limit_headers(
+    simulator: ServerThread, issued: bool
+) -> None:
+    with gateway_with_clients(simulator.url + "/v1", issued, CLIENTS[:1]) as server:
         response = _post(server, KEY_A, "unlimited", _chat())
         assert response.status_code == 200
         assert "x-ratelimit-limit-requests" not in response.headers
 
 
 def test_the_status_page_shows_each_clients_use_against_its_limits(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS, status_page=True) as server:
+    with gateway_with_clients(simulator.url + "/v1", issued, CLIENTS, status_page=True) as server:
         assert _post(server, KEY_B, "status-b", _chat(max_tokens=30)).status_code == 200
         page = web.get(server.url + "/status").text
     section = page.split('<section id="clients">', 1)[1].split("</section>", 1)[0]
@@ -283,7 +302,7 @@ def test_check_config_masks_the_redis_password() -> None:
 
 
 def test_a_retried_stream_is_charged_for_the_attempt_that_answered(
-    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str], issued: bool
 ) -> None:
     """A 500 from the heavy primary, then the answer from the fallback: the failed
     attempt produced no tokens, the answer's reported usage is the charge."""
@@ -303,7 +322,7 @@ def test_a_retried_stream_is_charged_for_the_attempt_that_answered(
             }
         ]
         clients = [{**CLIENTS[1], "limits": {"tokens_per_minute": 100000}}]
-        with gateway_for("", routes=routes, clients=clients, access_log=True) as server:
+        with gateway_with_clients("", issued, clients, routes=routes, access_log=True) as server:
             retried = None
             for attempt in range(5):  # the pick is weighted: the primary first, nearly always
                 rid = f"retried-{attempt}"
@@ -380,10 +399,10 @@ def test_a_route_that_takes_client_keys_but_has_no_credential_is_named_at_start(
 
 
 def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
     clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 60}}]
-    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+    with gateway_with_clients(simulator.url + "/v1", issued, clients) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
         small = {"x-sim-tokens": "3"}
         client.chat.completions.create(**{**_chat(), "max_tokens": 5}, extra_headers=small)

@@ -39,6 +39,12 @@ CLIENTS = [
 ]
 
 
+@pytest.fixture(scope="module", params=["configured", "issued"])
+def clients_issued(request: pytest.FixtureRequest) -> bool:
+    """The clients configured in the file, then the same issued at run time."""
+    return bool(request.param == "issued")
+
+
 @pytest.fixture(scope="module")
 def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     return {"upstream_url": simulator.url + "/v1", "clients": CLIENTS}

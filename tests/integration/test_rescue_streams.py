@@ -578,3 +578,26 @@ def test_a_continued_answer_names_the_upstream_that_finished_it(
     ]
     assert line["upstream"] == "fallback"
     assert response.headers["x-gateway-upstream"] == "primary"  # sent before the cut
+
+
+def test_a_continuation_to_an_upstream_that_signs_is_signed() -> None:
+    """Issue 45 item 16: on an ``auto`` route whose pool mixes a chat upstream with one
+    that signs (SigV4), a continuation to the signing one went without its signature."""
+    from gateway.protocols.sigv4 import AwsKeys
+
+    keys = AwsKeys("AKIDCONTINUE", "continue-secret")
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim() as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary),
+            sim_up("fallback", fallback, priority=1, aws={"region": "us-east-1"}),
+        )
+        credentials = {"chat": {"fallback": keys.packed()}}
+        with gateway_for("", routes=routes, credentials=credentials) as gw:
+            response = continued_chat(gw, "signed-continuation")
+            assert annotation(response.content)["continued"] == "1"
+        (record,) = fallback.server.config.app.state.records.latest(10)
+        assert record.headers["authorization"]["present"]
+        assert record.headers["x-amz-date"]
