@@ -71,7 +71,7 @@ from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
 from gateway.spend import build_stage
-from gateway.spend.stage import SpendStage
+from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -531,6 +531,9 @@ class _Gateway:
         view = dataclasses.replace(self._status_view(board), services=self._services(relay))
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.spend_stage is not None:
+            spend = await status_rows(self.spend_stage.ledger, time.time())
+            view = dataclasses.replace(view, spend=spend)
         if self.key_registry is not None:
             view = dataclasses.replace(view, keys=self.key_registry.listing())
         return HTMLResponse(render(view), headers=STATUS_HEADERS)

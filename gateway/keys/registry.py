@@ -42,6 +42,16 @@ log = logging.getLogger("gateway")
 _STAND_IN = hashlib.sha256(b"gateway: no such key").digest()
 _Entry = tuple[bytes, str, float | None]
 _NONE: _Entry = (_STAND_IN, "", None)
+#: The key an unknown digest is judged with: revoked, as a revoked key is judged.
+_REVOKED = IssuedKey(
+    id="",
+    client="-",
+    digests=[(_STAND_IN.hex(), None)],
+    created_at=0.0,
+    created_by="-",
+    revoked_at=0.0,
+)
+_NEVER = float("inf")
 #: How long a failed subscription waits before it subscribes again.
 _RESUBSCRIBE_SECONDS = 0.5
 
@@ -79,11 +89,11 @@ class Registry:
         key, known or not (see the module's docstring)."""
         expected, key_id, until = self._by_digest.get(digest, _NONE)
         same = hmac.compare_digest(expected, digest)
-        key = self.keys.get(key_id)
+        key = self.keys.get(key_id, _REVOKED)
         now = self._clock()
-        if not same or key is None or key.state(now) != "active":
-            return None
-        if until is not None and now >= until:
+        # no short cut: every kind of key runs each step (``&``, not ``and``)
+        usable = same & (key.state(now) == "active") & (now < (_NEVER if until is None else until))
+        if not usable:
             return None
         self._used[key_id] = now
         return key

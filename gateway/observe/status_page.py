@@ -95,6 +95,8 @@ class StatusView:
     pools: Sequence[tuple[str, str, int, str]] = ()
     #: (what, its state): the cache, resume, the stream store, the limits backend, Redis
     services: Sequence[tuple[str, str]] = ()
+    #: (client, team, USD today, USD this month), from the spend report (``gateway.spend``)
+    spend: Sequence[tuple[str, str, str, str]] = ()
     #: Issued keys (never a secret): (id, client, team, state, last used: unix time or None)
     keys: Sequence[tuple[str, str, str, str, float | None]] = ()
 
@@ -295,6 +297,22 @@ def _incomplete(view: StatusView) -> str:
     return "".join(parts)
 
 
+def _money(limit: str, value: int) -> str:
+    """A money limit's nano-dollars in dollars; any other count as it is."""
+    return f"${value / 1e9:.6f}" if limit.startswith("usd_") else str(value)
+
+
+def _spend(view: StatusView) -> str:
+    if not view.spend:
+        return ""
+    rows = ([_e(c), _e(t), _e(f"${d}"), _e(f"${m}")] for c, t, d, m in view.spend)
+    return (
+        '<section id="spend"><h2>Spend</h2>'
+        + _table(["client", "team", "today (UTC)", "this month"], rows, {2, 3})
+        + "</section>"
+    )
+
+
 def _clients(view: StatusView) -> str:
     if not view.clients:
         return ""
@@ -303,8 +321,8 @@ def _clients(view: StatusView) -> str:
             _e(u.client),
             _e(u.scope),
             _e(u.limit),
-            _e("unavailable" if u.used is None else u.used),
-            _e(u.value),
+            _e("unavailable" if u.used is None else _money(u.limit, u.used)),
+            _e(_money(u.limit, u.value)),
             _e("-" if u.used is None else f"{100 * u.used / u.value:.0f} %"),
         ]
         for u in view.clients
@@ -382,6 +400,7 @@ def render(view: StatusView) -> str:
             _services(view),
             _incomplete(view),
             _clients(view),
+            _spend(view),
             _keys(view),
             _build(view),
             "</body></html>",

@@ -56,7 +56,8 @@ def build_stage(settings: Settings) -> SpendStage | None:
             settings.receipts_ttl_seconds, settings.receipts_max, settings.spend_retention_days
         )
     admins = frozenset(c.name for c in settings.clients if c.spend_admin)
-    return SpendStage(ledger, admins, table_version())
+    teams = {c.name: c.team for c in settings.clients if c.team is not None}
+    return SpendStage(ledger, admins, table_version(), teams=teams)
 
 
 def build_spend(settings: Settings) -> Spend:

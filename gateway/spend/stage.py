@@ -52,8 +52,11 @@ class SpendStage:
         admins: frozenset[str],
         version: str,
         clock: Callable[[], float] = time.time,
+        teams: dict[str, str] | None = None,
     ) -> None:
         self.ledger = ledger
+        #: client -> its configured team
+        self._teams = teams or {}
         self._admins = admins
         self._version = version
         self._clock = clock
@@ -77,6 +80,8 @@ class SpendStage:
 
     def _keep(self, exchange: Exchange) -> None:
         record = exchange.record
+        if record.team is None:  # (a request refused before it was priced)
+            record.team = self._teams.get(record.client_name) or exchange.caller.team
         spend = record.spend
         nanos = spend.nanos if spend is not None else 0
         named = record.client_name != ANONYMOUS
@@ -275,3 +280,28 @@ async def _error(exchange: Exchange, status: int, message: str) -> None:
     record.bytes_out += await send_error(
         exchange.send, exchange.spec.name, status, message, type_, type_, record.request_id
     )
+
+
+async def status_rows(ledger: Ledger, now: float) -> list[tuple[str, str, str, str]]:
+    """Each client's spend today and this month (UTC), with its team, for ``/status``;
+    the teams' sums too (client ``team:<name>``). Empty when the ledger does not answer."""
+    today = int(now) // 86400
+    month_start = _day(_date(today)[:8] + "01", today)
+    try:
+        totals = await ledger.totals(month_start, today)
+    except Exception:
+        return []
+    sums: dict[tuple[str, str], list[int]] = {}
+    for total in totals:
+        row = total.row
+        for key in ((row.client, row.team), (f"team:{row.team}", row.team)):
+            if key[0] == "team:none":
+                continue
+            found = sums.setdefault(key, [0, 0])
+            found[1] += total.nanos
+            if row.day == today:
+                found[0] += total.nanos
+    return [
+        (client, team, nanos_to_usd(day), nanos_to_usd(month))
+        for (client, team), (day, month) in sorted(sums.items())
+    ]

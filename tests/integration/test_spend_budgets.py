@@ -53,7 +53,9 @@ def gw(simulator: ServerThread) -> Iterator[ServerThread]:
         {"name": "r", "prefix": "/v1", "upstream": f"{simulator.url}/v1"},
         {"name": "g", "prefix": "/v1beta", "upstream": f"{simulator.url}/v1beta"},
     ]
-    with gateway_for("", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True) as server:
+    with gateway_for(
+        "", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True, status_page=True
+    ) as server:
         yield server
 
 
@@ -203,6 +205,13 @@ def test_a_teams_budget_is_shared_by_its_clients(gw: ServerThread) -> None:
     text = web.get(gw.url + "/metrics").text
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ana") > 0
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ben") == 0
+    receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    for _ in range(50):  # written by a task: poll, bounded
+        if receipt.status_code == 200:
+            break
+        receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    assert receipt.json()["team"] == "eng"
+    assert receipt.json()["status"] == 429
 
 
 def test_an_unpriced_model_is_refused_naming_it_or_served_labelled(
@@ -295,3 +304,30 @@ def test_receipts_are_the_owners_only_and_the_report_receipts_and_metric_agree_e
     assert round(Decimal(repr(metric)) * 10**9) == summed
     bad = _get(gw, "mixed", "/v1/gateway/spend?group_by=colour")
     assert bad.status_code == 400
+
+
+def test_a_request_that_can_never_fit_a_money_budget_says_so_and_is_not_told_to_retry(
+    gw: ServerThread,
+) -> None:
+    """The team's $0.002 a day; 100,000 output tokens of gpt-4o reserved: $1."""
+    body = {**CHAT, "max_tokens": 100_000}
+    refused = _post(gw, "ben", "never-1", "/v1/chat/completions", body)
+    assert refused.status_code == 429
+    assert "can never fit" in refused.json()["error"]["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
+
+
+def test_the_status_page_shows_spend_per_client_and_team(gw: ServerThread) -> None:
+    answer = _post(gw, "ana", "status-1", "/v1/chat/completions", {**CHAT, "max_tokens": 1})
+    assert answer.status_code in (200, 429)
+    _post(gw, "solo", "status-2", "/v1/chat/completions", CHAT)
+    page = ""
+    for _ in range(50):  # receipts and totals are written by a task: poll, bounded
+        page = web.get(gw.url + "/status").text
+        if "<td>solo</td>" in page.partition('id="spend"')[2]:
+            break
+    spend = page.partition('<section id="spend">')[2].partition("</section>")[0]
+    assert "<td>solo</td>" in spend
+    assert "<td>team:eng</td>" in spend
+    assert "$0.01" in page.partition('id="clients"')[2]  # tight's usd_per_day, in dollars

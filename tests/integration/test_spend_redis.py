@@ -61,13 +61,14 @@ team = "eng"
 """
 
 
-async def _fire(urls: list[str], client: str, count: int) -> list[int]:
+async def _fire(urls: list[str], client: str, count: int, **extra: int) -> list[int]:
     limits = httpx.Limits(max_connections=count)
     body = {
         "model": "gpt-4o",
         "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "stream_options": {"include_usage": True},
+        **extra,
     }
     headers = {"authorization": f"Bearer {KEYS[client]}", "x-sim-tokens": "300"}
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
