@@ -366,7 +366,9 @@ class Relay:
                     await self.cache.settle(exchange, plan)
             finally:
                 if reservation is not None and self.limiter is not None:
-                    await self.limiter.settle(reservation, cost)
+                    # refused by the gateway itself (a late stream over the cap): not served
+                    served = record.rejected is None
+                    await self.limiter.settle(reservation, cost, served=served)
                     record.budgets = reservation.left
 
     async def _cap_output(

@@ -974,3 +974,41 @@ def test_a_hit_names_the_upstream_that_answered_first(sim: ServerThread) -> None
         assert hit.headers["x-gateway-cache"] == "HIT"
         assert miss.headers["x-gateway-upstream"] == "r"
         assert hit.headers.get_list("x-gateway-upstream") == ["r"]
+
+
+def test_a_stream_refused_late_is_neither_served_nor_the_upstreams_answer() -> None:
+    """Issue 45 item 4: a stream the request did not announce, refused by the stream cap
+    once its head was held (503), was settled as served (its client charged a request)
+    and recorded by the cache as the upstream's answer (``REFUSED; reason=upstream_status``
+    for the next identical request)."""
+    from tests.integration.control import gated_upstream
+
+    unannounced = {"model": "sim-1", "messages": [{"role": "user", "content": "late"}]}
+    clients = [{**CLIENTS[0], "limits": {"requests_per_minute": 2}}]
+    with gated_upstream() as upstream, contextlib.ExitStack() as stack:
+        route = {"name": "r", "prefix": "/v1", "upstream": upstream.url + "/v1", "cache": True}
+        gw = stack.enter_context(
+            gateway_for(
+                "",
+                routes=[route],
+                clients=clients,
+                limits={"max_concurrent_streams": 1},
+            )
+        )
+        with httpx.Client(timeout=30) as client:
+            gate = upstream.gate("hold")
+            with client.stream(
+                "POST",
+                f"{gw.url}/v1/chat/completions",
+                json=CHAT,
+                headers={**auth("alice"), "x-gate": "hold"},
+            ) as held:
+                assert gate.reached.wait(30)
+                late = post(gw, unannounced, headers=auth("alice"))
+                assert late.status_code == 503
+                assert late.json()["error"]["code"] == "overloaded"
+                gate.open()
+                held.read()
+            again = post(gw, unannounced, headers=auth("alice"))
+        assert again.status_code == 200, again.text  # the refused one took no request
+        assert again.headers["x-gateway-cache"] == "MISS"
