@@ -1012,3 +1012,39 @@ def test_a_stream_refused_late_is_neither_served_nor_the_upstreams_answer() -> N
             again = post(gw, unannounced, headers=auth("alice"))
         assert again.status_code == 200, again.text  # the refused one took no request
         assert again.headers["x-gateway-cache"] == "MISS"
+
+
+def test_a_predicted_hit_that_expires_before_it_is_served_reserves_what_it_costs(
+    sim: ServerThread,
+) -> None:
+    """Issue 45 item 3: a hit predicted for a named client's limits (no tokens) whose entry
+    was gone when it was to be served went upstream on that zero-token reservation, its
+    output uncapped under ``strict``. The race is made to happen: the entry is deleted
+    the moment the prediction is made."""
+    from gateway.cache.entry import entry_name
+
+    clients = [
+        {**CLIENTS[0], "limits": {"tokens_per_minute": 5000}, "budget_enforcement": "strict"}
+    ]
+    caching = routes(sim, default_output_reservation=100)
+    with gateway_for("", routes=caching, clients=clients) as gw:
+        cache = gw.server.config.app.gateway.relay.cache
+        peek = cache.peek
+
+        async def peek_then_expire(plan: Any) -> bool:
+            found = await peek(plan)
+            if found:
+                await cache.store.delete(plan.source.stream_id)
+                await cache.store.forget(entry_name(plan.key))
+            return bool(found)
+
+        cache.peek = peek_then_expire
+        first = post(gw, CHAT, headers={**auth("alice"), "x-request-id": "first-of-two"})
+        assert first.headers["x-gateway-cache"] == "MISS"
+        again = post(gw, CHAT, headers={**auth("alice"), "x-request-id": "expired-hit"})
+        assert again.status_code == 200
+        assert again.headers["x-gateway-cache"] != "HIT"
+        assert upstream_count(sim) == 2
+        sent = httpx.get(f"{sim.url}/_sim/requests/expired-hit").json()["body"]
+        # strict: the request went upstream with its output capped, as a miss does
+        assert sent.get("max_completion_tokens", sent.get("max_tokens")) == 100
