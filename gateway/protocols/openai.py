@@ -10,6 +10,7 @@ from gateway.guard import ChatContract, CompletionsContract, Protocol, Responses
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
+from gateway.protocols.openai_structured import CHAT_STRUCTURED, RESPONSES_STRUCTURED
 from gateway.protocols.retrieval import Retrieval, after_sequence, response_id_of, stream_true
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
@@ -106,6 +107,7 @@ CHAT = _openai(
     genai_operation="chat",
     continuable=True,
     answer_finish=chat_finish,
+    structured=CHAT_STRUCTURED,
 )
 
 COMPLETIONS = _openai(
@@ -143,4 +145,5 @@ RESPONSES = _openai(
     output_limit=("max_output_tokens",),
     genai_operation="chat",
     answer_finish=responses_finish,
+    structured=RESPONSES_STRUCTURED,
 )
