@@ -66,6 +66,7 @@ class Registry:
         last_used_seconds: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_change: Callable[[IssuedKey | None, IssuedKey | None], None] | None = None,
+        configured: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
@@ -73,6 +74,10 @@ class Registry:
         self._clock = clock
         #: (old, new) of each key that changed (None: absent); the limiter's rules follow
         self.on_change = on_change
+        #: the configured clients' names: a key that claims one without ``existing_client``
+        #: (the file gained that client after the key was issued) is never honoured
+        self.configured = configured
+        self._clashes: set[str] = set()
         self.version = 0
         self.keys: dict[str, IssuedKey] = {}
         #: digest -> (digest, key id, refused after: None while it is the current one)
@@ -130,6 +135,16 @@ class Registry:
             self.on_change(old, key)
 
     def _index(self, key: IssuedKey) -> None:
+        if not key.existing_client and key.client in self.configured:
+            if key.id not in self._clashes:
+                self._clashes.add(key.id)
+                log.warning(
+                    "issued key %s is client %s, which the configuration now names too: "
+                    "it is refused until it is revoked or the configured client renamed",
+                    key.id,
+                    key.client,
+                )
+            return
         for digest, until in key.digests:
             raw = bytes.fromhex(digest)
             self._by_digest[raw] = (raw, key.id, until)
