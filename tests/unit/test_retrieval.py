@@ -24,7 +24,7 @@ def test_a_retrievable_protocol_names_its_id_in_its_first_event() -> None:
         created = _event("response.created", 0, response={"id": "resp_1", "status": "x"})
         assert retrieval.id_of(created) == "resp_1"
         assert retrieval.id_of(_event("response.output_text.delta", 1, delta="hi")) is None
-        assert retrieval.id_of(b"data: {not json, \"response\"\n\n") is None
+        assert retrieval.id_of(b'data: {not json, "response"\n\n') is None
         assert retrieval.wants_stream({"stream": ["true"]})
         assert not retrieval.wants_stream({})
 
