@@ -370,7 +370,9 @@ class _Gateway:
         from gateway.keys.service import KeyService
         from gateway.keys.setup import limiter_follows
 
-        registry.on_change = limiter_follows(relay.limiter)
+        configured = frozenset(c.name for c in self.settings.clients)
+        registry.configured = configured
+        registry.on_change = limiter_follows(relay.limiter, configured)
         self._owns(stack, "keys", registry.close)
         try:
             await registry.load()

@@ -42,6 +42,16 @@ log = logging.getLogger("gateway")
 _STAND_IN = hashlib.sha256(b"gateway: no such key").digest()
 _Entry = tuple[bytes, str, float | None]
 _NONE: _Entry = (_STAND_IN, "", None)
+#: The key an unknown digest is judged with: revoked, as a revoked key is judged.
+_REVOKED = IssuedKey(
+    id="",
+    client="-",
+    digests=[(_STAND_IN.hex(), None)],
+    created_at=0.0,
+    created_by="-",
+    revoked_at=0.0,
+)
+_NEVER = float("inf")
 #: How long a failed subscription waits before it subscribes again.
 _RESUBSCRIBE_SECONDS = 0.5
 
@@ -56,6 +66,7 @@ class Registry:
         last_used_seconds: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_change: Callable[[IssuedKey | None, IssuedKey | None], None] | None = None,
+        configured: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
@@ -63,6 +74,10 @@ class Registry:
         self._clock = clock
         #: (old, new) of each key that changed (None: absent); the limiter's rules follow
         self.on_change = on_change
+        #: the configured clients' names: a key that claims one without ``existing_client``
+        #: (the file gained that client after the key was issued) is never honoured
+        self.configured = configured
+        self._clashes: set[str] = set()
         self.version = 0
         self.keys: dict[str, IssuedKey] = {}
         #: digest -> (digest, key id, refused after: None while it is the current one)
@@ -79,11 +94,11 @@ class Registry:
         key, known or not (see the module's docstring)."""
         expected, key_id, until = self._by_digest.get(digest, _NONE)
         same = hmac.compare_digest(expected, digest)
-        key = self.keys.get(key_id)
+        key = self.keys.get(key_id, _REVOKED)
         now = self._clock()
-        if not same or key is None or key.state(now) != "active":
-            return None
-        if until is not None and now >= until:
+        # no short cut: every kind of key runs each step (``&``, not ``and``)
+        usable = same & (key.state(now) == "active") & (now < (_NEVER if until is None else until))
+        if not usable:
             return None
         self._used[key_id] = now
         return key
@@ -120,6 +135,16 @@ class Registry:
             self.on_change(old, key)
 
     def _index(self, key: IssuedKey) -> None:
+        if not key.existing_client and key.client in self.configured:
+            if key.id not in self._clashes:
+                self._clashes.add(key.id)
+                log.warning(
+                    "issued key %s is client %s, which the configuration now names too: "
+                    "it is refused until it is revoked or the configured client renamed",
+                    key.id,
+                    key.client,
+                )
+            return
         for digest, until in key.digests:
             raw = bytes.fromhex(digest)
             self._by_digest[raw] = (raw, key.id, until)

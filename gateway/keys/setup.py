@@ -29,16 +29,17 @@ def build_store(settings: Settings) -> KeyStore:
 
 
 def limiter_follows(
-    limiter: Limiter | None,
+    limiter: Limiter | None, configured: frozenset[str] = frozenset()
 ) -> Callable[[IssuedKey | None, IssuedKey | None], None] | None:
     """The registry's change callback that gives the limiter each issued client's own
-    limits (a key of a configured client has that client's, from the file)."""
+    limits (a key of a configured client has that client's, from the file, and never
+    replaces them)."""
     if limiter is None:
         return None
 
     def changed(old: IssuedKey | None, new: IssuedKey | None) -> None:
         key = new if new is not None else old
-        if key is None or key.existing_client:
+        if key is None or key.existing_client or key.client in configured:
             return
         limiter.put_client(key.client, new.as_client() if new is not None else None)
 

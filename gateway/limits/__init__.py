@@ -8,7 +8,14 @@ bytes pass.
 """
 
 from gateway.limits.backend import Backend, BackendError, Reserved
-from gateway.limits.limiter import Limiter, LimitRefused, Reservation, Unpriced, build_limiter
+from gateway.limits.limiter import (
+    Limiter,
+    LimitRefused,
+    Reservation,
+    TooLarge,
+    Unpriced,
+    build_limiter,
+)
 
 __all__ = [
     "Backend",
@@ -17,6 +24,7 @@ __all__ = [
     "Limiter",
     "Reservation",
     "Reserved",
+    "TooLarge",
     "Unpriced",
     "build_limiter",
 ]

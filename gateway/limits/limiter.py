@@ -103,6 +103,38 @@ class Unpriced(LimitRefused):
         return "unpriced"
 
 
+class TooLarge(LimitRefused):
+    """A request whose reservation is larger than a limit itself (429, no retry): it can
+    never fit, however long it waits; its message says how to make it fit."""
+
+    def __init__(
+        self, limit: Limit, value: int, input_: int, output: int, strict: bool, headers: list[Any]
+    ) -> None:
+        super().__init__(429, limit, 0.0, headers)
+        self.value = value
+        self.input = input_
+        self.output = output
+        self.strict = strict
+
+    @property
+    def rejected(self) -> str:
+        return "too_large"
+
+
+def _too_large(
+    checks: list[Check], input_: int, output: int, strict: bool
+) -> tuple[Check, int] | None:
+    """The first token check a reservation can never fit in, whatever its counter holds:
+    more tokens than its limit; with ``strict``, the output is capped at what is left, so
+    only the input and one output token must fit. Its minimal amount with it. (A money
+    budget the request alone costs more than is told so by ``LimitRefused.never``.)"""
+    least = output if not strict else min(output, 1)
+    for check in checks:
+        if check.tokens and input_ + least > check.value:
+            return check, input_ + least
+    return None
+
+
 @dataclass(slots=True)
 class Reservation:
     """One admitted request's hold on its client's counters."""
@@ -352,6 +384,10 @@ class Limiter:
         if plan is None or plan.minute != int(now) // 60:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
+        never = _too_large(checks, input_, output, strict)
+        if never is not None:
+            check, _ = never
+            raise TooLarge(check.limit, check.value, input_, output, strict, [])
         if self._memory is not None:
             answer = self._memory.reserve_now(
                 checks, input_, output, strict, now, input_money, output_pico

@@ -17,7 +17,7 @@ import time
 
 from starlette.types import Message, Send
 
-from gateway.limits import LimitRefused, Unpriced
+from gateway.limits import LimitRefused, TooLarge, Unpriced
 from gateway.observe import RequestRecord
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
@@ -27,7 +27,21 @@ from gateway.spend.prices import nanos_to_usd
 __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
 
 
+def _too_large_message(refused: TooLarge) -> str:
+    ways = "a lower max_tokens (or the route's default_output_reservation, for a request "
+    ways += "that names none)"
+    if not refused.strict:
+        ways += ', or budget_enforcement = "strict" (the output capped at what is left)'
+    return (
+        f"This request can never fit this client's {refused.limit} limit of {refused.value} "
+        f"tokens: it reserves {refused.input} input and {refused.output} output tokens, "
+        f"more than the limit itself. To fit, send a shorter input, {ways}."
+    )
+
+
 def _message(refused: LimitRefused, now: float) -> str:
+    if isinstance(refused, TooLarge):
+        return _too_large_message(refused)
     if isinstance(refused, Unpriced):
         return (
             f"The model {refused.model!r} has no price in the gateway's price table or its "
@@ -52,7 +66,9 @@ def _message(refused: LimitRefused, now: float) -> str:
 def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: float) -> bytes:
     """The error body in ``protocol``'s shape."""
     limit = refused.limit
-    if isinstance(refused, Unpriced):
+    if isinstance(refused, TooLarge):
+        type_, code = "invalid_request_error", "request_too_large"
+    elif isinstance(refused, Unpriced):
         type_, code = "invalid_request_error", "model_not_priced"
     elif limit is None:
         type_, code = "service_unavailable", "limits_backend_unavailable"
@@ -64,6 +80,8 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
 
 
 def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
+    if isinstance(refused, TooLarge):  # nothing to wait for
+        return [(b"x-should-retry", b"false")]
     if isinstance(refused, Unpriced) or refused.never is not None:  # nothing to wait for
         return [(b"x-should-retry", b"false"), *refused.headers]
     seconds = refused.retry_after

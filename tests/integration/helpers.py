@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,31 @@ from gateway.server.edge import uvicorn_options
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread, running
+
+#: How often a wait looks at its condition again.
+POLL_SECONDS = 0.02
+
+
+def wait_until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Return once ``check()`` holds, looked at every 20 ms; fail after ``seconds``.
+
+    A test waits for the state it needs, never a fixed time (as uvicorn's
+    ``tests/utils.py:run_server`` waits for ``server.started``)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(POLL_SECONDS)
+
+
+async def until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """``wait_until`` on the event loop: the loop runs on while it waits."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        await asyncio.sleep(POLL_SECONDS)
+
 
 ANNOTATION = re.compile(
     rb": gateway outcome=(?P<outcome>complete|incomplete) reason=(?P<reason>[a-z_]+) "

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from gateway.cache import body_digest
 from gateway.simulator import create_simulator_app
 from tests.conftest import ServerThread, gateway_process, running
-from tests.integration.helpers import access_log_until, gateway_for, metric_value
+from tests.integration.helpers import access_log_until, gateway_for, metric_value, until
 
 #: The gateway's trailer: an error event (incomplete) and the comment line.
 TRAILER = re.compile(rb"(?:data: \{\"error\".*\n\n)?: gateway [^\n]*\n\Z", re.S)
@@ -403,7 +403,7 @@ def test_followers_end_as_the_leader_did_whole_or_not(sim: ServerThread) -> None
     async def both(url: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as c:
             leader = asyncio.ensure_future(c.post(url, json=CHAT, headers=cut))
-            await asyncio.sleep(0.3)
+            await until(lambda: upstream_count(sim) == 1, "the leader reached the upstream")
             follower = await c.post(url, json=CHAT)
             return [await leader, follower]
 

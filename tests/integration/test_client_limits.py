@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests import web
 from tests.conftest import ServerThread
 from tests.integration.helpers import (
     access_log_line,
+    annotation,
     gateway_for,
     gateway_with_clients,
     metric_value,
@@ -401,13 +403,15 @@ def test_a_route_that_takes_client_keys_but_has_no_credential_is_named_at_start(
 def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
     simulator: ServerThread, issued: bool
 ) -> None:
-    clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 60}}]
+    # 100 tokens: the second request (its input and 80 output) fits the budget itself,
+    # not what the first one left of it
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 100}}]
     with gateway_with_clients(simulator.url + "/v1", issued, clients) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
         small = {"x-sim-tokens": "3"}
         client.chat.completions.create(**{**_chat(), "max_tokens": 5}, extra_headers=small)
         with pytest.raises(openai.RateLimitError) as raised:
-            client.chat.completions.create(**{**_chat(), "max_tokens": 50}, extra_headers=small)
+            client.chat.completions.create(**{**_chat(), "max_tokens": 80}, extra_headers=small)
         text = web.get(server.url + "/metrics").text
     assert raised.value.code == "insufficient_quota"
     assert raised.value.response.headers["x-should-retry"] == "false"
@@ -419,3 +423,46 @@ def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
         )
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("limits", "extra", "named"),
+    [
+        ({"tokens_per_minute": 500}, {}, "tokens_per_minute"),
+        ({"tokens_per_day": 5000}, {"max_tokens": 10000}, "tokens_per_day"),
+    ],
+)
+def test_a_request_larger_than_a_limit_itself_is_told_it_can_never_fit(
+    simulator: ServerThread, limits: dict[str, int], extra: dict[str, Any], named: str
+) -> None:
+    """Issue 45 item 1: it was told to retry after 8 s (the openai SDK retried for 66 s),
+    or that a budget untouched was spent; it gets its own refusal, never to be retried."""
+    clients = [{**CLIENTS[0], "limits": limits}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(**{**_chat(), **extra})
+        text = web.get(server.url + "/metrics").text
+    headers = raised.value.response.headers
+    assert raised.value.code == "request_too_large"
+    assert headers["x-should-retry"] == "false"
+    assert "retry-after" not in headers
+    assert "retry-after-ms" not in headers
+    message = raised.value.message
+    assert f"can never fit this client's {named} limit of {next(iter(limits.values()))}" in message
+    assert re.search(r"it reserves \d+ input and \d+ output tokens", message), message
+    assert "max_tokens" in message
+    assert "default_output_reservation" in message
+    assert 'budget_enforcement = "strict"' in message
+    assert "retry after" not in message
+    assert "is spent" not in message
+    # refused once: the SDK spent none of its retries on it
+    assert metric_value(text, "gateway_limited_requests_total", client="team-a", limit=named) == 1
+
+
+def test_a_strict_client_fits_its_output_to_what_is_left_instead(simulator: ServerThread) -> None:
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_minute": 500}, "budget_enforcement": "strict"}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        response = _post(server, KEY_A, "strict-fits", _chat())
+    assert response.status_code == 200, response.text
+    assert annotation(response.content)["outcome"] == "complete"

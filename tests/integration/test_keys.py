@@ -241,3 +241,29 @@ def test_keys_issued_for_a_team_share_its_limits(simulator: ServerThread) -> Non
         unknown = _api(server, "POST", json={"client": "blue-1", "team": "blue"})
         assert unknown.status_code == 422
         assert unknown.json()["error"]["param"] == "team"
+
+
+def test_a_revoked_keys_stream_in_flight_finishes_and_new_requests_are_refused(
+    gw: ServerThread,
+) -> None:
+    created = _create(gw, {"client": "streaming"})
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    headers = {
+        "authorization": f"Bearer {created['key']}",
+        "x-sim-tokens": "20",
+        "x-sim-tps": "20",
+    }
+    with web.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        chunks = response.iter_bytes()
+        received = next(chunks)
+        assert _api(gw, "POST", f"/{created['id']}/revoke").status_code == 200
+        assert _chat(gw, created["key"]).status_code == 401
+        received += b"".join(chunks)
+    assert b": gateway outcome=complete reason=stop" in received

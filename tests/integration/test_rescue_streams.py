@@ -17,7 +17,13 @@ import pytest
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
 from tests.conftest import ServerThread, running
-from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_line,
+    annotation,
+    gateway_for,
+    metric_value,
+    wait_until,
+)
 from tests.integration.test_failover import CHAT, chat_text, metrics, stream
 from tests.sdk import anthropic, openai
 
@@ -431,7 +437,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
                     if seen["body"]["messages"][-1]["role"] == "assistant":
                         break
                 time.sleep(0.05)
-            time.sleep(0.3)  # a delta of it has gone out (4 a second)
+            first = _sent(upstream.url, "drained-continuation")
+            wait_until(  # a delta of it has gone out (4 a second), after its first event
+                lambda: _sent(upstream.url, "drained-continuation") > first,
+                "a delta of the continuation went out",
+            )
             gw.proc.send_signal(signal.SIGTERM)
             thread.join(60)
             gw.proc.wait(timeout=30)
@@ -441,6 +451,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
     assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
     line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
     assert line["continued"] is True
+
+
+def _sent(url: str, request_id: str) -> int:
+    """The bytes the simulator has sent of the answer to ``request_id``."""
+    return int(web.get(f"{url}/_sim/requests/{request_id}").json()["bytes_sent"])
 
 
 def _named(name: str) -> tuple[str, dict[str, Any]]:

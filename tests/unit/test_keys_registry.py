@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 from typing import Any
 
 import pytest
@@ -129,3 +130,38 @@ def test_the_poll_reads_everything_again_when_the_store_is_ahead() -> None:
             await registry.close()
 
     asyncio.run(run())
+
+
+def test_a_key_whose_client_the_file_now_configures_is_refused_and_leaves_its_limits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from gateway.keys.setup import limiter_follows
+    from gateway.limits.limiter import Limiter
+    from gateway.limits.memory import MemoryBackend
+    from gateway.settings import ClientConfig
+
+    configured = ClientConfig(
+        name="team-a", key_sha256=[digest_of("s-file")], limits={"requests_per_minute": 5}
+    )
+    limiter = Limiter([configured], MemoryBackend())
+    registry = Registry(MemoryKeyStore(), configured=frozenset({"team-a"}))
+    registry.on_change = limiter_follows(limiter, frozenset({"team-a"}))
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        registry.apply(_key("team-a", "s-clash", limits={"requests_per_minute": 500}))
+    assert registry.find(_raw("s-clash")) is None
+    assert "configuration now names too" in caplog.text
+    assert [r.limits for r in limiter.rules_of("team-a")] == [
+        r.limits for r in Limiter([configured], MemoryBackend()).rules_of("team-a")
+    ]
+    registry.apply(_key("team-b", "s-own", existing_client=False))
+    registry.apply(
+        IssuedKey(
+            id="key_of_a",
+            client="team-a",
+            existing_client=True,
+            digests=[(digest_of("s-mine"), None)],
+            created_at=1.0,
+            created_by="ops",
+        )
+    )
+    assert registry.find(_raw("s-mine")) is not None
