@@ -340,8 +340,12 @@ class ResponseCache:
             # The leader's client leaving does not stop it at once: see ``_leader_left``.
             detachment = Detachment(exchange, self.metrics)
             exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
-        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing, detachment)
+        plan.recorder = Recorder(
+            exchange.send, writer, extra, exchange.spec.framing, exchange.events, detachment
+        )
         exchange.send = plan.recorder
+        if writer is not None:
+            exchange.events.add(plan.recorder)
 
     def _leader_left(self, exchange: Exchange, stream_id: str, detachment: Detachment) -> None:
         """The leader's client left: its answer is read on when others follow it, else
@@ -533,9 +537,10 @@ class ResponseCache:
         assert plan.key is not None
         stream = streamed(exchange, recorder)
         trailer = b""
+        exchange.events.remove(recorder)
         if recorder.ended:
             if stream:
-                trailer = recorder.final
+                trailer = exchange.events.pending + recorder.final
             elif recorder.final:
                 writer.append(recorder.final)
                 recorder.size += len(recorder.final)

@@ -392,6 +392,7 @@ class Rescuer:
         guard = self.new_guard(outcome)
         if guard is None:
             return Result.EARLY_EOF
+        guard.whole = None  # its events reach the readers as the joint renders them (_send)
         read = chunk_reader(outcome)
         first = await self._hold(guard, read, joint, timeouts.first_byte, timeouts.idle)
         verdict = guard.verdict
@@ -410,7 +411,7 @@ class Rescuer:
         await self._send(first)
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
-            await self._send(joint.rewrite(data))
+            await self._send(joint.rewrite_events(data))
         return guard, read
 
     def _relaying(self, guard: StreamGuard, upstream: str) -> None:
@@ -425,17 +426,17 @@ class Rescuer:
 
     async def _hold(
         self, guard: StreamGuard, read: ReadChunk, joint: Joint, first_byte: float, idle: float
-    ) -> bytes:
+    ) -> list[bytes]:
         """Read into ``guard`` until its joint is checked, its end or a failure; the
-        joint's output so far (nothing of it is sent yet)."""
+        joint's output so far, one whole event each (nothing of it is sent yet)."""
         out: list[bytes] = []
         limit = first_byte
         check = joint.check
         assert check is not None
         while guard.verdict is None and check.state is Check.PENDING:
-            out.append(joint.rewrite(await self._read(guard, read, limit)))
+            out += joint.rewrite_events(await self._read(guard, read, limit))
             limit = idle
-        return b"".join(out)
+        return out
 
     async def _read(self, guard: StreamGuard, read: ReadChunk, seconds: float) -> bytes:
         """One read fed to ``guard`` (its forwarded bytes); a failure ends its verdict."""
@@ -457,10 +458,13 @@ class Rescuer:
             return final
         return guard.feed(chunk)
 
-    async def _send(self, data: bytes) -> None:
-        if not data:
+    async def _send(self, events: list[bytes]) -> None:
+        if not events:
             return
         exchange = self.exchange
+        if exchange.events:
+            exchange.events.relayed(events)  # logged before the client gets them
+        data = b"".join(events)
         try:
             async with asyncio.timeout(exchange.route.timeouts.client_send):
                 await exchange.send({"type": "http.response.body", "body": data, "more_body": True})

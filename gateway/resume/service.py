@@ -45,7 +45,6 @@ from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import STREAM_HEADERS, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.upstream import Upstream
-from gateway.resume.events import with_id
 from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
 from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
 from gateway.resume.takeover import continuation_meta, end_orphan
@@ -131,10 +130,6 @@ class Resumes:
         if value is not None and value.strip().lower() == b"off":
             return None
         config = exchange.route.config
-        if not exchange.spec.framing.text:  # binary frames: no event a cursor can count
-            self.metrics.resume_refused(config.name, "framing")
-            exchange.send = with_headers(exchange.send, [(_OPT_OUT, b"off; reason=framing")])
-            return None
         record = exchange.record
         meta = {
             "content_type": content_type,
@@ -369,7 +364,10 @@ class Resumes:
                     if kept:
                         await self._body(exchange, b"".join(kept))
                 elif batch.events:
-                    if ask.ids:
+                    if (
+                        ask.ids
+                        and exchange.route.spec_for(info.meta.get("path", "")).framing.comments
+                    ):
                         events = []
                         for event in batch.events:
                             number += 1
@@ -513,3 +511,9 @@ def build_resumes(
     if store is None or not any(route.resume for route in settings.effective_routes()):
         return None
     return Resumes(settings, store, metrics, upstream)
+
+
+def with_id(event: bytes, number: int) -> bytes:
+    """``event`` (an SSE block) with an ``id: number`` line first, for a browser
+    ``EventSource`` to reconnect with."""
+    return b"id: %d\n%s" % (number, event)

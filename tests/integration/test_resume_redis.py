@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from gateway.resume.events import Splitter
 from tests import web
+from tests.client_events import Splitter
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation, metric_value, wait_until
 from tests.integration.redis_server import RedisServer, redis_server
