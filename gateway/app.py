@@ -359,6 +359,7 @@ class _Gateway:
             lifecycle=self.lifecycle,
             forwarding=self.forwarding,
             limiter=limiter,
+            spend=relay.spend,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:

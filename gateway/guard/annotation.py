@@ -20,7 +20,7 @@ complete or upstream-errored stream gets nothing.
 
 from __future__ import annotations
 
-from gateway.guard.contract import Protocol, contract_for
+from gateway.guard.contract import Incomplete, Protocol, contract_for
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["comment_line", "error_event", "incomplete_message", "render_annotation"]
@@ -79,11 +79,9 @@ def error_event(
     last_sequence_number: int | None = None,
 ) -> bytes:
     """The protocol-shaped error event for an incomplete stream."""
+    message = incomplete_message(protocol, reason, request_id)
     return contract_for(protocol).error_event(
-        reason,
-        incomplete_message(protocol, reason, request_id),
-        request_id=request_id,
-        last_sequence_number=last_sequence_number,
+        Incomplete(reason, message, request_id, last_sequence_number)
     )
 
 
