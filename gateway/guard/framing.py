@@ -45,12 +45,6 @@ class Framing:
     #: Whether an answer of this media type is a stream only when the request asked
     #: for one (NDJSON is also a bulk format, e.g. a model download's progress).
     announced_only: bool
-    #: Whether its events are lines of text a client can count (SSE blocks, NDJSON
-    #: lines): what a resume's cursor counts. A binary framing's frames are not.
-    text: bool = True
-    #: Whether an event may carry its own id (SSE's ``id:`` field, what a browser's
-    #: ``EventSource`` reconnects with); a line of JSON has no room for one.
-    event_ids: bool = False
 
     def is_stream(self, content_type: str) -> bool:
         """Whether a response's ``Content-Type`` is this framing's media type."""
@@ -63,7 +57,6 @@ SSE = Framing(
     new_decoder=SSEDecoder,
     comments=True,
     announced_only=False,
-    event_ids=True,
 )
 NDJSON = Framing(
     name="ndjson",
@@ -79,7 +72,6 @@ EVENTSTREAM = Framing(
     new_decoder=EventStreamDecoder,
     comments=False,
     announced_only=False,
-    text=False,
 )
 
 #: Every framing: a media type of one of them is a stream, never one whole JSON text.
