@@ -111,7 +111,8 @@ def run_once(data: bytes, way: str) -> float:
         verdicts = reader.verdicts()
         assert [str(v.result) for v in verdicts] == ["valid"], verdicts
     spent = time.process_time() - start
-    assert guard.verdict is not None and guard.verdict.complete, guard.verdict
+    assert guard.verdict is not None
+    assert guard.verdict.complete, guard.verdict
     return spent
 
 
