@@ -121,6 +121,25 @@ class TooLarge(LimitRefused):
         return "too_large"
 
 
+class Uncapped(LimitRefused):
+    """A strict client's request whose body the gateway could not rewrite to cap its
+    output at what is left (too complex to parse within the body parser's budget): 400,
+    never sent upstream uncapped; its own ``max_tokens`` at most ``cap`` needs no
+    rewrite."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(400, None, 0.0, [])
+        self.cap = cap
+
+    @property
+    def label(self) -> str:
+        return "uncapped"
+
+    @property
+    def rejected(self) -> str:
+        return "uncapped"
+
+
 def _too_large(
     checks: list[Check], input_: int, output: int, strict: bool
 ) -> tuple[Check, int] | None:

@@ -139,6 +139,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "rejected": record.rejected,
         "error": record.error,
         "continued": record.continued > 0,
+        "not_continued": record.not_continued,
         "detached": record.detached,
         "transport": record.transport,
     }

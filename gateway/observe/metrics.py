@@ -489,7 +489,7 @@ class Metrics:
 
     def continuation(self, route: str, upstream: str, result: str) -> None:
         """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_honoured``,
-        ``not_continuable``."""
+        ``not_continuable``, ``body_unreadable``."""
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:

@@ -75,6 +75,9 @@ class RequestRecord:
     error: RequestError | None = None  # a closed vocabulary, never exception text
     #: Continuations of a stream cut after some text reached the client.
     continued: int = 0
+    #: Why a cut stream on a route that continues was not continued, where it was not
+    #: even tried (``body_unreadable``, ``not_continuable``).
+    not_continued: str | None = None
     #: The client left a resumable stream and its answer was read on into the log.
     detached: bool = False
     #: On a caching route: hit, follow, miss, refused or bypass (``gateway.cache``).

@@ -43,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.cache import Plan, build_cache
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
-from gateway.limits import LimitRefused, build_limiter
+from gateway.limits import LimitRefused, Reservation, Uncapped, build_limiter
 from gateway.logsetup import LogGate
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
@@ -309,32 +309,17 @@ class Relay:
                 exchange.body = rewritten
                 exchange.withhold_usage = True
         reservation = None
+        hit = False
         if limiter is not None and limited:
-            strict = limiter.strict(record.client_name)
             # A cache hit is counted as a request that spends no tokens.
             hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
-            # The output the request allows itself, by its protocol's own fields.
-            output = spec.requested_output(request_json, route.config.default_output_reservation)
             try:
-                reservation = await limiter.reserve(
-                    record.client_name,
-                    route.name,
-                    record.model,
-                    0 if hit else input_estimate(request_json, len(exchange.body)),
-                    0 if hit else output,
-                    record.stream,
-                    record.request_id,
-                    route.timeouts.total,
-                    strict_input(request_json, len(exchange.body)) if strict and not hit else None,
-                    None if hit else self.spend.quote(exchange),
-                )
+                reservation = await self._reserve(exchange, hit)
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
                 return
             if reservation.headers:
                 exchange.send = with_headers(exchange.send, reservation.headers)
-            if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
-                await self._cap_output(exchange, request_json, reservation.output_cap)
         body, exchange.body = exchange.body, b""
         if record.stream:
             try:
@@ -348,6 +333,18 @@ class Relay:
             self.metrics.stream_started(route.name)
         try:
             if plan is None or not await self._cached(exchange, plan):
+                if hit and reservation is not None and limiter is not None:
+                    # The predicted hit's entry expired before it was served: the request
+                    # goes upstream, on the reservation that costs (strict's bound too).
+                    await limiter.settle(reservation, NOTHING, served=False)
+                    reservation, exchange.body = None, body
+                    try:
+                        reservation = await self._reserve(exchange, False)
+                    except LimitRefused as refused:
+                        await self._limited(exchange, refused)
+                        return
+                    finally:
+                        body, exchange.body = exchange.body, b""
                 await self._send(exchange, target, body, request_json)
         finally:
             # What needs no wait first: a cancel during an await below (the client gone,
@@ -366,21 +363,59 @@ class Relay:
                     await self.cache.settle(exchange, plan)
             finally:
                 if reservation is not None and self.limiter is not None:
-                    await self.limiter.settle(reservation, cost)
+                    # refused by the gateway itself (a late stream over the cap): not served
+                    served = record.rejected is None
+                    await self.limiter.settle(reservation, cost, served=served)
                     record.budgets = reservation.left
+
+    async def _reserve(self, exchange: Exchange, hit: bool) -> Reservation:
+        """A named client's reservation for the request (a predicted cache hit's: no
+        tokens), its output capped in its body under ``strict``; LimitRefused."""
+        limiter, route, record = self.limiter, exchange.route, exchange.record
+        assert limiter is not None
+        request_json, spec = exchange.request_json, exchange.spec
+        strict = limiter.strict(record.client_name)
+        # The output the request allows itself, by its protocol's own fields.
+        output = spec.requested_output(request_json, route.config.default_output_reservation)
+        reservation = await limiter.reserve(
+            record.client_name,
+            route.name,
+            record.model,
+            0 if hit else input_estimate(request_json, len(exchange.body)),
+            0 if hit else output,
+            record.stream,
+            record.request_id,
+            route.timeouts.total,
+            strict_input(request_json, len(exchange.body)) if strict and not hit else None,
+            None if hit else self.spend.quote(exchange),
+        )
+        if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
+            try:
+                await self._cap_output(exchange, request_json, reservation.output_cap)
+            except LimitRefused:
+                await limiter.settle(reservation, NOTHING, served=False)
+                raise
+        return reservation
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
     ) -> None:
         """``budget_enforcement = "strict"``: the request's own output limit lowered to the
-        tokens its client has left, so that the provider stops there (``length``)."""
-        changes = exchange.spec.capped_output(request_json, cap)
+        tokens its client has left, so that the provider stops there (``length``); a body
+        too complex to rewrite is refused (``Uncapped``), never sent uncapped."""
+        spec = exchange.spec
+        if request_json is None and exchange.body and spec.output_limit:
+            # not JSON to the gateway (too complex to parse within the body parser's
+            # budget): its output limit cannot be read, nor capped
+            raise Uncapped(cap)
+        changes = spec.capped_output(request_json, cap)
         if not changes:
             return
         rewritten = await self.bodies.rewrite(exchange.body, changes)
-        if rewritten is not None:
-            self._hold(exchange, len(rewritten) - len(exchange.body))
-            exchange.body = rewritten
+        if rewritten is None:
+            raise Uncapped(cap)
+        self._hold(exchange, len(rewritten) - len(exchange.body))
+        exchange.body = rewritten
 
     async def _cached(self, exchange: Exchange, plan: Plan) -> bool:
         """Answered from the response cache (else the answer is recorded for it)."""
@@ -571,7 +606,7 @@ class Relay:
 
     def _rescuer(self, exchange: Exchange, tally: _Tally, outgoing: _Outgoing) -> Rescuer | None:
         """A continuation helper for a route that continues cut streams, else None."""
-        if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
+        if not exchange.route.config.continue_after_cut:
             return None
         route = exchange.route
         protocol = exchange.spec.protocol
