@@ -62,6 +62,7 @@ from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
 from gateway.proxy.relay import Relay
+from gateway.proxy.schema_stage import SchemaStage
 from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
@@ -392,6 +393,9 @@ class _Gateway:
             stages.append(self.spend_stage)
         if self.key_registry is not None:  # an issued key's models
             stages.append(KeyModels(self.key_registry))
+        # innermost: it reads the answer as relayed (a route's schema_check says what a
+        # fault does); a request without a schema passes with one substring search
+        stages.append(SchemaStage())
         return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:

@@ -62,6 +62,9 @@ class Exchange:
     #: The readers of the answer's whole events (``gateway.guard.whole``): the stages
     #: register them (log writers, checks); every guard of the answer hands them events.
     events: WholeEvents = field(default_factory=WholeEvents)
+    #: Words the stages add to the stream's trailer comment (``key=value``), each asked
+    #: once the verdict is known, just before the trailer is written.
+    trailer_words: list[Callable[[], str]] = field(default_factory=list)
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 
