@@ -225,6 +225,10 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             gateway_process(["--config", str(config)]) as b,
         ):
             urls = [a.url, b.url]
+            # the start-up log names the mode and the nodes found
+            a.wait_stderr(
+                f"redis: sentinel, service 'gw': master 127.0.0.1:{redis.master_port()}".encode()
+            )
             traffic = Traffic(urls)
             runner = threading.Thread(target=traffic.run, daemon=True)
             runner.start()
@@ -236,6 +240,10 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             old = redis.master_port()
             redis.kill_master()
             killed = time.monotonic()
+            # /readyz stays ready (every replica shares the outage) and says what it knows
+            ready = a.url + "/readyz"
+            wait_for(lambda: httpx.get(ready).json().get("limits_backend") == "unavailable",
+                     30, "/readyz: limits_backend unavailable")  # fmt: skip
             new = redis.wait_promoted(old)
             wait_for(lambda: any(x[2] == 200 and x[0] > killed for x in traffic.answers), 60,
                      "a limited request admitted after the failover")  # fmt: skip
@@ -244,6 +252,11 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             wait_for(lambda: traffic.answers[-1][0] > after, 30, "2 s of traffic after it")
             traffic.stop.set()
             runner.join(60)
+            assert "limits_backend" not in httpx.get(a.url + "/readyz").json()
+            # the outage is logged once when it starts and once when it ends
+            a.wait_stderr(b"limits backend: Redis answers again after")
+            assert a._stderr_seen.count(b"limits backend: Redis does not answer") == 1
+            assert a._stderr_seen.count(b"limits backend: Redis answers again after") == 1
             for stream in streams:
                 stream.thread.join(60)
             gap, failed = traffic.gap_after(killed)
@@ -251,7 +264,7 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             # the settlements kept while Redis was away are sent again: poll until settled
             master = Redis(port=new, password=PASSWORD)
             pattern = "gateway:{steady}:*tokens_per_day*"
-            served = traffic.served_tokens()
+            served = traffic.served_tokens() + sum(_usage(s.body) for s in streams)
             with contextlib.suppress(AssertionError):  # what stays short is the loss
                 wait_for(lambda: _counted(master, pattern) >= served, 10, "settlements sent")
             counted = _counted(master, pattern)
