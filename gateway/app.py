@@ -39,6 +39,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.capture.writer import CaptureWriter
+from gateway.keys.api import KeysApi
+from gateway.keys.registry import Registry
+from gateway.keys.setup import build_store
+from gateway.keys.stage import KeyModels
+from gateway.keys.store import StoreUnavailable
 from gateway.lifecycle import Lifecycle
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
@@ -57,6 +62,7 @@ from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
 from gateway.proxy.relay import Relay
+from gateway.proxy.schema_stage import SchemaStage
 from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
@@ -65,6 +71,8 @@ from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import RouteConfig, Settings
+from gateway.spend import build_stage
+from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import StoreError
 
 __all__ = ["create_app"]
@@ -89,6 +97,10 @@ class GatewayApp(Starlette):
                 relay = self.gateway.relay
                 if relay is None:
                     await _not_ready(scope, send)
+                    return
+                keys_api = self.gateway.keys_api
+                if keys_api is not None and keys_api.owns(route, scope["path"]):
+                    await keys_api.handle(route, scope, receive, send)
                     return
                 await relay.handle(route, scope, receive, send)
                 return
@@ -174,6 +186,17 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Keys issued at run time (``keys.store``): the admin API and this process's copy.
+        self.keys_api: KeysApi | None = None
+        self.key_registry: Registry | None = None
+        if settings.keys.store != "off":
+            self.key_registry = Registry(
+                build_store(settings),
+                settings.keys.refresh_seconds,
+                settings.keys.last_used_seconds,
+            )
+        #: Receipts and the spend report (``gateway.spend``); None without named clients.
+        self.spend_stage: SpendStage | None = None
         self.ws_relay: WebSocketRelay | None = None
         #: What the lifespan holds open now (oldest first), and what it closed, in order.
         self.opened: list[str] = []
@@ -284,6 +307,9 @@ class _Gateway:
             else Upstream(self.transport, self.settings.timeouts.connect)
         )
         self._owns(stack, "upstream", upstream.aclose)
+        self.spend_stage = build_stage(self.settings)
+        if self.spend_stage is not None:
+            self._owns(stack, "receipts", self.spend_stage.close)
         relay = Relay(
             settings=self.settings,
             upstream=upstream,
@@ -333,12 +359,44 @@ class _Gateway:
             lifecycle=self.lifecycle,
             forwarding=self.forwarding,
             limiter=limiter,
+            spend=relay.spend,
         )
+
+    async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:
+        """Issued keys: this process's copy loaded (a store that does not answer yet is
+        read again at the next poll), followed, and handed to the admission."""
+        relay, registry = self.relay, self.key_registry
+        if registry is None or relay is None:
+            return
+        from gateway.keys.service import KeyService
+        from gateway.keys.setup import limiter_follows
+
+        configured = frozenset(c.name for c in self.settings.clients)
+        registry.configured = configured
+        registry.on_change = limiter_follows(relay.limiter, configured)
+        self._owns(stack, "keys", registry.close)
+        try:
+            await registry.load()
+        except StoreUnavailable as exc:
+            log.warning("key store not ready at start (%s): issued keys wait for it", exc)
+        registry.start()
+        relay.admission.issued = registry  # the WebSocket relay's too: the same one
+        service = KeyService(self.settings, registry.store, registry, self.metrics.key_changed)
+        admins = frozenset(c.name for c in self.settings.clients if c.keys_admin)
+        self.keys_api = KeysApi(service, relay.admission, admins)
 
     def _stages(self) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
         the one place their order is written."""
-        return []
+        stages: list[Stage] = []
+        if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
+            stages.append(self.spend_stage)
+        if self.key_registry is not None:  # an issued key's models
+            stages.append(KeyModels(self.key_registry))
+        # innermost: it reads the answer as relayed (a route's schema_check says what a
+        # fault does); a request without a schema passes with one substring search
+        stages.append(SchemaStage())
+        return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
         previous = install_drain_handlers(self.lifecycle.begin_drain, self.lifecycle.stop_all)
@@ -482,9 +540,14 @@ class _Gateway:
         refusal = self._status_refusal(relay, request.scope, request_id)
         if refusal is not None:
             return refusal
-        view = self._status_view(board)
+        view = dataclasses.replace(self._status_view(board), services=self._services(relay))
         if relay.limiter is not None:
             view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.spend_stage is not None:
+            spend = await status_rows(self.spend_stage.ledger, time.time())
+            view = dataclasses.replace(view, spend=spend)
+        if self.key_registry is not None:
+            view = dataclasses.replace(view, keys=self.key_registry.listing())
         return HTMLResponse(render(view), headers=STATUS_HEADERS)
 
     def _status_refusal(self, relay: Relay, scope: Scope, request_id: str) -> Response | None:
@@ -504,6 +567,41 @@ class _Gateway:
             "forbidden",
             request_id,
         )
+
+    def _services(self, relay: Relay) -> list[tuple[str, str]]:
+        """The status page's rows for the cache, resume, the stream store, the limits
+        backend and Redis: what is on, where, and (this process's view) how it is."""
+        settings = self.settings
+
+        def routes_with(flag: str) -> str:
+            names = [r.name for r in self.routes if getattr(r.config, flag)]
+            return "on for routes " + ", ".join(names) if names else "off (no route)"
+
+        store, limiter = relay.store, relay.limiter
+        held = (
+            f"{store.size / 2**20:.1f} MiB of {settings.stream_store_max_bytes / 2**20:.0f} MiB "
+            "held (this process's account)"
+            if store is not None
+            else "unused (no route resumes or caches)"
+        )
+        answers = (
+            ("answers" if limiter.ready else "has not answered yet")
+            if limiter is not None
+            else "unused (no client has limits)"
+        )
+        redis = "not configured"
+        if settings.redis_url:
+            host = httpx.URL(settings.redis_url).host or "(socket)"
+            redis = f"{settings.redis_mode} at {host}" + (
+                f" (nodes: {', '.join(settings.redis_nodes)})" if settings.redis_nodes else ""
+            )
+        return [
+            ("cache", routes_with("cache")),
+            ("resume", routes_with("resume")),
+            (f"stream store: {settings.stream_store}", held),
+            (f"limits backend: {settings.limits_backend}", answers),
+            ("Redis", redis),
+        ]
 
     def _status_view(self, board: StatusBoard) -> StatusView:
         live = self._live_streams()
@@ -564,7 +662,16 @@ class _Gateway:
 _TRACING_SHUTDOWN_SECONDS = 5.0
 
 #: The lifespan's start, in order (``_Gateway._open_<step>``); the stop is its reverse.
-START_STEPS = ("process", "simulator", "writers", "relay", "signals", "status_share", "ready")
+START_STEPS = (
+    "process",
+    "simulator",
+    "writers",
+    "relay",
+    "keys",
+    "signals",
+    "status_share",
+    "ready",
+)
 
 
 def _longest_request(settings: Settings) -> float:

@@ -1,4 +1,5 @@
-"""The command line: ``gateway serve``, ``simulate``, ``check-config``, ``probe``, ``replay``.
+"""The command line: ``gateway serve``, ``simulate``, ``check-config``, ``probe``, ``replay``,
+``keys`` (``gateway.keys.cli``).
 
 Imports of the app (and so of prometheus_client) are deferred until the
 multiprocess metrics directory is prepared, because prometheus-client picks
@@ -23,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import ValidationError
 
 from gateway import __version__, guard_build
+from gateway.keys.cli import add_commands as add_key_commands
+from gateway.keys.cli import run as run_keys
 from gateway.logsetup import configure_logging, uvicorn_log_config
 from gateway.redaction import redact_url, redacted
 from gateway.settings import (
@@ -249,6 +252,15 @@ def _parser() -> argparse.ArgumentParser:
         "no capture.",
     )
     replay.add_argument("files", nargs="+", metavar="FILE")
+    keys = sub.add_parser(
+        "keys",
+        help="issue, list, show, rotate and revoke client keys",
+        description="Change the keys issued at run time, in the shared store "
+        '(keys.store = "redis") the configuration names; every gateway on it agrees '
+        "within a second. Prints JSON; a secret once.",
+    )
+    common(keys)
+    add_key_commands(keys)
     sim = sub.add_parser(
         "simulate",
         help="run the built-in fake provider",
@@ -592,6 +604,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "probe":
         raise SystemExit(probe(args, settings))
+    if args.command == "keys":
+        configure_logging(settings.log_level, settings.log_format)
+        raise SystemExit(run_keys(settings, args))
     serve(settings)
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "ClientConfig",
     "ClientLimits",
     "GatewayLimits",
+    "IssuedKeys",
     "PriceOverride",
     "RetryCause",
     "RouteConfig",
@@ -469,6 +470,21 @@ class RouteConfig(_Strict):
         description="A Retry-After up to this is waited out on the same upstream; "
         "a longer one sends the retry to the next tier.",
     )
+    # -- structured outputs (docs/structured-outputs.md) --
+    schema_check: Literal["off", "record", "end"] = Field(
+        "record",
+        description="What a structured answer or tool call that breaks the request's schema "
+        'does: "record" (the verdict in the trailer, the log and the metrics; bytes '
+        'unchanged), "end" (the stream ends at the violating event with the protocol\'s '
+        'error event, reason schema_mismatch), "off".',
+    )
+    schema_max_answer_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        le=64 * 1024 * 1024,
+        description="The most of one structured answer or tool call the end check holds; "
+        "a larger one is unchecked.",
+    )
     # -- resumable streams (docs/resume.md) --
     resume: Flag = Field(
         False,
@@ -725,6 +741,36 @@ class IssuedAwsKey(_Strict):
     )
 
 
+class IssuedKeys(_Strict):
+    """Keys issued at run time (``gateway.keys``): where they live and how fast every
+    replica learns of a change."""
+
+    store: Literal["off", "memory", "redis"] = Field(
+        "off",
+        description='"memory": this process only, lost at restart; "redis": redis_url, '
+        "shared by every worker and replica; off: no keys issued at run time.",
+    )
+    refresh_seconds: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="How often a replica checks the keys' version (besides Redis pub/sub).",
+    )
+    last_used_seconds: float = Field(
+        60.0, gt=0, description="How often each process writes the keys' last use."
+    )
+    max_keys: int = Field(100_000, gt=0, description="The most keys the store holds.")
+    max_metadata_bytes: int = Field(
+        4096, gt=0, le=65536, description="Largest metadata of a key, as JSON bytes (413)."
+    )
+    rotation_overlap_seconds: float = Field(
+        3600.0,
+        ge=0,
+        le=30 * 86400,
+        description="How long a rotated key's old secret still works, unless the call says.",
+    )
+
+
 class ClientConfig(_Strict):
     """A named client: its keys, the routes it may use, its limits."""
 
@@ -758,8 +804,16 @@ class ClientConfig(_Strict):
     cache_admin: Flag = Field(
         False, description="May delete its own cache entries (DELETE .../gateway/cache/{key})."
     )
+    keys_admin: Flag = Field(
+        False,
+        description="May issue, list, rotate and revoke keys (the admin API "
+        "{prefix}/gateway/keys); it sees the keys it issued.",
+    )
     team: str | None = Field(
         None, description="The team (``[[teams]]``) whose limits it shares, checked with its own."
+    )
+    spend_admin: bool = Field(
+        False, description="Sees every client's spend in GET .../gateway/spend (else its own)."
     )
     unpriced: Literal["refuse", "allow"] = Field(
         "refuse",
@@ -845,6 +899,15 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Price overrides: negotiated rates, self-hosted models (over the table).",
     )
+    receipts_ttl_seconds: float = Field(
+        604800.0, gt=0, description="How long a request's receipt is kept (7 days)."
+    )
+    receipts_max: int = Field(
+        100000, ge=1, description="Receipts the memory ledger keeps at most (oldest dropped)."
+    )
+    spend_retention_days: int = Field(
+        400, ge=1, le=3660, description="Days of the spend report's totals kept."
+    )
     limits_backend: Literal["memory", "redis"] = Field(
         "memory", description="Where the clients' counters live: this process, or Redis."
     )
@@ -929,6 +992,7 @@ class Settings(BaseSettings):
         description="The process log on stderr: timestamped text lines, or one JSON object each.",
     )
     tracing: Tracing = Tracing()
+    keys: IssuedKeys = IssuedKeys()
     status_page: Flag = Field(
         False,
         description="Serve GET /status: to loopback clients, or with a global client key.",
@@ -1044,6 +1108,13 @@ class Settings(BaseSettings):
             raise ValueError(
                 f'redis_mode = "{self.redis_mode}" needs redis_url (its scheme, '
                 "password and TLS options)"
+            )
+        if self.keys.store == "redis" and self.redis_url is None:
+            raise ValueError('keys.store = "redis" needs redis_url (redis:// or rediss://)')
+        if self.keys.store == "memory" and self.workers > 1:
+            raise ValueError(
+                f'workers = {self.workers} with keys.store = "memory": a key issued by one '
+                'worker would be unknown to the others. Use keys.store = "redis"'
             )
         if self.stream_store == "redis" and self.redis_url is None:
             raise ValueError('stream_store = "redis" needs redis_url (redis:// or rediss://)')

@@ -340,8 +340,12 @@ class ResponseCache:
             # The leader's client leaving does not stop it at once: see ``_leader_left``.
             detachment = Detachment(exchange, self.metrics)
             exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
-        plan.recorder = Recorder(exchange.send, writer, extra, exchange.spec.framing, detachment)
+        plan.recorder = Recorder(
+            exchange.send, writer, extra, exchange.spec.framing, exchange.events, detachment
+        )
         exchange.send = plan.recorder
+        if writer is not None:
+            exchange.events.add(plan.recorder)
 
     def _leader_left(self, exchange: Exchange, stream_id: str, detachment: Detachment) -> None:
         """The leader's client left: its answer is read on when others follow it, else
@@ -533,9 +537,10 @@ class ResponseCache:
         assert plan.key is not None
         stream = streamed(exchange, recorder)
         trailer = b""
+        exchange.events.remove(recorder)
         if recorder.ended:
             if stream:
-                trailer = recorder.final
+                trailer = exchange.events.pending + recorder.final
             elif recorder.final:
                 writer.append(recorder.final)
                 recorder.size += len(recorder.final)
@@ -565,7 +570,10 @@ class ResponseCache:
             self.metrics.cached(route.name, "refused", refusal)
             await self._forget_if(name, writer.id)
             await store.forget(refused)
-            await store.claim(refused, refusal, config.cache_ttl_seconds)
+            if exchange.record.rejected is None:
+                # the upstream's answer is not kept, and says why to the next; a refusal
+                # of the gateway's own (a late stream over the cap) is no answer of it
+                await store.claim(refused, refusal, config.cache_ttl_seconds)
         except StoreError:
             log.warning("route %s: the stream store failed at an answer's end", route.name)
             return

@@ -1,8 +1,9 @@
 """The leader's ``send``: what the client gets is also appended to the entry's log.
 
-The head goes in as event 1 (``entry.encode_head``), each body send as one
-event (a stream's are event-aligned: the relay only sends whole events); the
-last send, a stream's trailer, is kept apart for the log's end. A plain
+The head goes in as event 1 (``entry.encode_head``); then a stream's whole
+events as its guard hands them out (the recorder is one of the exchange's
+readers, ``gateway.guard.whole``), a plain answer's body sends one event each;
+the last send, a stream's trailer, is kept apart for the log's end. A plain
 answer's body is also kept (up to the log's bound) so that its finish can be
 read once it is whole. ``extra`` headers (``X-Gateway-Cache``) go to the
 client only, never into the log. Once the leader's client left while others
@@ -14,7 +15,7 @@ from __future__ import annotations
 from starlette.types import Message, Send
 
 from gateway.cache.entry import encode_head
-from gateway.guard import Framing
+from gateway.guard import Event, Framing, WholeEvents
 from gateway.proxy.detach import Detachment
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.store import Writer
@@ -37,6 +38,7 @@ class Recorder:
         "headers",
         "size",
         "status",
+        "whole",
         "writer",
     )
 
@@ -46,6 +48,7 @@ class Recorder:
         writer: Writer | None,
         extra: RawHeaders,
         framing: Framing,
+        whole: WholeEvents,
         detachment: Detachment | None = None,
     ) -> None:
         self._send = send
@@ -60,6 +63,18 @@ class Recorder:
         self.final = b""
         self.ended = False
         self.detachment = detachment
+        #: The exchange's readers: a guarded stream's whole events come from its guard.
+        self.whole = whole
+
+    def check(self, piece: bytes, event: Event) -> None:
+        return None
+
+    def take(self, piece: bytes, event: Event | None) -> None:
+        """One whole event of a streamed answer, as the client gets it."""
+        writer = self.writer
+        if writer is not None:
+            writer.append(piece)
+            self.size += len(piece)
 
     async def __call__(self, message: Message) -> None:
         kind = message["type"]
@@ -76,7 +91,7 @@ class Recorder:
         elif kind == "http.response.body":
             body = message.get("body", b"")
             if message.get("more_body", False):
-                if body and writer is not None:
+                if body and writer is not None and not self.whole.streaming:
                     writer.append(body)
                     self.size += len(body)
                     if self.body is not None:

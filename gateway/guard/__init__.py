@@ -1,9 +1,10 @@
 """The sans-IO core: bytes in, events and a verdict out.
 
 Nothing in this package does I/O, reads a clock or imports the rest of the
-gateway. A framing's decoder (``sse``, ``ndjson``, ``eventstream``) decodes the stream, one
-contract per protocol family judges it, ``StreamGuard`` decides which bytes may be forwarded, and
-``annotation`` renders the trailer that tells the client the truth.
+gateway. A framing's decoder (``sse``, ``ndjson``, ``eventstream``) decodes the
+stream, one contract per protocol family judges it, ``StreamGuard`` decides which
+bytes may be forwarded (and hands the stream's readers each whole event:
+``whole``), and ``annotation`` renders the trailer that tells the client the truth.
 """
 
 from gateway.guard.annotation import render_annotation
@@ -21,6 +22,7 @@ from gateway.guard.responses import ResponsesContract
 from gateway.guard.sse import Event, SSEDecoder
 from gateway.guard.stream import StreamGuard
 from gateway.guard.verdict import Outcome, Reason, Usage, Verdict, normalize_finish
+from gateway.guard.whole import EventConsumer, Refusal, WholeEvents
 
 __all__ = [
     "Action",
@@ -31,6 +33,7 @@ __all__ = [
     "Contract",
     "Decoder",
     "Event",
+    "EventConsumer",
     "EventTooLarge",
     "Framing",
     "FramingOnly",
@@ -43,11 +46,13 @@ __all__ = [
     "Outcome",
     "Protocol",
     "Reason",
+    "Refusal",
     "ResponsesContract",
     "SSEDecoder",
     "StreamGuard",
     "Usage",
     "Verdict",
+    "WholeEvents",
     "gemini_error_event",
     "normalize_finish",
     "render_annotation",

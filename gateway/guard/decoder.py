@@ -5,9 +5,11 @@ into events, incrementally and within byte budgets. ``StreamGuard`` drives
 any of them through this base: ``feed`` returns the events a chunk
 completed, ``close`` those only the end of the body completes, ``boundary``
 is the offset up to which the input is whole events (what may be forwarded),
-``received`` the bytes fed. After a ``GuardError`` a decoder is dead and
-``events_before_error`` holds the whole events the failing ``feed`` completed
-before the offending line.
+``received`` the bytes fed, ``quiet_ends`` the ends of whole blocks that
+dispatched no event (SSE comment-only or data-less blocks, blank NDJSON
+lines: ``gateway.guard.whole`` cuts there too; the guard empties it). After a
+``GuardError`` a decoder is dead and ``events_before_error`` holds the whole
+events the failing ``feed`` completed before the offending line.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class Decoder:
         #: After a GuardError: the events the failing ``feed`` completed before the
         #: offending line (they are whole and valid; the caller may still judge them).
         self.events_before_error: list[Event] = []
+        #: Offsets after whole blocks that dispatched no event, in order (the reader
+        #: empties it).
+        self.quiet_ends: list[int] = []
         self._error: GuardError | None = None
 
     @property

@@ -45,9 +45,6 @@ class Framing:
     #: Whether an answer of this media type is a stream only when the request asked
     #: for one (NDJSON is also a bulk format, e.g. a model download's progress).
     announced_only: bool
-    #: Whether its events are lines of text a client can count (SSE blocks, NDJSON
-    #: lines): what a resume's cursor counts. A binary framing's frames are not.
-    text: bool = True
 
     def is_stream(self, content_type: str) -> bool:
         """Whether a response's ``Content-Type`` is this framing's media type."""
@@ -75,7 +72,6 @@ EVENTSTREAM = Framing(
     new_decoder=EventStreamDecoder,
     comments=False,
     announced_only=False,
-    text=False,
 )
 
 #: Every framing: a media type of one of them is a stream, never one whole JSON text.

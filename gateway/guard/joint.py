@@ -177,12 +177,16 @@ class Joint:
         self.check = check
 
     def rewrite(self, data: bytes) -> bytes:
+        return b"".join(self.rewrite_events(data))
+
+    def rewrite_events(self, data: bytes) -> list[bytes]:
+        """``rewrite``, one whole event each."""
         out: list[bytes] = []
         for event in self._decoder.feed(data):
             rewritten = self._event(event.event, event.data)
             if rewritten is not None:
                 out.append(rewritten)
-        return b"".join(out)
+        return out
 
     def _event(self, event: str, data: str) -> bytes | None:
         raise NotImplementedError

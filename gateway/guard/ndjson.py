@@ -94,6 +94,8 @@ class NDJSONDecoder(Decoder):
                 except UnicodeDecodeError:
                     text = line.decode("utf-8", "replace")
                 append(_new_event(Event, ("message", text, "", None, pos, end)))
+            else:
+                self.quiet_ends.append(end)
             pos = end
         self._boundary = pos
         self._tail = [rest] if rest else []

@@ -82,6 +82,7 @@ class SSEDecoder(Decoder):
         #: interpreted once the next byte tells whether its terminator is CR or CRLF
         self._blank_pending: int | None = None
         self._block_start: int | None = None  # offset of the open block's first line
+        self._comments = False  # comment lines since the last blank line, outside a block
         self._data: list[bytes] = []
         self._has_data = False
         self._data_size = 0
@@ -252,6 +253,7 @@ class SSEDecoder(Decoder):
         first pair of another shape; returns the offset after the last block
         decoded (the caller counts the events it appended).
         """
+        first = pos
         last_id = self.last_event_id
         append = events.append
         new_event = _new_event
@@ -272,6 +274,8 @@ class SSEDecoder(Decoder):
             end = pos + (len(line) + width)
             append(new_event(cls, ("message", text, last_id, None, pos, end)))
             pos = end
+        if pos != first:  # a comment before the first pair was that block's
+            self._comments = False
         return pos
 
     def _line(self, line: bytes, pos: int, end: int, events: list[Event]) -> None:
@@ -286,11 +290,17 @@ class SSEDecoder(Decoder):
             if self._block_start is not None:
                 if self._has_data:
                     events.append(self._dispatch(end))
+                else:
+                    self.quiet_ends.append(end)
                 self._reset_block()
+            elif self._comments:
+                self.quiet_ends.append(end)  # a comment-only block (``: ping``)
+            self._comments = False
             self._boundary = end
             return
         if line[0] == _COLON:
             if self._block_start is None:
+                self._comments = True
                 self._boundary = end
             elif end - self._block_start > self._max_block_bytes:
                 raise EventTooLarge(

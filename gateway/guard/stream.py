@@ -24,6 +24,7 @@ from gateway.guard.decoder import Decoder, Event
 from gateway.guard.errors import GuardError
 from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.guard.verdict import Reason, Verdict
+from gateway.guard.whole import WholeEvents
 
 __all__ = ["StreamGuard"]
 
@@ -71,6 +72,10 @@ class StreamGuard:
         #: the annotation only when no continuation takes the stream over.
         self.withhold_errors = False
         self.withheld = b""
+        #: The response's readers of whole events (``gateway.guard.whole``), shared by
+        #: every guard of one answer; with none, the guard cuts nothing.
+        self.whole: WholeEvents | None = None
+        self._quiet = self.decoder.quiet_ends
 
     @property
     def verdict(self) -> Verdict | None:
@@ -122,6 +127,11 @@ class StreamGuard:
 
     def _judge(self, events: list[Event], held: bytes, error: GuardError | None) -> bytes:
         """Run ``events`` through the contract; return the bytes of ``held`` to forward."""
+        whole = self.whole
+        if whole is not None and whole:
+            return self._judge_whole(events, held, error, whole)
+        if self._quiet:
+            self._quiet.clear()
         base = self._held_start
         out: list[bytes] = []
         cursor = base  # first stream offset not yet emitted or dropped
@@ -156,6 +166,83 @@ class StreamGuard:
         if self._comments and _MARK in data:
             data = self._drop_forged(data)
         self.forwarded_bytes += len(data)
+        return data
+
+    def _judge_whole(
+        self, events: list[Event], held: bytes, error: GuardError | None, whole: WholeEvents
+    ) -> bytes:
+        """``_judge`` for a stream with readers: the same bytes forwarded, each whole event
+        handed to them (``gateway.guard.whole``) as it is judged; one they refuse ends
+        the stream before it, as a rejected one does."""
+        base = self._held_start
+        out: list[bytes] = []
+        cursor = base  # first stream offset not yet emitted or dropped
+        stop: int | None = None
+        quiet = self._quiet
+        q = 0
+        for event in events:
+            while q < len(quiet) and quiet[q] <= event.start:
+                whole.quiet(self._emit(held, base, cursor, quiet[q], out))
+                cursor = quiet[q]
+                q += 1
+            action = self.contract.on_event(event)
+            if action is Action.WITHHOLD:
+                whole.wait(self._emit(held, base, cursor, event.start, out))
+                cursor = event.end
+                continue
+            verdict = self.contract.verdict
+            kept = self.withhold_errors and verdict is not None and verdict.error_forwarded
+            if action is Action.FORWARD or (action is Action.FINISH and not kept):
+                data = self._clean(held[cursor - base : event.end - base])
+                refusal = whole.offer(data, event)
+                if refusal is None:
+                    out.append(data)
+                    self.forwarded_bytes += len(data)
+                    cursor = event.end
+                    if action is Action.FORWARD:
+                        continue
+                    stop = event.end
+                    break
+                before = self._clean(held[cursor - base : event.start - base])
+                whole.wait(before)
+                out.append(before)
+                self.forwarded_bytes += len(before)
+                self.contract.abort(refusal.reason, refusal.detail, force=True)
+                stop = cursor = event.start
+                break
+            if kept:  # the upstream's own error event waits while a continuation is tried
+                self.withheld = held[event.start - base : event.end - base]
+            whole.wait(self._emit(held, base, cursor, event.start, out))
+            stop = cursor = event.start
+            break
+        if stop is None:
+            upto = self.decoder.boundary
+            while q < len(quiet) and quiet[q] <= upto:
+                whole.quiet(self._emit(held, base, cursor, quiet[q], out))
+                cursor = quiet[q]
+                q += 1
+            whole.wait(self._emit(held, base, cursor, upto, out))
+            self._held = held[upto - base :]
+            self._held_start = upto
+        else:
+            self._held = b""
+        quiet.clear()
+        if error is not None:
+            self._held = b""
+            self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _emit(self, held: bytes, base: int, start: int, end: int, out: list[bytes]) -> bytes:
+        """The forwardable bytes of ``held`` in stream offsets [start, end), put in ``out``."""
+        data = self._clean(held[start - base : end - base])
+        if data:
+            out.append(data)
+            self.forwarded_bytes += len(data)
+        return data
+
+    def _clean(self, data: bytes) -> bytes:
+        if self._comments and _MARK in data:
+            return self._drop_forged(data)
         return data
 
     def _drop_forged(self, data: bytes) -> bytes:
@@ -196,9 +283,9 @@ class StreamGuard:
         self._held = b""
         return self.contract.abort(reason, detail, force=force)
 
-    def annotation(self, request_id: str, continued: int = 0) -> bytes:
+    def annotation(self, request_id: str, continued: int = 0, words: str = "") -> bytes:
         """The trailer the relay appends after the last forwarded byte (``continued``: how
-        many continuations the answer took, after a cut)."""
+        many continuations the answer took, after a cut; ``words``: the stages' own)."""
         verdict = self.contract.verdict
         if verdict is None:
             raise RuntimeError("annotation before the verdict is final")
@@ -208,4 +295,5 @@ class StreamGuard:
             request_id,
             last_sequence_number=self.contract.last_sequence_number,
             continued=continued,
+            words=words,
         )

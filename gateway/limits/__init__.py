@@ -8,7 +8,15 @@ bytes pass.
 """
 
 from gateway.limits.backend import Backend, BackendError, Reserved
-from gateway.limits.limiter import Limiter, LimitRefused, Reservation, Unpriced, build_limiter
+from gateway.limits.limiter import (
+    Limiter,
+    LimitRefused,
+    Reservation,
+    TooLarge,
+    Uncapped,
+    Unpriced,
+    build_limiter,
+)
 
 __all__ = [
     "Backend",
@@ -17,6 +25,8 @@ __all__ = [
     "Limiter",
     "Reservation",
     "Reserved",
+    "TooLarge",
+    "Uncapped",
     "Unpriced",
     "build_limiter",
 ]

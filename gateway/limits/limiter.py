@@ -73,6 +73,8 @@ class LimitRefused(Exception):
         self.limit = limit
         self.retry_after = retry_after
         self.headers = headers
+        #: a money budget the request alone costs more than (it can never fit: not retried)
+        self.never: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -101,6 +103,57 @@ class Unpriced(LimitRefused):
         return "unpriced"
 
 
+class TooLarge(LimitRefused):
+    """A request whose reservation is larger than a limit itself (429, no retry): it can
+    never fit, however long it waits; its message says how to make it fit."""
+
+    def __init__(
+        self, limit: Limit, value: int, input_: int, output: int, strict: bool, headers: list[Any]
+    ) -> None:
+        super().__init__(429, limit, 0.0, headers)
+        self.value = value
+        self.input = input_
+        self.output = output
+        self.strict = strict
+
+    @property
+    def rejected(self) -> str:
+        return "too_large"
+
+
+class Uncapped(LimitRefused):
+    """A strict client's request whose body the gateway could not rewrite to cap its
+    output at what is left (too complex to parse within the body parser's budget): 400,
+    never sent upstream uncapped; its own ``max_tokens`` at most ``cap`` needs no
+    rewrite."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(400, None, 0.0, [])
+        self.cap = cap
+
+    @property
+    def label(self) -> str:
+        return "uncapped"
+
+    @property
+    def rejected(self) -> str:
+        return "uncapped"
+
+
+def _too_large(
+    checks: list[Check], input_: int, output: int, strict: bool
+) -> tuple[Check, int] | None:
+    """The first token check a reservation can never fit in, whatever its counter holds:
+    more tokens than its limit; with ``strict``, the output is capped at what is left, so
+    only the input and one output token must fit. Its minimal amount with it. (A money
+    budget the request alone costs more than is told so by ``LimitRefused.never``.)"""
+    least = output if not strict else min(output, 1)
+    for check in checks:
+        if check.tokens and input_ + least > check.value:
+            return check, input_ + least
+    return None
+
+
 @dataclass(slots=True)
 class Reservation:
     """One admitted request's hold on its client's counters."""
@@ -122,6 +175,9 @@ class Reservation:
     counted: bool = True
     #: the money reserved (nano-dollars)
     money: int = 0
+    #: after its settlement: each day, month or total budget it was charged in, and what
+    #: that budget has left (its receipt's ``budgets``)
+    left: list[dict[str, Any]] | None = None
 
     @property
     def member(self) -> str:
@@ -154,6 +210,37 @@ class _ClientRules:
     allow_unpriced: bool = False
 
 
+def _client_rules(
+    client: ClientConfig, divisor: int, team_limits: Mapping[str, ClientLimits]
+) -> _ClientRules | None:
+    """A client's rules (its team's included); None when it has no limit at all."""
+    team = client.team
+    # a client in a team and the team share one tag (one Redis Cluster slot)
+    tag = f"team:{team}" if team is not None else ""
+    team_rule = (
+        _rule(f"team:{team}", team_limits[team], divisor, tag)
+        if team is not None and team in team_limits
+        else None
+    )
+    if not client.limited() and team_rule is None:
+        return None
+    routes = {
+        name: rule
+        for name, limits in client.route_limits.items()
+        if (rule := _rule(f"{client.name}/route={name}", limits, divisor, tag)) is not None
+    }
+    models = {
+        name: rule
+        for name, limits in client.model_limits.items()
+        if (rule := _rule(f"{client.name}/model={name}", limits, divisor, tag)) is not None
+    }
+    own = _rule(client.name, client.limits, divisor, tag)
+    strict = client.budget_enforcement == "strict"
+    every = [r for r in (own, team_rule, *routes.values(), *models.values()) if r]
+    money = any(limit.counts_money for r in every for limit in r.limits)
+    return _ClientRules(own, routes, models, strict, team_rule, money, client.unpriced == "allow")
+
+
 class Limiter:
     """Reserves and settles the named clients' limits on one backend."""
 
@@ -183,35 +270,23 @@ class Limiter:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid():x}{secrets.token_hex(4)}."
         self._waiting: asyncio.Task[None] | None = None
-        team_limits = {team.name: team.limits for team in teams or ()}
+        self._divisor = divisor
+        self._team_limits = {team.name: team.limits for team in teams or ()}
         for client in clients:
-            team = client.team
-            # a client in a team and the team share one tag (one Redis Cluster slot)
-            tag = f"team:{team}" if team is not None else ""
-            team_rule = (
-                _rule(f"team:{team}", team_limits[team], divisor, tag)
-                if team is not None and team in team_limits
-                else None
-            )
-            if not client.limited() and team_rule is None:
-                continue
-            routes = {
-                name: rule
-                for name, limits in client.route_limits.items()
-                if (rule := _rule(f"{client.name}/route={name}", limits, divisor, tag)) is not None
-            }
-            models = {
-                name: rule
-                for name, limits in client.model_limits.items()
-                if (rule := _rule(f"{client.name}/model={name}", limits, divisor, tag)) is not None
-            }
-            own = _rule(client.name, client.limits, divisor, tag)
-            strict = client.budget_enforcement == "strict"
-            every = [r for r in (own, team_rule, *routes.values(), *models.values()) if r]
-            money = any(limit.counts_money for r in every for limit in r.limits)
-            self._rules[client.name] = _ClientRules(
-                own, routes, models, strict, team_rule, money, client.unpriced == "allow"
-            )
+            rules = _client_rules(client, divisor, self._team_limits)
+            if rules is not None:
+                self._rules[client.name] = rules
+
+    def put_client(self, name: str, client: ClientConfig | None) -> None:
+        """A client's limits changed at run time (an issued key's): ``client``'s (its team's
+        included) from now on, or none (None, or a client without limits)."""
+        for key in [k for k in self._plans if k[0] == name]:
+            del self._plans[key]
+        rules = _client_rules(client, self._divisor, self._team_limits) if client else None
+        if rules is None:
+            self._rules.pop(name, None)
+        else:
+            self._rules[name] = rules
 
     @property
     def ready(self) -> bool:
@@ -272,7 +347,9 @@ class Limiter:
         return plan
 
     def _rules_for(self, client: str, route: str, model: str | None) -> list[Rule]:
-        rules = self._rules[client]
+        rules = self._rules.get(client)
+        if rules is None:
+            return []
         found = [rules.own] if rules.own is not None else []
         if rules.team is not None:
             found.append(rules.team)
@@ -303,7 +380,9 @@ class Limiter:
         bound); a model without one is refused (``Unpriced``) unless its client allows
         it (then it reserves, and is charged, no money)."""
         now = self._clock()
-        rules = self._rules[client]
+        rules = self._rules.get(client)
+        if rules is None:  # its limits were taken away since it was asked (an issued key)
+            return Reservation(client, Ask("", 0, 0, False, hold), [], 0, 0, settled=True)
         strict = rules.strict
         input_ = bound_input if strict and bound_input is not None else estimated_input
         input_money = output_pico = 0
@@ -329,6 +408,10 @@ class Limiter:
         if plan is None or plan.minute != int(now) // 60:
             plan = self._plan(client, route, model, stream, now)
         checks = plan.checks
+        never = _too_large(checks, input_, output, strict)
+        if never is not None:
+            check, _ = never
+            raise TooLarge(check.limit, check.value, input_, output, strict, [])
         if self._memory is not None:
             answer = self._memory.reserve_now(
                 checks, input_, output, strict, now, input_money, output_pico
@@ -361,7 +444,10 @@ class Limiter:
         headers = _headers(plan.headers, answer.used, now)
         if answer.refused is not None:
             check = checks[answer.refused]
-            raise LimitRefused(429, check.limit, self._retry_after(check, now), headers)
+            refused = LimitRefused(429, check.limit, self._retry_after(check, now), headers)
+            if check.money and answer.money > check.value:
+                refused.never = (answer.money, check.value)
+            raise refused
         reservation = Reservation(
             client,
             ask,
@@ -413,6 +499,7 @@ class Limiter:
             except BackendError as exc:
                 self._failed("settle", exc)
                 return
+        reservation.left = _left(current, after)
         if reservation.budgets and self._on_budget is not None:
             self._budgets(reservation.client, reservation.budgets, after)
 
@@ -474,6 +561,24 @@ class Limiter:
             value = values[index]
             if value is not None:
                 self._on_budget(client, window, limit, value)
+
+
+def _left(checks: list[Check], after: list[int | None]) -> list[dict[str, Any]]:
+    """Each budget (a day's, a month's, a total) of ``checks`` with what it has left."""
+    found: list[dict[str, Any]] = []
+    for check, value in zip(checks, after, strict=False):
+        if not check.limit.is_budget or value is None:
+            continue
+        left = max(check.value - value, 0)
+        found.append(
+            {
+                "scope": check.scope,
+                "limit": str(check.limit),
+                "value": nanos_to_usd(check.value) if check.money else check.value,
+                "left": nanos_to_usd(left) if check.money else left,
+            }
+        )
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,9 +651,13 @@ def build_limiter(
     on_error: Callable[[str], None] | None = None,
     on_budget: Callable[[str, Window, int, int], None] | None = None,
 ) -> Limiter | None:
-    """The limiter the settings ask for; None when no client has a limit."""
+    """The limiter the settings ask for; None when no client has a limit (and no key
+    can be issued one at run time)."""
     team_limited = {team.name for team in settings.teams if team.limits.any()}
-    if not any(c.limited() or c.team in team_limited for c in settings.clients):
+    if (
+        not any(c.limited() or c.team in team_limited for c in settings.clients)
+        and settings.keys.store == "off"
+    ):
         return None
     backend: Backend
     if settings.limits_backend == "redis":

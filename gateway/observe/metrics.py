@@ -296,6 +296,13 @@ class Metrics:
         "partial, unpriced).",
         ("client", "team", "model", "route", "evidence"),
     )
+    schema_verdicts = Declared(
+        "gateway_schema_verdicts_total",
+        Counter,
+        "Schema verdicts of structured answers and tool calls (kind: answer, tool; verdict: "
+        "valid, invalid, refused, unchecked).",
+        ("route", "protocol", "kind", "verdict"),
+    )
     limited_requests = Declared(
         "gateway_limited_requests_total",
         Counter,
@@ -446,6 +453,13 @@ class Metrics:
         "Streams of a resumable route served without resume, by reason (store_full, store_error).",
         ("route", "reason"),
     )
+    key_changes = Declared(
+        "gateway_key_changes_total",
+        Counter,
+        "Changes to issued keys made by this process (admin API), by action "
+        "(create, update, rotate, revoke).",
+        ("action",),
+    )
 
     def __init__(
         self, longest_request_seconds: float = 3600.0, longest_first_byte_seconds: float = 300.0
@@ -482,7 +496,7 @@ class Metrics:
 
     def continuation(self, route: str, upstream: str, result: str) -> None:
         """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_honoured``,
-        ``not_continuable``."""
+        ``not_continuable``, ``body_unreadable``."""
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:
@@ -507,6 +521,9 @@ class Metrics:
 
     def resume_refused(self, route: str, reason: str) -> None:
         self._child(self.resume_off, route, reason).inc()
+
+    def key_changed(self, action: str) -> None:
+        self._child(self.key_changes, action).inc()
 
     def reject(self, reason: str) -> None:
         self._child(self.rejected, reason).inc()
@@ -606,6 +623,8 @@ class Metrics:
             add(self.spend, client, record.team or "none", model, route, spend.evidence.value)(
                 spend.nanos / 1_000_000_000
             )
+        for part in record.schema:
+            add(self.schema_verdicts, route, record.protocol or "none", part.kind, part.result)(1)
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)

@@ -19,10 +19,22 @@ from gateway.guard import Outcome
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
 
-__all__ = ["KINDS", "IncompleteStream", "StatusBoard"]
+__all__ = ["FEATURE_KINDS", "KINDS", "IncompleteStream", "StatusBoard", "feature_kinds"]
 
 #: What became of a request, as the board counts it.
 KINDS = ("complete", "incomplete", "plain_ok", "plain_error", "refused")
+#: What the features did with it, counted beside its kind: the cache's result
+#: (``cache_hit``, ``cache_follow``, ``cache_miss``, ``cache_refused``, ``cache_bypass``),
+#: a stream read on into its log after its client left, a cut stream continued.
+FEATURE_KINDS = (
+    "cache_hit",
+    "cache_follow",
+    "cache_miss",
+    "cache_refused",
+    "cache_bypass",
+    "detached",
+    "continued",
+)
 #: Longest model name kept (a client's claim: any text).
 MODEL_CHARS = 128
 
@@ -53,6 +65,16 @@ def kind_of(record: RequestRecord) -> str:
     return "plain_ok" if 0 < record.status < 400 else "plain_error"
 
 
+def feature_kinds(record: RequestRecord) -> list[str]:
+    """What the features did with a request (``FEATURE_KINDS``)."""
+    kinds = [f"cache_{record.cache}"] if record.cache is not None else []
+    if record.detached:
+        kinds.append("detached")
+    if record.continued:
+        kinds.append("continued")
+    return [kind for kind in kinds if kind in FEATURE_KINDS]
+
+
 class StatusBoard:
     """Counts per minute and the last incomplete streams, for the status page."""
 
@@ -74,7 +96,9 @@ class StatusBoard:
         if not self._buckets or self._buckets[-1][0] != minute:
             self._buckets.append((minute, Counter()))
         kind = kind_of(record)
-        self._buckets[-1][1][(record.route, record.upstream or "", kind)] += 1
+        bucket = self._buckets[-1][1]
+        for counted in (kind, *feature_kinds(record)):
+            bucket[(record.route, record.upstream or "", counted)] += 1
         if kind == "incomplete" and record.verdict is not None:
             self.incomplete.append(
                 IncompleteStream(

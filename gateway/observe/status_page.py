@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.observe.status import IncompleteStream
+from gateway.observe.status import FEATURE_KINDS, IncompleteStream
 
 __all__ = ["HEADERS", "REFRESH_SECONDS", "ClientUse", "LiveStream", "StatusView", "render"]
 
@@ -93,6 +93,12 @@ class StatusView:
     merged_workers: int | None = None
     #: (route, upstream, priority tier, state: in, ejected, half_open, cooling), pools only
     pools: Sequence[tuple[str, str, int, str]] = ()
+    #: (what, its state): the cache, resume, the stream store, the limits backend, Redis
+    services: Sequence[tuple[str, str]] = ()
+    #: (client, team, USD today, USD this month), from the spend report (``gateway.spend``)
+    spend: Sequence[tuple[str, str, str, str]] = ()
+    #: Issued keys (never a secret): (id, client, team, state, last used: unix time or None)
+    keys: Sequence[tuple[str, str, str, str, float | None]] = ()
 
 
 #: A lone surrogate (a client's ``"\\ud800"``) has no UTF-8 form: shown as U+FFFD.
@@ -233,6 +239,26 @@ def _pools(view: StatusView) -> str:
     )
 
 
+def _services(view: StatusView) -> str:
+    """The cache, resume, the stream store, the limits backend and Redis, and what the
+    features did in the window (the board's ``FEATURE_KINDS``)."""
+    done: Counter[str] = Counter()
+    for kinds in view.counts.values():
+        done.update({kind: kinds[kind] for kind in FEATURE_KINDS if kinds[kind]})
+    rows = [[_e(name), _e(state)] for name, state in view.services]
+    rows.append(
+        [
+            _e(f"in the last {view.minutes} minutes"),
+            _e(", ".join(f"{kind} {done[kind]}" for kind in FEATURE_KINDS) or "-"),
+        ]
+    )
+    return (
+        '<section id="services"><h2>Cache, resume, stores and Redis</h2>'
+        + _table([], rows, set())
+        + "</section>"
+    )
+
+
 def _incomplete(view: StatusView) -> str:
     parts = ['<section id="incomplete"><h2>Incomplete streams, newest first</h2>']
     if not view.incomplete:
@@ -271,6 +297,22 @@ def _incomplete(view: StatusView) -> str:
     return "".join(parts)
 
 
+def _money(limit: str, value: int) -> str:
+    """A money limit's nano-dollars in dollars; any other count as it is."""
+    return f"${value / 1e9:.6f}" if limit.startswith("usd_") else str(value)
+
+
+def _spend(view: StatusView) -> str:
+    if not view.spend:
+        return ""
+    rows = ([_e(c), _e(t), _e(f"${d}"), _e(f"${m}")] for c, t, d, m in view.spend)
+    return (
+        '<section id="spend"><h2>Spend</h2>'
+        + _table(["client", "team", "today (UTC)", "this month"], rows, {2, 3})
+        + "</section>"
+    )
+
+
 def _clients(view: StatusView) -> str:
     if not view.clients:
         return ""
@@ -279,8 +321,8 @@ def _clients(view: StatusView) -> str:
             _e(u.client),
             _e(u.scope),
             _e(u.limit),
-            _e("unavailable" if u.used is None else u.used),
-            _e(u.value),
+            _e("unavailable" if u.used is None else _money(u.limit, u.used)),
+            _e(_money(u.limit, u.value)),
             _e("-" if u.used is None else f"{100 * u.used / u.value:.0f} %"),
         ]
         for u in view.clients
@@ -288,6 +330,26 @@ def _clients(view: StatusView) -> str:
     return (
         '<section id="clients"><h2>Clients and their limits</h2>'
         + _table(["client", "scope", "limit", "used", "of", "share"], rows, {3, 4, 5})
+        + "</section>"
+    )
+
+
+def _keys(view: StatusView) -> str:
+    if not view.keys:
+        return ""
+    rows = (
+        [
+            _e(key_id),
+            _e(client),
+            _e(team or "-"),
+            _e(state),
+            _e("never" if used is None else _utc(used)),
+        ]
+        for key_id, client, team, state, used in view.keys
+    )
+    return (
+        '<section id="keys"><h2>Issued keys</h2>'
+        + _table(["id", "client", "team", "state", "last used (UTC)"], rows, set())
         + "</section>"
     )
 
@@ -335,8 +397,11 @@ def render(view: StatusView) -> str:
             _live(view),
             _counts(view),
             _pools(view),
+            _services(view),
             _incomplete(view),
             _clients(view),
+            _spend(view),
+            _keys(view),
             _build(view),
             "</body></html>",
         ]

@@ -32,6 +32,8 @@ from gateway.protocols.sse import SSE
 __all__ = [
     "ANY_PATH",
     "REGISTRY",
+    "RETRIEVABLE",
+    "UPSTREAM_REQUEST_ID_HEADERS",
     "ClientRequests",
     "ContractOptions",
     "CredentialStyle",
@@ -60,6 +62,14 @@ REGISTRY: tuple[ProtocolSpec, ...] = (
 #: The spec of a path no other spec claims (a route for any path): its framing is checked,
 #: no completion contract applies. What a caller falls back to without naming it.
 ANY_PATH: ProtocolSpec = SSE
+
+#: Every header an upstream may name its own request id in, the registry's order.
+UPSTREAM_REQUEST_ID_HEADERS: tuple[str, ...] = tuple(
+    dict.fromkeys(name for spec in REGISTRY for name in spec.request_id_headers)
+)
+
+#: The protocols whose streams a client may retrieve again by an id they name.
+RETRIEVABLE: tuple[ProtocolSpec, ...] = tuple(spec for spec in REGISTRY if spec.retrieval)
 
 _BY_NAME: dict[Protocol, ProtocolSpec] = {spec.protocol: spec for spec in REGISTRY}
 

@@ -9,13 +9,15 @@ model from a non-streamed answer, and how the upstream expects its credential.
 
 from __future__ import annotations
 
-import enum
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
+from gateway.protocols.credentials import CredentialStyle
+from gateway.protocols.retrieval import Retrieval
+from gateway.protocols.structured import Structured
 
 __all__ = [
     "ClientRequests",
@@ -70,17 +72,6 @@ def openai_error(status: int, message: str, type_: str, code: str, request_id: s
 
 def _sse_redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
     return redactor.stream
-
-
-class CredentialStyle(enum.StrEnum):
-    """How an upstream expects the route's credential."""
-
-    BEARER = "bearer"  # Authorization: Bearer <key>
-    X_API_KEY = "x-api-key"  # Anthropic
-    X_GOOG_API_KEY = "x-goog-api-key"  # Google's Gemini API
-    #: AWS Signature Version 4 with the upstream's ``aws`` keys (Bedrock): the request is
-    #: signed for its host; a client's own signature is never forwarded.
-    SIGV4 = "sigv4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,22 +194,32 @@ class ProtocolSpec:
     hosts: tuple[str, ...] = ()
     #: The AWS service a SigV4 signature of its requests names (``credential = SIGV4``).
     signing_service: str | None = None
-    #: Its streams name a response id that a client may retrieve the stream by
-    #: (``GET {prefix}/responses/{id}?stream=true&starting_after=N``): a resumable
-    #: stream's log is then found under that id too (``gateway.resume``).
-    retrieved_by_response_id: bool = False
+    #: Its streams name an id a client may retrieve the stream by, from a cursor
+    #: (the Responses API's ``GET {prefix}/responses/{id}?stream=true&starting_after=N``):
+    #: a resumable stream's log is then found under that id too (``gateway.resume``).
+    retrieval: Retrieval | None = None
     #: Request headers that change an answer (the response cache keys on them), lowercase.
     answer_headers: tuple[bytes, ...] = ()
     #: The finish reason of a whole non-streamed answer, in the bounded vocabulary;
     #: None when it did not finish (or the protocol's answer has no such reason). The
     #: response cache stores a plain answer only with a finish in ``cache_reasons``.
     answer_finish: Callable[[Json], Reason | None] | None = None
+    #: Response headers its upstreams name their own request id in (the access log's
+    #: ``upstream_request_id``, the client's ``x-upstream-request-id``), lowercase.
+    request_id_headers: tuple[str, ...] = ()
+    #: Statuses whose ``Retry-After`` makes its upstream cool down (a 429 without one:
+    #: its doubling backoff): overloaded, by this protocol's words.
+    cool_down_statuses: frozenset[int] = frozenset({429, 503})
     #: The provider whose prices its models are priced at in the price table (a
     #: ``genai-prices`` provider id); None: none (self-hosted), unless the upstream's
     #: URL or a price override names one.
     price_provider: str | None = None
     #: How its usage's counts relate (what a charge adds up).
     usage_basis: UsageBasis = UsageBasis()
+    #: Where its requests carry a schema for the answer or its tools, and where its
+    #: events carry the answer's text and tool calls (``gateway.schema``'s check);
+    #: None: nothing of it is checked.
+    structured: Structured | None = None
 
     @property
     def name(self) -> str:

@@ -15,6 +15,7 @@ from gateway.protocols._spec import (
     UsageBasis,
     body_says_stream,
 )
+from gateway.protocols.anthropic_structured import MESSAGES_STRUCTURED
 from gateway.protocols.finish import messages_finish
 
 __all__ = ["MESSAGES", "anthropic_error"]
@@ -69,6 +70,9 @@ def _tool(body: dict[str, Any], tool: Tool) -> None:
 
 MESSAGES = ProtocolSpec(
     protocol=Protocol.MESSAGES,
+    request_id_headers=("request-id",),
+    # 529: Anthropic's overloaded_error, with a Retry-After like a 503's
+    cool_down_statuses=frozenset({429, 503, 529}),
     contract=MessagesContract,
     matches=lambda path: path.rstrip("/").endswith("/messages"),
     wants_stream=body_says_stream,
@@ -90,4 +94,5 @@ MESSAGES = ProtocolSpec(
     hosts=("anthropic",),
     answer_headers=(b"anthropic-version", b"anthropic-beta"),
     answer_finish=messages_finish,
+    structured=MESSAGES_STRUCTURED,
 )

@@ -221,6 +221,7 @@ def _redaction(redactor: Redactor) -> Callable[[bytes], bytes]:
 
 BEDROCK = ProtocolSpec(
     protocol=Protocol.BEDROCK,
+    request_id_headers=("x-amzn-requestid",),
     contract=BedrockContract,
     matches=_is_bedrock_path,
     wants_stream=_wants_stream,

@@ -15,4 +15,6 @@ SSE = ProtocolSpec(
     wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     any_path=True,
+    # a path no protocol claims may front any provider: every provider's overloaded
+    cool_down_statuses=frozenset({429, 503, 529}),
 )

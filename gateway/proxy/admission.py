@@ -24,6 +24,13 @@ request signed with one (SigV4, as Bedrock's clients sign) is that client's
 once its signature verifies over the whole body (``gateway.protocols.sigv4``),
 on the same routes as its keys; an unknown key id is 401 before the body is
 read, a signature that does not verify 401 after.
+Issued keys (``gateway.keys``, with ``keys.store`` on): a key the
+configuration does not know is looked up in this process's copy of the issued
+keys (``issued``, no I/O), and is its client's (``Caller.key_id`` says which
+key, ``Caller.team`` its team) on the routes it may use; a revoked or expired
+key, or a rotated secret past its overlap, is 401 as an unknown one is. With
+issued keys on, every route takes keys but one that sets
+``client_key_sha256 = []``.
 A refusal is an ``Refused`` with the status, the metric label and the
 message the client gets; nothing has been sent upstream at that point.
 """
@@ -39,7 +46,9 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 from starlette.types import Receive, Scope
 
+from gateway.keys.registry import Registry
 from gateway.policy.routing import PathRejected, Route, Target, request_target, signing_scope
+from gateway.protocols.credentials import CredentialStyle, presented_key
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig
@@ -62,6 +71,10 @@ class Caller:
 
     name: str = ANONYMOUS
     keyed: bool = False
+    #: the issued key that authenticated it (None: a key of the configuration, or none)
+    key_id: str | None = None
+    #: the team the issued key was created for
+    team: str | None = None
 
 
 ANONYMOUS_CALLER = Caller()
@@ -145,13 +158,21 @@ class Admission:
                 *(_digests(c.key_sha256) for c in clients),
             )
         )
+        #: The routes that set ``client_key_sha256 = []``: no key, issued or not.
+        self._keyless = frozenset(r.name for r in routes if r.client_key_sha256 == [])
+        #: The routes each configured client may use (None: every one that takes keys).
+        self._client_routes = {c.name: c.routes for c in clients}
+        #: The issued keys (set by the app when ``keys.store`` is on).
+        self.issued: Registry | None = None
         self.active_streams = 0
         #: Request body bytes held now (being read, or read and not yet released).
         self.buffered_bytes = 0
 
     def takes_keys(self, route: str) -> bool:
         """Whether a route takes client keys (and drops them before the upstream)."""
-        return bool(self._route_keys.get(route, self._default_keys))
+        return bool(self._route_keys.get(route, self._default_keys)) or (
+            self.issued is not None and route not in self._keyless
+        )
 
     async def admit(
         self, route: Route, scope: Scope, receive: Receive, draining: bool
@@ -191,9 +212,9 @@ class Admission:
         that takes keys; None for a request that is not signed so (Refused: a key id the
         gateway did not issue, or one not allowed here)."""
         auth = get_header(headers, b"authorization")
-        if auth is None or not auth.startswith(b"AWS4-HMAC-SHA256 ") or not self._aws_keys:
+        if auth is None or not auth.startswith(CredentialStyle.SIGV4.scheme) or not self._aws_keys:
             return None
-        if not self._route_keys.get(route.name, self._default_keys):
+        if not self.takes_keys(route.name):
             return None  # a route that takes no keys: the signature is dropped, unread
         parts = parse_authorization(auth.decode("latin-1"))
         issued = self._aws_keys.get(parts["access_key_id"]) if parts else None
@@ -229,7 +250,9 @@ class Admission:
         """Who the request is (a named client, or anonymous); Refused (401/403) unless it
         presents a key the route accepts."""
         accepted = self._route_keys.get(route.name, self._default_keys)
-        return self._check_key(accepted, headers) if accepted else ANONYMOUS_CALLER
+        if accepted or self.takes_keys(route.name):
+            return self._check_key(accepted, headers, route.name)
+        return ANONYMOUS_CALLER
 
     async def _read_body(
         self, headers: list[tuple[bytes, bytes]], receive: Receive, weight: int = 1
@@ -280,13 +303,27 @@ class Admission:
         key = presented_key(headers)
         return bool(key) and _listed(hashlib.sha256(key or b"").digest(), self._global_keys)
 
-    def _check_key(self, accepted: _Accepted, headers: list[tuple[bytes, bytes]]) -> Caller:
+    def _check_key(
+        self, accepted: _Accepted, headers: list[tuple[bytes, bytes]], route: str
+    ) -> Caller:
         key = presented_key(headers)
         if key:
             digest = hashlib.sha256(key).digest()
             caller = _match(digest, accepted)
             if caller is not None:
                 return caller
+            issued = self.issued.find(digest) if self.issued is not None else None
+            if issued is not None:
+                if self._issued_may_use(
+                    issued.client, issued.existing_client, issued.routes, route
+                ):
+                    return Caller(issued.client, True, issued.id, issued.team)
+                raise Refused(
+                    403,
+                    "forbidden",
+                    "This API key is not allowed on this route.",
+                    "permission_error",
+                )
             if _listed(digest, self._known_keys):
                 raise Refused(
                     403,
@@ -295,6 +332,15 @@ class Admission:
                     "permission_error",
                 )
         raise Refused(401, "unauthorized", "Missing or invalid API key.", "authentication_error")
+
+    def _issued_may_use(
+        self, client: str, existing: bool, routes: list[str] | None, route: str
+    ) -> bool:
+        """An issued key on ``route``: one of its routes, and its configured client's."""
+        if routes is not None and route not in routes:
+            return False
+        configured = self._client_routes.get(client) if existing else None
+        return configured is None or route in configured
 
     def start_stream(self, route: Route) -> None:
         """Count a stream in, or Refused (503 + Retry-After) when a cap is reached."""
@@ -324,22 +370,6 @@ def body_weight(route: Route) -> int:
     rewritten copy is held beside it or in its place."""
     rewrites = route.config.inject_include_usage or any(e.models for e in route.endpoints)
     return 2 if rewrites else 1
-
-
-def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The client key a request presents: ``x-api-key``, ``api-key``, ``x-goog-api-key``,
-    or an ``Authorization: Bearer`` token; None when it presents none."""
-    key = (
-        get_header(headers, b"x-api-key")
-        or get_header(headers, b"api-key")
-        or get_header(headers, b"x-goog-api-key")
-    )
-    auth = get_header(headers, b"authorization")
-    if key is None and auth is not None and auth[:7].lower() == b"bearer ":
-        key = auth[7:].strip()
-    elif key is None and auth is not None and auth.startswith(b"AWS4-HMAC-SHA256 "):
-        key = auth  # a SigV4 signature: the whole header, never forwarded either
-    return key
 
 
 def _check_signing_scope(route: Route, parts: Mapping[str, str] | None) -> None:

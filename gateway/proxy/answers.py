@@ -174,6 +174,7 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
     A failure leaves the guard with its verdict.
     """
     read = _stream_reader(exchange, response)
+    exchange.events.hold()  # its whole events reach the readers once the head is out
     loop = asyncio.get_running_loop()
     timeouts = exchange.timeouts
     total = exchange.total_deadline
@@ -525,6 +526,7 @@ async def relay_stream(
             "headers": [*response_headers(response, record, STREAM_RESPONSE_DROP), *STREAM_HEADERS],
         }
     )
+    exchange.events.begin(held is not None)
     loop = asyncio.get_running_loop()
     reader = _stream_reader(exchange, response) if held is None else held.read
     assert reader is not None
@@ -624,7 +626,8 @@ async def end_stream(
         return
     if exchange.stop_reason is Reason.CLIENT_STALLED:
         drop_stalled_client(exchange)
-    trailer = guard.annotation(record.request_id, continued) if annotate else b""
+    words = " ".join(word() for word in exchange.trailer_words) if annotate else ""
+    trailer = guard.annotation(record.request_id, continued, words) if annotate else b""
     if guard.withheld:  # the upstream's own error event, withheld for a continuation
         trailer = guard.withheld + trailer
     if trailer:

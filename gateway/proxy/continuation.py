@@ -60,7 +60,7 @@ from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.answers import Rescued, drop_stalled_client
 from gateway.proxy.attempt import attempt
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import RawHeaders
+from gateway.proxy.headers import RawHeaders, with_credential
 from gateway.proxy.upstream import ReadChunk, Upstream, chunk_reader, close_quietly
 
 __all__ = ["BLAMES_UPSTREAM", "ContinuationResult", "Rescuer"]
@@ -84,6 +84,9 @@ class ContinuationResult(StrEnum):
     NOT_CONTINUABLE = "not_continuable"  # what was sent cannot be continued
     #: it answered, but did not continue: it restarted the answer, or ended with nothing
     NOT_HONOURED = "not_honoured"
+    #: not attempted: no continuation request could be built from the admitted body (not
+    #: JSON to the gateway, or too complex to parse within the body parser's budget)
+    BODY_UNREADABLE = "body_unreadable"
 
 
 NewGuard = Callable[[httpx.Response], StreamGuard | None]
@@ -106,8 +109,8 @@ class Rescuer:
         metrics: Metrics,
         index: int,
         target: Target,
-        headers: Callable[[Endpoint], RawHeaders],
-        request_json: dict[str, Any],
+        headers: RawHeaders,
+        request_json: dict[str, Any] | None,
         build: Build,
         body_size: int,
         new_guard: NewGuard,
@@ -122,9 +125,14 @@ class Rescuer:
         self.metrics = metrics
         self.index = index
         self.target = target
+        #: The request's headers for any upstream: each continuation adds its upstream's
+        #: credential, or its signature over the continuation's own URL and body.
         self.headers = headers
-        #: The request's small top-level members (``request_body.summary``).
+        #: The request's small top-level members (``request_body.summary``); None: the
+        #: body is not JSON to the gateway, and no continuation can be built from it.
         self.request_json = request_json
+        #: A continuation request could not be built from the admitted body.
+        self._unreadable = request_json is None
         #: Builds a continuation request from the admitted body (off the loop when large).
         self.build = build
         self.body_size = body_size
@@ -198,8 +206,12 @@ class Rescuer:
         ):
             return None
         cut_at = route.endpoints[self.index].name
+        if self._unreadable and exchange.spec.continuable:
+            self._not_attempted(cut_at)
+            return None
         if not self._continuable(guard):
             self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
+            exchange.record.not_continued = ContinuationResult.NOT_CONTINUABLE
             return None
         exchange.stop_reason = None  # answered: the exchange can be stopped again
         if self.settle is not None:
@@ -216,7 +228,7 @@ class Rescuer:
 
     def _continuable(self, guard: StreamGuard) -> bool:
         exchange = self.exchange
-        if not exchange.spec.continuable:
+        if not exchange.spec.continuable or self.request_json is None:
             return False
         n = self.request_json.get("n")
         if n is not None and n != 1:
@@ -260,9 +272,23 @@ class Rescuer:
             joint = _next_joint(joint, guard, cut)
             broke = index
         if not self.continued:
+            if self._unreadable:  # no candidate got a request: the body could not be read
+                self._not_attempted(route.endpoints[self.index].name)
             return None
         # The whole answer is the original's failure: its reason, said once at the end.
         return Rescued(original, _nothing, self.continued, billed=self._billed_so_far())
+
+    def _not_attempted(self, cut_at: str) -> None:
+        """No continuation could be built from the body: said in the metrics and the log."""
+        result = ContinuationResult.BODY_UNREADABLE
+        self.metrics.continuation(self.exchange.route.name, cut_at, result)
+        self.exchange.record.not_continued = result
+        log.info(
+            "route %s: request %s was cut and not continued: its body could not be read "
+            "(not JSON, or too complex to parse within the body parser's budget)",
+            self.exchange.route.name,
+            self.exchange.record.request_id,
+        )
 
     def _billed_so_far(self) -> Usage:
         """What every attempt that reached the client was billed: the cut ones, and the
@@ -297,7 +323,7 @@ class Rescuer:
     ) -> tuple[bytes, str] | None:
         """The continuation request for ``endpoint``: built once a round for each style
         and mapped model, within the total deadline."""
-        model = self.request_json.get("model")
+        model = (self.request_json or {}).get("model")
         models = endpoint.models
         mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
         key = (str(endpoint.continuation), mapped)
@@ -305,6 +331,7 @@ class Rescuer:
             try:
                 async with asyncio.timeout_at(self.exchange.total_deadline):
                     built[key] = await self.build(endpoint.continuation, text, mapped)
+                self._unreadable = built[key] is None
             except TimeoutError:
                 built[key] = None
         request: tuple[bytes, str] | None = built[key]
@@ -370,15 +397,13 @@ class Rescuer:
         exchange = self.exchange
         timeouts = endpoint.timeouts
         exchange.record.bytes_in += len(content)
+        method, url = exchange.scope["method"], endpoint.url_for(self.target)
+        headers = with_credential(
+            self.headers, endpoint, exchange.spec, method=method, url=url, body=content
+        )
         outcome = await attempt(
             self.upstream,
-            self.upstream.request(
-                exchange.scope["method"],
-                endpoint.url_for(self.target),
-                self.headers(endpoint),
-                content,
-                timeouts.connect,
-            ),
+            self.upstream.request(method, url, headers, content, timeouts.connect),
             timeouts.first_byte,
             exchange.total_deadline,
         )
@@ -392,6 +417,7 @@ class Rescuer:
         guard = self.new_guard(outcome)
         if guard is None:
             return Result.EARLY_EOF
+        guard.whole = None  # its events reach the readers as the joint renders them (_send)
         read = chunk_reader(outcome)
         first = await self._hold(guard, read, joint, timeouts.first_byte, timeouts.idle)
         verdict = guard.verdict
@@ -410,7 +436,7 @@ class Rescuer:
         await self._send(first)
         while guard.verdict is None:
             data = await self._read(guard, read, timeouts.idle)
-            await self._send(joint.rewrite(data))
+            await self._send(joint.rewrite_events(data))
         return guard, read
 
     def _relaying(self, guard: StreamGuard, upstream: str) -> None:
@@ -425,17 +451,17 @@ class Rescuer:
 
     async def _hold(
         self, guard: StreamGuard, read: ReadChunk, joint: Joint, first_byte: float, idle: float
-    ) -> bytes:
+    ) -> list[bytes]:
         """Read into ``guard`` until its joint is checked, its end or a failure; the
-        joint's output so far (nothing of it is sent yet)."""
+        joint's output so far, one whole event each (nothing of it is sent yet)."""
         out: list[bytes] = []
         limit = first_byte
         check = joint.check
         assert check is not None
         while guard.verdict is None and check.state is Check.PENDING:
-            out.append(joint.rewrite(await self._read(guard, read, limit)))
+            out += joint.rewrite_events(await self._read(guard, read, limit))
             limit = idle
-        return b"".join(out)
+        return out
 
     async def _read(self, guard: StreamGuard, read: ReadChunk, seconds: float) -> bytes:
         """One read fed to ``guard`` (its forwarded bytes); a failure ends its verdict."""
@@ -457,10 +483,13 @@ class Rescuer:
             return final
         return guard.feed(chunk)
 
-    async def _send(self, data: bytes) -> None:
-        if not data:
+    async def _send(self, events: list[bytes]) -> None:
+        if not events:
             return
         exchange = self.exchange
+        if exchange.events:
+            exchange.events.relayed(events)  # logged before the client gets them
+        data = b"".join(events)
         try:
             async with asyncio.timeout(exchange.route.timeouts.client_send):
                 await exchange.send({"type": "http.response.body", "body": data, "more_body": True})

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import Scope, Send
 
-from gateway.guard import Outcome, Reason, Verdict
+from gateway.guard import Outcome, Reason, Verdict, WholeEvents
 from gateway.observe import RequestRecord
 from gateway.policy.routing import Route, Target
 from gateway.protocols import ANY_PATH, ProtocolSpec
@@ -59,6 +59,12 @@ class Exchange:
     rest: str = ""
     target: Target | None = None
     request_json: dict[str, Any] | None = None
+    #: The readers of the answer's whole events (``gateway.guard.whole``): the stages
+    #: register them (log writers, checks); every guard of the answer hands them events.
+    events: WholeEvents = field(default_factory=WholeEvents)
+    #: Words the stages add to the stream's trailer comment (``key=value``), each asked
+    #: once the verdict is known, just before the trailer is written.
+    trailer_words: list[Callable[[], str]] = field(default_factory=list)
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.protocols import CredentialStyle
+from gateway.protocols.credentials import CREDENTIAL_HEADERS
 
 if TYPE_CHECKING:
     from gateway.policy.routing import Endpoint
@@ -220,11 +220,6 @@ def _parse_address(value: str) -> IPAddress | None:
         return None
 
 
-#: Where a request carries a credential: the client's, replaced by an upstream's own.
-CREDENTIAL_HEADERS: Final = frozenset(
-    {b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key"}
-)
-
 # What each way drops (besides ``HOP_BY_HOP``, through ``strip_hop_by_hop``): every
 # header-dropping set of the proxy is here, so what leaves the gateway is read in one place.
 
@@ -300,11 +295,5 @@ def with_credential(
         # AWS keys sign, never travel; a request with no URL to sign (none today) gets none.
         return endpoint.signer.sign(method, url, headers, body) if url else headers
     secret = endpoint.credential.get_secret_value().encode()
-    style = endpoint.style_for(spec)
-    if style is CredentialStyle.X_API_KEY:
-        headers.append((b"x-api-key", secret))
-    elif style is CredentialStyle.X_GOOG_API_KEY:
-        headers.append((b"x-goog-api-key", secret))
-    else:
-        headers.append((b"authorization", b"Bearer " + secret))
+    headers.append(endpoint.style_for(spec).carried(secret))
     return headers

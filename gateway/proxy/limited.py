@@ -17,20 +17,48 @@ import time
 
 from starlette.types import Message, Send
 
-from gateway.limits import LimitRefused, Unpriced
+from gateway.limits import LimitRefused, TooLarge, Uncapped, Unpriced
 from gateway.observe import RequestRecord
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import RawHeaders
+from gateway.spend.prices import nanos_to_usd
 
 __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
 
 
+def _too_large_message(refused: TooLarge) -> str:
+    ways = "a lower max_tokens (or the route's default_output_reservation, for a request "
+    ways += "that names none)"
+    if not refused.strict:
+        ways += ', or budget_enforcement = "strict" (the output capped at what is left)'
+    return (
+        f"This request can never fit this client's {refused.limit} limit of {refused.value} "
+        f"tokens: it reserves {refused.input} input and {refused.output} output tokens, "
+        f"more than the limit itself. To fit, send a shorter input, {ways}."
+    )
+
+
 def _message(refused: LimitRefused, now: float) -> str:
+    if isinstance(refused, TooLarge):
+        return _too_large_message(refused)
+    if isinstance(refused, Uncapped):
+        return (
+            "This client's budgets are strict, and the request body is too complex for the "
+            "gateway to cap its output at what is left: it is not sent uncapped. Set its "
+            f"output limit (max_tokens) to at most {refused.cap} yourself, or send a "
+            "simpler body."
+        )
     if isinstance(refused, Unpriced):
         return (
             f"The model {refused.model!r} has no price in the gateway's price table or its "
             "[[prices]] overrides, and this client has a money budget: it cannot be charged."
+        )
+    if refused.never is not None:
+        cost, budget = (nanos_to_usd(n) for n in refused.never)
+        return (
+            f"This request can cost up to ${cost}, more than this client's whole "
+            f"{refused.limit} budget of ${budget}: it can never fit. Ask for fewer output tokens."
         )
     if refused.limit is None:
         return "The gateway cannot check this client's limits now; retry shortly."
@@ -45,7 +73,11 @@ def _message(refused: LimitRefused, now: float) -> str:
 def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: float) -> bytes:
     """The error body in ``protocol``'s shape."""
     limit = refused.limit
-    if isinstance(refused, Unpriced):
+    if isinstance(refused, TooLarge):
+        type_, code = "invalid_request_error", "request_too_large"
+    elif isinstance(refused, Uncapped):
+        type_, code = "invalid_request_error", "output_not_capped"
+    elif isinstance(refused, Unpriced):
         type_, code = "invalid_request_error", "model_not_priced"
     elif limit is None:
         type_, code = "service_unavailable", "limits_backend_unavailable"
@@ -57,8 +89,10 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
 
 
 def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
-    if isinstance(refused, Unpriced):  # nothing to wait for
+    if isinstance(refused, TooLarge | Uncapped):  # nothing to wait for
         return [(b"x-should-retry", b"false")]
+    if isinstance(refused, Unpriced) or refused.never is not None:  # nothing to wait for
+        return [(b"x-should-retry", b"false"), *refused.headers]
     seconds = refused.retry_after
     headers: RawHeaders = [
         (b"retry-after", str(max(math.ceil(seconds), 1)).encode()),

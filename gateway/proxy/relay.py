@@ -43,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.cache import Plan, build_cache
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
-from gateway.limits import LimitRefused, build_limiter
+from gateway.limits import LimitRefused, Reservation, Uncapped, build_limiter
 from gateway.logsetup import LogGate
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
@@ -64,6 +64,7 @@ from gateway.policy.pool import Change, Health, Lease
 from gateway.policy.quota import NOTHING
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
+from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.admission import (
     Admission,
@@ -110,7 +111,6 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_UPSTREAM_ID_HEADERS = ("x-request-id", "request-id", "openai-request-id", "x-amzn-requestid")
 _FAILURE_MESSAGES = {
     Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
     Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
@@ -126,8 +126,6 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure(
     RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
 )
-#: Statuses whose Retry-After makes an upstream cool down (529: Anthropic's overloaded).
-_COOL_DOWN_STATUSES = frozenset({429, 503, 529})
 
 
 class Relay:
@@ -311,32 +309,17 @@ class Relay:
                 exchange.body = rewritten
                 exchange.withhold_usage = True
         reservation = None
+        hit = False
         if limiter is not None and limited:
-            strict = limiter.strict(record.client_name)
             # A cache hit is counted as a request that spends no tokens.
             hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
-            # The output the request allows itself, by its protocol's own fields.
-            output = spec.requested_output(request_json, route.config.default_output_reservation)
             try:
-                reservation = await limiter.reserve(
-                    record.client_name,
-                    route.name,
-                    record.model,
-                    0 if hit else input_estimate(request_json, len(exchange.body)),
-                    0 if hit else output,
-                    record.stream,
-                    record.request_id,
-                    route.timeouts.total,
-                    strict_input(request_json, len(exchange.body)) if strict and not hit else None,
-                    None if hit else self.spend.quote(exchange),
-                )
+                reservation = await self._reserve(exchange, hit)
             except LimitRefused as refused:
                 await self._limited(exchange, refused)
                 return
             if reservation.headers:
                 exchange.send = with_headers(exchange.send, reservation.headers)
-            if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
-                await self._cap_output(exchange, request_json, reservation.output_cap)
         body, exchange.body = exchange.body, b""
         if record.stream:
             try:
@@ -350,6 +333,18 @@ class Relay:
             self.metrics.stream_started(route.name)
         try:
             if plan is None or not await self._cached(exchange, plan):
+                if hit and reservation is not None and limiter is not None:
+                    # The predicted hit's entry expired before it was served: the request
+                    # goes upstream, on the reservation that costs (strict's bound too).
+                    await limiter.settle(reservation, NOTHING, served=False)
+                    reservation, exchange.body = None, body
+                    try:
+                        reservation = await self._reserve(exchange, False)
+                    except LimitRefused as refused:
+                        await self._limited(exchange, refused)
+                        return
+                    finally:
+                        body, exchange.body = exchange.body, b""
                 await self._send(exchange, target, body, request_json)
         finally:
             # What needs no wait first: a cancel during an await below (the client gone,
@@ -368,20 +363,59 @@ class Relay:
                     await self.cache.settle(exchange, plan)
             finally:
                 if reservation is not None and self.limiter is not None:
-                    await self.limiter.settle(reservation, cost)
+                    # refused by the gateway itself (a late stream over the cap): not served
+                    served = record.rejected is None
+                    await self.limiter.settle(reservation, cost, served=served)
+                    record.budgets = reservation.left
+
+    async def _reserve(self, exchange: Exchange, hit: bool) -> Reservation:
+        """A named client's reservation for the request (a predicted cache hit's: no
+        tokens), its output capped in its body under ``strict``; LimitRefused."""
+        limiter, route, record = self.limiter, exchange.route, exchange.record
+        assert limiter is not None
+        request_json, spec = exchange.request_json, exchange.spec
+        strict = limiter.strict(record.client_name)
+        # The output the request allows itself, by its protocol's own fields.
+        output = spec.requested_output(request_json, route.config.default_output_reservation)
+        reservation = await limiter.reserve(
+            record.client_name,
+            route.name,
+            record.model,
+            0 if hit else input_estimate(request_json, len(exchange.body)),
+            0 if hit else output,
+            record.stream,
+            record.request_id,
+            route.timeouts.total,
+            strict_input(request_json, len(exchange.body)) if strict and not hit else None,
+            None if hit else self.spend.quote(exchange),
+        )
+        if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
+            try:
+                await self._cap_output(exchange, request_json, reservation.output_cap)
+            except LimitRefused:
+                await limiter.settle(reservation, NOTHING, served=False)
+                raise
+        return reservation
 
     async def _cap_output(
         self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
     ) -> None:
         """``budget_enforcement = "strict"``: the request's own output limit lowered to the
-        tokens its client has left, so that the provider stops there (``length``)."""
-        changes = exchange.spec.capped_output(request_json, cap)
+        tokens its client has left, so that the provider stops there (``length``); a body
+        too complex to rewrite is refused (``Uncapped``), never sent uncapped."""
+        spec = exchange.spec
+        if request_json is None and exchange.body and spec.output_limit:
+            # not JSON to the gateway (too complex to parse within the body parser's
+            # budget): its output limit cannot be read, nor capped
+            raise Uncapped(cap)
+        changes = spec.capped_output(request_json, cap)
         if not changes:
             return
         rewritten = await self.bodies.rewrite(exchange.body, changes)
-        if rewritten is not None:
-            self._hold(exchange, len(rewritten) - len(exchange.body))
-            exchange.body = rewritten
+        if rewritten is None:
+            raise Uncapped(cap)
+        self._hold(exchange, len(rewritten) - len(exchange.body))
+        exchange.body = rewritten
 
     async def _cached(self, exchange: Exchange, plan: Plan) -> bool:
         """Answered from the response cache (else the answer is recorded for it)."""
@@ -572,7 +606,7 @@ class Relay:
 
     def _rescuer(self, exchange: Exchange, tally: _Tally, outgoing: _Outgoing) -> Rescuer | None:
         """A continuation helper for a route that continues cut streams, else None."""
-        if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
+        if not exchange.route.config.continue_after_cut:
             return None
         route = exchange.route
         protocol = exchange.spec.protocol
@@ -596,7 +630,7 @@ class Relay:
             metrics=self.metrics,
             index=tally.lease.index,
             target=outgoing.target,
-            headers=lambda endpoint: with_credential(outgoing.headers, endpoint, exchange.spec),
+            headers=outgoing.headers,
             request_json=outgoing.request_json,
             build=build,
             body_size=len(outgoing.body),
@@ -673,9 +707,10 @@ class Relay:
         )
 
     def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
-        """A 429's or 503's Retry-After cools ``index`` down for the request's model (a 429
+        """A 429's or 503's (or another status the protocol says is overloaded)
+        Retry-After cools ``index`` down for the request's model (a 429
         without one: its doubling backoff); returns the Retry-After in seconds, if any."""
-        if response.status_code not in _COOL_DOWN_STATUSES:
+        if response.status_code not in exchange.spec.cool_down_statuses:
             return None
         route, model = exchange.route, exchange.record.model
         ceiling = route.config.eject_max_seconds
@@ -738,7 +773,7 @@ class Relay:
     ) -> None:
         record = exchange.record
         upstream_id = None
-        for name in _UPSTREAM_ID_HEADERS:
+        for name in UPSTREAM_REQUEST_ID_HEADERS:
             upstream_id = response.headers.get(name)
             if upstream_id:
                 break

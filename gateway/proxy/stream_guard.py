@@ -49,4 +49,5 @@ def stream_guard(
         max_stream_bytes=limits.max_response_bytes,
     )
     guard.withhold_errors = config.continue_after_cut
+    guard.whole = exchange.events
     return guard

@@ -5,9 +5,10 @@ with ``resume = true`` (nothing is wrapped elsewhere: a stream without resume pa
 nothing). On the way to the client it
 
 - adds ``X-Gateway-Stream-Id`` to the response head;
-- cuts every body send into whole events (``gateway.resume.events``) and appends
-  them to the log *before* the client gets them (so that whatever a client counted
-  can be resumed), without any I/O of its own (the store writes in batches);
+- reads the stream's whole events from its guard (``Exchange.events``,
+  ``gateway.guard.whole``) and appends them to the log *before* the client gets
+  them (so that whatever a client counted can be resumed), without any I/O of its
+  own (the store writes in batches);
 - keeps the last send, the trailer, for the log's end.
 
 Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
@@ -30,13 +31,12 @@ from collections.abc import Callable
 
 from starlette.types import Message, Send
 
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import Event, Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.errors import RequestError
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import Exchange
-from gateway.resume.events import Splitter
 from gateway.store import End, StoreError, Writer
 
 __all__ = ["STREAM_ID_HEADER", "Recorder"]
@@ -64,26 +64,27 @@ class Recorder:
         self.writer = writer
         self.guard = guard
         self.metrics = metrics
-        self.splitter = Splitter(lines=not exchange.spec.framing.comments)
         self.detachment = Detachment(exchange, metrics)
         self._trailer: bytes | None = None
         self._send: Send = exchange.send
         exchange.send = self.send
+        exchange.events.add(self)
         writer.on_cancel = self._cancel
+
+    def check(self, piece: bytes, event: Event) -> None:
+        return None
+
+    def take(self, piece: bytes, event: Event | None) -> None:
+        """One whole event of the stream: into the log before the client gets it."""
+        self.writer.append(piece)
+        if self.on_response_id is not None:
+            self._find_response_id([piece])
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.body":
-            body = message.get("body", b"")
-            if message.get("more_body", False):
-                if body:
-                    events = self.splitter.feed(body)
-                    for event in events:
-                        self.writer.append(event)
-                    if self.on_response_id is not None and events:
-                        self._find_response_id(events)
-            else:
-                self._trailer = body
+            if not message.get("more_body", False):
+                self._trailer = message.get("body", b"")
         elif kind == "http.response.start":
             headers = [*message.get("headers", []), (STREAM_ID_HEADER, self.writer.id.encode())]
             message = {**message, "headers": headers}
@@ -109,8 +110,10 @@ class Recorder:
             self.detach()
 
     def _find_response_id(self, events: list[bytes]) -> None:
+        retrieval = self.exchange.spec.retrieval
+        assert retrieval is not None  # (only a retrievable protocol's recorder looks)
         for event in events:
-            response_id = response_id_of(event)
+            response_id = retrieval.id_of(event)
             if response_id is not None:
                 assert self.on_response_id is not None
                 route = self.exchange.route
@@ -139,6 +142,7 @@ class Recorder:
         """The stream ended (or failed): its end goes into the log."""
         exchange = self.exchange
         exchange.detach = None
+        exchange.events.remove(self)
         self.detachment.end()
         trailer = self._trailer
         verdict = exchange.record.verdict
@@ -156,21 +160,5 @@ class Recorder:
                 fields["usage"] = json.dumps([usage.input_tokens, usage.output_tokens])
         # A store that fails here: the lease runs out, a resume ends the stream owner_lost.
         with contextlib.suppress(StoreError):
-            await self.writer.finish(End(self.splitter.rest + trailer, fields))
+            await self.writer.finish(End(exchange.events.pending + trailer, fields))
         self.metrics.store_bytes(self.store_size())
-
-
-def response_id_of(event: bytes) -> str | None:
-    """The response id a Responses event carries (``response.created`` and the like)."""
-    if b'"response"' not in event:
-        return None
-    for line in event.splitlines():
-        if line.startswith(b"data:"):
-            try:
-                data = json.loads(line[5:])
-            except ValueError:
-                return None
-            response = data.get("response") if isinstance(data, dict) else None
-            if isinstance(response, dict) and isinstance(response.get("id"), str):
-                return str(response["id"])
-    return None

@@ -9,7 +9,7 @@
 - ``serve(exchange)``: answers the requests that are this feature's own, under the
   route's prefix: ``GET gateway/streams/{id}`` (the resume), ``POST
   gateway/streams/{id}/cancel``, and a Responses retrieve with ``stream=true``
-  (``gateway.resume.responses``) for a response the store holds.
+  (its spec's ``Retrieval``) for a response the store holds.
 
 A stream belongs to the named client that made it, or without one to a digest of
 the credential it presented, and is read only under the route that made it;
@@ -23,6 +23,7 @@ anything about it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -35,7 +36,8 @@ from starlette.types import Message
 from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
-from gateway.protocols import ANY_PATH, ContractOptions
+from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
+from gateway.protocols.retrieval import Retrieval
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
@@ -43,10 +45,8 @@ from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import STREAM_HEADERS, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.upstream import Upstream
-from gateway.resume.events import with_id
 from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
 from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
-from gateway.resume.responses import after_sequence
 from gateway.resume.takeover import continuation_meta, end_orphan
 from gateway.settings import Settings
 from gateway.store import (
@@ -67,6 +67,18 @@ log = logging.getLogger("gateway")
 _STREAMS = "/gateway/streams/"
 _CURSOR = re.compile(r"[0-9]{1,18}")
 _SEQUENCE = re.compile(r"-?[0-9]{1,18}")
+#: The protocols' own retrieves (the Responses API's), and the paths they start with.
+_RETRIEVALS: tuple[Retrieval, ...] = tuple(
+    spec.retrieval for spec in RETRIEVABLE if spec.retrieval is not None
+)
+_RETRIEVE_PATHS = tuple(retrieval.path for retrieval in _RETRIEVALS)
+
+
+def _retrieved_as(retrieval: Retrieval, stream_id: str) -> str:
+    """The store's name for the stream a retrieve names (``responses:{id}``)."""
+    return f"{retrieval.path.strip('/')}:{stream_id}"
+
+
 _OPT_OUT = b"x-gateway-resume"
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
@@ -118,10 +130,6 @@ class Resumes:
         if value is not None and value.strip().lower() == b"off":
             return None
         config = exchange.route.config
-        if not exchange.spec.framing.text:  # binary frames: no event a cursor can count
-            self.metrics.resume_refused(config.name, "framing")
-            exchange.send = with_headers(exchange.send, [(_OPT_OUT, b"off; reason=framing")])
-            return None
         record = exchange.record
         meta = {
             "content_type": content_type,
@@ -131,8 +139,7 @@ class Resumes:
         }
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
-            headers = rescuer.headers(endpoint)
-            meta |= continuation_meta(rescuer.body, headers, endpoint.name, exchange.scope)
+            meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
         try:
             writer = await self.store.open(
                 owner_of(exchange),
@@ -160,13 +167,16 @@ class Resumes:
             lambda: self.store.size,
             annotate=self.settings.annotate,
         )
-        if exchange.spec.retrieved_by_response_id:
-            recorder.on_response_id = self._name_response
+        retrieval = exchange.spec.retrieval
+        if retrieval is not None:
+            recorder.on_response_id = functools.partial(self._name_response, retrieval)
         return recorder
 
-    def _name_response(self, response_id: str, stream_id: str, ttl: float) -> None:
+    def _name_response(
+        self, retrieval: Retrieval, response_id: str, stream_id: str, ttl: float
+    ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self.store.claim(f"responses:{response_id}", stream_id, ttl)
+            self.store.claim(_retrieved_as(retrieval, response_id), stream_id, ttl)
         )
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
@@ -177,7 +187,7 @@ class Resumes:
         """Whether this request may be one of the feature's own (``serve``): a cheap
         look at its path, so that every other request skips ``serve``."""
         path = exchange.scope["path"]
-        return _STREAMS in path or "/responses/" in path
+        return _STREAMS in path or any(p in path for p in _RETRIEVE_PATHS)
 
     async def serve(self, exchange: Exchange) -> bool:
         """Answer this request if it is one of the feature's own; False: it is not."""
@@ -195,15 +205,18 @@ class Resumes:
             else:
                 await self.error(exchange, 404, "No such stream.", "stream_not_found")
             return True  # the gateway's own paths: never sent upstream
-        if method == "GET" and rest.startswith("/responses/"):
-            answered = False
+        for retrieval in _RETRIEVALS:
+            if method == "GET" and rest.startswith(retrieval.path):
+                answered = False
 
-            async def work() -> None:
-                nonlocal answered
-                answered = await self._retrieve(exchange, rest[len("/responses/") :])
+                async def work(retrieval: Retrieval = retrieval) -> None:
+                    nonlocal answered
+                    answered = await self._retrieve(
+                        exchange, retrieval, rest[len(retrieval.path) :]
+                    )
 
-            await self._stopping(exchange, work())
-            return answered or exchange.record.status != 0
+                await self._stopping(exchange, work())
+                return answered or exchange.record.status != 0
         return False
 
     async def _stopping(self, exchange: Exchange, work: object) -> None:
@@ -285,30 +298,31 @@ class Resumes:
         result = await self.replay(exchange, found, ask)
         self.metrics.resumed(route, result)
 
-    async def _retrieve(self, exchange: Exchange, rest: str) -> bool:
-        """A Responses retrieve with ``stream=true`` of a response the store holds for
-        this caller, answered from the log; False: not ours (it goes upstream)."""
+    async def _retrieve(self, exchange: Exchange, retrieval: Retrieval, rest: str) -> bool:
+        """A protocol's retrieve (the Responses API's, with ``stream=true``) of a stream the
+        store holds for this caller, answered from the log; False: not ours (it goes
+        upstream)."""
         response_id = rest.rstrip("/")
         query = parse_qs(
             exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
         )
-        if "/" in response_id or query.get("stream", [""])[0] != "true":
+        if "/" in response_id or not retrieval.wants_stream(query):
             return False
         try:
-            stream_id = await self.store.resolve(f"responses:{response_id}")
+            stream_id = await self.store.resolve(_retrieved_as(retrieval, response_id))
             info = await self.store.info(stream_id) if stream_id is not None else None
         except StoreError:
             return False
         if stream_id is None or info is None or not _belongs(info, exchange):
             return False
         route = exchange.route.name
-        raw = query.get("starting_after", ["-1"])[0]
+        raw = query.get(retrieval.cursor, [str(retrieval.start)])[0]
         if not _SEQUENCE.fullmatch(raw):
             self.metrics.resumed(route, "bad_cursor")
-            await self.error(exchange, 400, "starting_after is not a sequence number.",
+            await self.error(exchange, 400, f"{retrieval.cursor} is not a sequence number.",
                              "bad_cursor")  # fmt: skip
             return True
-        keep = after_sequence(int(raw))
+        keep = retrieval.after(int(raw))
         result = await self.replay(exchange, info, _Ask(stream_id, 0, False), keep)
         self.metrics.resumed(route, result)
         return True
@@ -350,7 +364,10 @@ class Resumes:
                     if kept:
                         await self._body(exchange, b"".join(kept))
                 elif batch.events:
-                    if ask.ids:
+                    if (
+                        ask.ids
+                        and exchange.route.spec_for(info.meta.get("path", "")).framing.comments
+                    ):
                         events = []
                         for event in batch.events:
                             number += 1
@@ -494,3 +511,9 @@ def build_resumes(
     if store is None or not any(route.resume for route in settings.effective_routes()):
         return None
     return Resumes(settings, store, metrics, upstream)
+
+
+def with_id(event: bytes, number: int) -> bytes:
+    """``event`` (an SSE block) with an ``id: number`` line first, for a browser
+    ``EventSource`` to reconnect with."""
+    return b"id: %d\n%s" % (number, event)

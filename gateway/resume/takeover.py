@@ -35,11 +35,10 @@ from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.exchange import Exchange
-from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders, with_credential
+from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders
 from gateway.proxy.request_body import continuation_body
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
-from gateway.resume.events import Splitter
 from gateway.settings import GatewayLimits
 from gateway.store import End, StreamInfo, StreamStore, Writer
 
@@ -74,17 +73,8 @@ def continuation_meta(
     }
 
 
-class _Sink:
-    """An exchange's ``send`` that writes whole events into the heir's log."""
-
-    def __init__(self, writer: Writer, lines: bool) -> None:
-        self.writer = writer
-        self.splitter = Splitter(lines)
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.body":
-            for event in self.splitter.feed(message.get("body", b"")):
-                self.writer.append(event)
+async def _nowhere(message: Message) -> None:
+    """The heir's exchange has no client: its whole events go to the log alone."""
 
 
 async def _logged_guard(
@@ -184,9 +174,9 @@ async def _continue(
     )
     record.bytes_out = info.size  # what its client got before: the continuation's condition
     record.model = document.get("model") if isinstance(document.get("model"), str) else None
-    sink = _Sink(writer, lines=not spec.framing.comments)
     scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}
-    exchange = Exchange(task, route, scope, sink.send, record)
+    exchange = Exchange(task, route, scope, _nowhere, record)
+    exchange.events.add(writer)
     exchange.spec = spec
     exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
     # What the continuation asks of the cut: a reason that blames the upstream's side.
@@ -211,7 +201,7 @@ async def _continue(
         metrics=metrics,
         index=index,
         target=target,
-        headers=lambda endpoint: with_credential(headers, endpoint, spec),
+        headers=headers,
         request_json=document,
         build=build,
         body_size=len(meta["request"]),
@@ -224,4 +214,4 @@ async def _continue(
         await rescuer.aclose()
     if rescued is None or not rescued.continued or rescued.guard.verdict is None:
         return None
-    return rescued.continued, sink.splitter.rest, rescued.guard
+    return rescued.continued, exchange.events.pending, rescued.guard

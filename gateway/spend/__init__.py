@@ -8,10 +8,15 @@ counters, receipts and the report add up exactly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.settings import Settings
 from gateway.spend.charge import Charge, Evidence
 from gateway.spend.prices import NANOS_PER_USD, Billable, Pricer, Quote, nanos_to_usd
 from gateway.spend.service import Spend
+
+if TYPE_CHECKING:
+    from gateway.spend.stage import SpendStage
 
 __all__ = [
     "NANOS_PER_USD",
@@ -22,8 +27,37 @@ __all__ = [
     "Quote",
     "Spend",
     "build_spend",
+    "build_stage",
     "nanos_to_usd",
 ]
+
+
+def build_stage(settings: Settings) -> SpendStage | None:
+    """The receipts and report stage, when there are named clients (None: no one to
+    show a receipt to). Its ledger is Redis's with ``limits_backend = "redis"``, else
+    this process's."""
+    if not settings.clients:
+        return None
+    from gateway.spend.ledger import Ledger, MemoryLedger, RedisLedger
+    from gateway.spend.prices import table_version
+    from gateway.spend.stage import SpendStage
+
+    ledger: Ledger
+    target = settings.redis_target()
+    if settings.limits_backend == "redis" and target is not None:
+        ledger = RedisLedger(
+            target,
+            max(settings.limits_timeout, 0.5),
+            settings.receipts_ttl_seconds,
+            settings.spend_retention_days,
+        )
+    else:
+        ledger = MemoryLedger(
+            settings.receipts_ttl_seconds, settings.receipts_max, settings.spend_retention_days
+        )
+    admins = frozenset(c.name for c in settings.clients if c.spend_admin)
+    teams = {c.name: c.team for c in settings.clients if c.team is not None}
+    return SpendStage(ledger, admins, table_version(), teams=teams)
 
 
 def build_spend(settings: Settings) -> Spend:

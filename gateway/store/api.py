@@ -125,6 +125,15 @@ class Writer(ABC):
         #: Called (once) when the backend sees a cancel request for this stream.
         self.on_cancel: Callable[[], None] | None = None
 
+    # A reader of a stream's whole events (``gateway.guard.whole``): its log.
+    def check(self, piece: bytes, event: object) -> None:
+        """A log refuses no event."""
+        return None
+
+    def take(self, piece: bytes, event: object) -> None:
+        """Log one whole event, as the client gets it."""
+        self.append(piece)
+
     def append(self, event: bytes) -> None:
         """Log one whole event (no I/O; past the byte cap it is only counted)."""
         self.total += 1

@@ -117,6 +117,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_detached_streams": {"route"},
     "gateway_stream_store_bytes": set(),
     "gateway_resume_off_total": {"route", "reason"},
+    "gateway_key_changes_total": {"action"},
     "gateway_cache_total": {"route", "result", "reason"},
     "gateway_cache_saved_tokens_total": {"route"},
     "gateway_upstream_ejected": {"route", "upstream"},

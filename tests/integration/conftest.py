@@ -6,7 +6,10 @@ module-scoped fixture that returns the settings (it may read the simulator's
 or its own fake upstream's URL). ``gateway`` and ``strict_gateway`` here start
 a real gateway (uvicorn, its edge) with those settings, once per module, and
 stop it after the module's last test. Without a module's own settings,
-``gateway`` is one ``/v1`` route to the simulator.
+``gateway`` is one ``/v1`` route to the simulator. A module whose ``clients_issued``
+is true gets its named clients (``clients`` in its settings) issued at run time
+through the admin API instead (``gateway_with_clients``): parametrized, each test of
+named clients runs against configured clients and against issued keys.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ServerThread
-from tests.integration.helpers import gateway_for
+from tests.integration.helpers import gateway_for, gateway_with_clients
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +29,15 @@ def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gateway(gateway_settings: dict[str, Any]) -> Iterator[ServerThread]:
-    with gateway_for("", **gateway_settings) as server:
+def clients_issued() -> bool:
+    return False
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_settings: dict[str, Any], clients_issued: bool) -> Iterator[ServerThread]:
+    settings = dict(gateway_settings)
+    clients = settings.pop("clients", [])
+    with gateway_with_clients("", clients_issued, clients, **settings) as server:
         yield server
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,11 +17,40 @@ from gateway.app import create_app
 from gateway.guard import SSEDecoder
 from gateway.server.edge import uvicorn_options
 from gateway.settings import Settings
+from tests import web
 from tests.conftest import ServerThread, running
+
+#: How often a wait looks at its condition again.
+POLL_SECONDS = 0.02
+
+
+def wait_until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Return once ``check()`` holds, looked at every 20 ms; fail after ``seconds``.
+
+    A test waits for the state it needs, never a fixed time (as uvicorn's
+    ``tests/utils.py:run_server`` waits for ``server.started``)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(POLL_SECONDS)
+
+
+async def until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """``wait_until`` on the event loop: the loop runs on while it waits."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        await asyncio.sleep(POLL_SECONDS)
+
 
 ANNOTATION = re.compile(
     rb": gateway outcome=(?P<outcome>complete|incomplete) reason=(?P<reason>[a-z_]+) "
-    rb"(?:continued=(?P<continued>[1-9][0-9]*) )?request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
+    rb"(?:continued=(?P<continued>[1-9][0-9]*) )?"
+    rb"(?:schema=(?P<schema>[a-z]+) (?:schema_kind=(?P<schema_kind>[a-z]+) "
+    rb"schema_at=(?P<schema_at>\S+) schema_event=(?P<schema_event>[0-9]+) )?)?"
+    rb"request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
 )
 
 
@@ -31,6 +62,41 @@ def gateway_for(upstream: str, **settings: Any) -> Iterator[ServerThread]:
         options["upstream_url"] = upstream
     options.update(settings)
     with running(create_app(Settings(**options)), **uvicorn_options()) as server:
+        yield server
+
+
+#: The admin key of ``gateway_with_clients``'s issued variant.
+KEYS_ADMIN = "sk-helper-keys-admin-0123"
+_ISSUED_FIELDS = ("limits", "route_limits", "model_limits", "budget_enforcement", "routes")
+
+
+@contextlib.contextmanager
+def gateway_with_clients(
+    upstream: str, issued: bool, clients: list[dict[str, Any]], **settings: Any
+) -> Iterator[ServerThread]:
+    """``gateway_for`` with these named clients: configured in its settings, or (``issued``)
+    issued at run time through the admin API with the same names, digests, routes and
+    limits (the memory store), so that a test of named clients runs against issued keys."""
+    if not issued:
+        if clients:
+            settings["clients"] = clients
+        with gateway_for(upstream, **settings) as server:
+            yield server
+        return
+    digest = hashlib.sha256(KEYS_ADMIN.encode()).hexdigest()
+    admin = {"name": "keys-admin", "key_sha256": [digest], "keys_admin": True}
+    with gateway_for(upstream, clients=[admin], keys={"store": "memory"}, **settings) as server:
+        prefix = settings["routes"][0]["prefix"] if settings.get("routes") else "/v1"
+        for client in clients:
+            body = {"client": client["name"], "key_sha256": client["key_sha256"]}
+            body |= {k: client[k] for k in _ISSUED_FIELDS if k in client}
+            answer = web.post(
+                f"{server.url}{prefix}/gateway/keys",
+                json=body,
+                headers={"authorization": f"Bearer {KEYS_ADMIN}"},
+                timeout=30,
+            )
+            assert answer.status_code == 201, answer.text
         yield server
 
 

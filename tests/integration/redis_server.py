@@ -1,8 +1,10 @@
 """A real ``redis-server`` (the Debian package) on a free loopback port, and a TCP proxy
 that delays what goes through it (a slow Redis).
 
-The server keeps nothing on disk (no RDB, no AOF), is stopped by its PID, and can be
-stopped and started again on the same port (Redis going away mid-run, and coming back).
+The server keeps nothing on disk (no RDB, no AOF) unless given a directory to keep its
+append-only file in (``persist``), is stopped by its PID (``kill``: as a crash would), and
+can be stopped and started again on the same port (Redis going away mid-run, and coming
+back). ``persistence`` gives other options instead (a shipped file's own).
 """
 
 from __future__ import annotations
@@ -39,10 +41,20 @@ class RedisServer:
     """With ``tls`` (a directory), it speaks TLS only, with a self-signed certificate for
     127.0.0.1 that it makes there (``ca``), and ``url`` is a ``rediss://`` URL."""
 
-    def __init__(self, password: str | None = None, tls: Path | None = None) -> None:
+    def __init__(
+        self,
+        password: str | None = None,
+        tls: Path | None = None,
+        persist: Path | None = None,
+        persistence: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.password = password
         self.tls = tls
+        self.persist = persist
+        #: options that replace "no persistence" (``appendonly``, ``dir``...): kept across
+        #: a stop and a start
+        self.persistence = persistence
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,6 +100,10 @@ class RedisServer:
             "daemonize": "no",
             "loglevel": "warning",
         }
+        if self.persist is not None:  # as the shipped compose file and manifests run it
+            options |= {"appendonly": "yes", "appendfsync": "always", "dir": str(self.persist)}
+        if self.persistence is not None:
+            options |= self.persistence
         if self.password:
             options["requirepass"] = self.password
         if self.tls is not None:
@@ -118,6 +134,13 @@ class RedisServer:
         context = ssl.create_default_context(cafile=str(self.ca))
         return context.wrap_socket(raw, server_hostname="127.0.0.1")
 
+    def kill(self) -> None:
+        """Stop it at once, as a crash would (nothing flushed at exit)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -130,8 +153,10 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(password: str | None = None, tls: Path | None = None) -> Iterator[RedisServer]:
-    server = RedisServer(password, tls).start()
+def redis_server(
+    password: str | None = None, tls: Path | None = None, persist: Path | None = None
+) -> Iterator[RedisServer]:
+    server = RedisServer(password, tls, persist).start()
     try:
         yield server
     finally:

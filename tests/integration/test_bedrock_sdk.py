@@ -382,10 +382,22 @@ def test_a_frame_over_the_event_limit_makes_boto3_raise_limit_exceeded(
     assert "(limit_exceeded)" in str(raised.value)
 
 
-def test_a_resumable_route_serves_bedrock_streams_without_resume(simulator: ServerThread) -> None:
-    """A resume cursor counts lines of text; an AWS event stream's frames are binary (a
-    0x0A byte inside a frame is no boundary), so a Bedrock stream on a route with resume
-    is served whole and unlogged, and says why."""
+def _frames(body: bytes) -> list[bytes]:
+    """An AWS event stream cut into its frames by their prelude's total length."""
+    frames, pos = [], 0
+    while pos + 4 <= len(body):
+        size = int.from_bytes(body[pos : pos + 4], "big")
+        frames.append(body[pos : pos + size])
+        pos += size
+    return frames
+
+
+def test_a_bedrock_stream_resumes_byte_for_byte_from_a_frame_cursor(
+    simulator: ServerThread,
+) -> None:
+    """A binary framing's events are whole frames, handed out by the guard as any
+    framing's: a Bedrock stream on a route with resume is logged, and a resume from
+    any count of frames gets exactly the rest of what the stream sent."""
     route = {
         "name": "bedrock",
         "prefix": "/bedrock",
@@ -402,13 +414,20 @@ def test_a_resumable_route_serves_bedrock_streams_without_resume(simulator: Serv
             json={"messages": MESSAGES},
             headers={"x-sim-tps": "0"},
         )
-        metrics = web.get(gw.url + "/metrics").text
+        assert response.status_code == 200
+        stream_id = response.headers["x-gateway-stream-id"]
+        frames = _frames(response.content)
+        resumed = [
+            web.get(gw.url + f"/bedrock/gateway/streams/{stream_id}?starting_after={k}")
+            for k in (0, 3, len(frames))
+        ]
     assert text
     assert last["metadata"]["usage"]["outputTokens"] == 20  # read whole by boto3
-    assert response.status_code == 200
-    assert response.headers["x-gateway-resume"] == "off; reason=framing"
-    assert "x-gateway-stream-id" not in response.headers
-    assert metric_value(metrics, "gateway_resume_off_total", route="bedrock", reason="framing") >= 1
+    assert len(frames) > 3
+    assert b"".join(frames) == response.content
+    for k, again in zip((0, 3, len(frames)), resumed, strict=True):
+        assert again.status_code == 200
+        assert again.content == b"".join(frames[k:])
 
 
 def _signed_converse(url: str, region: str, service: str) -> Any:

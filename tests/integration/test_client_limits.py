@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from typing import Any
 
@@ -14,7 +15,13 @@ from pydantic import ValidationError
 from gateway.settings import Settings
 from tests import web
 from tests.conftest import ServerThread
-from tests.integration.helpers import access_log_line, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_line,
+    annotation,
+    gateway_for,
+    gateway_with_clients,
+    metric_value,
+)
 from tests.sdk import anthropic, ollama, openai
 
 KEY_A, KEY_B, KEY_C = "sk-team-a-0123", "sk-team-b-4567", "sk-team-c-89ab"
@@ -43,6 +50,18 @@ CLIENTS: list[dict[str, Any]] = [
     },
     {"name": "team-c", "key_sha256": [_sha(KEY_C)], "limits": {"max_concurrent_streams": 1}},
 ]
+
+
+@pytest.fixture(scope="module", params=["configured", "issued"])
+def issued(request: pytest.FixtureRequest) -> bool:
+    """Each test of named clients runs twice: clients configured in the file, and the
+    same clients issued at run time (the admin API, ``gateway.keys``)."""
+    return bool(request.param == "issued")
+
+
+@pytest.fixture(scope="module")
+def clients_issued(issued: bool) -> bool:
+    return issued
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +195,11 @@ def test_the_openai_sdk_gets_rate_limit_error_and_its_retry_waits_for_room(
         holder.join(30)
 
 
-def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) -> None:
+def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread, issued: bool) -> None:
     clients = [
         {"name": "team-m", "key_sha256": [_sha(KEY_A)], "limits": {"max_concurrent_streams": 1}}
     ]
-    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+    with gateway_with_clients(simulator.url + "/v1", issued, clients) as server:
         client = anthropic.Anthropic(base_url=server.url, api_key=KEY_A, max_retries=0)
         body = {"model": "sim", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
         slow = {"x-sim-tokens": "6", "x-sim-tps": "6"}
@@ -196,7 +215,7 @@ def test_the_anthropic_sdk_gets_its_rate_limit_error(simulator: ServerThread) ->
 
 
 def test_the_ollama_client_gets_the_refusal_as_its_error_message(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
     # Ollama's error is a string: the ollama client keeps whatever ``error`` holds.
     clients = [
@@ -205,7 +224,7 @@ def test_the_ollama_client_gets_the_refusal_as_its_error_message(
     routes = [
         {"name": "o", "prefix": "/api", "upstream": simulator.url + "/api", "protocol": "ollama"}
     ]
-    with gateway_for("", routes=routes, clients=clients) as server:
+    with gateway_with_clients("", issued, clients, routes=routes) as server:
         client = ollama.Client(host=server.url, headers={"authorization": f"Bearer {KEY_A}"})
         hello = [{"role": "user", "content": "hi"}]
         assert list(client.chat(model="sim", messages=hello, stream=True))[-1].done
@@ -246,17 +265,19 @@ def test_a_cut_stream_and_a_client_that_left_are_charged_an_estimate(
     assert line["charged"]["output"] > 0
 
 
-def test_a_named_client_without_limits_gets_no_limit_headers(simulator: ServerThread) -> None:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS[:1]) as server:
+def test_a_named_client_without_limits_gets_no_limit_headers(
+    simulator: ServerThread, issued: bool
+) -> None:
+    with gateway_with_clients(simulator.url + "/v1", issued, CLIENTS[:1]) as server:
         response = _post(server, KEY_A, "unlimited", _chat())
         assert response.status_code == 200
         assert "x-ratelimit-limit-requests" not in response.headers
 
 
 def test_the_status_page_shows_each_clients_use_against_its_limits(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
-    with gateway_for(simulator.url + "/v1", clients=CLIENTS, status_page=True) as server:
+    with gateway_with_clients(simulator.url + "/v1", issued, CLIENTS, status_page=True) as server:
         assert _post(server, KEY_B, "status-b", _chat(max_tokens=30)).status_code == 200
         page = web.get(server.url + "/status").text
     section = page.split('<section id="clients">', 1)[1].split("</section>", 1)[0]
@@ -283,7 +304,7 @@ def test_check_config_masks_the_redis_password() -> None:
 
 
 def test_a_retried_stream_is_charged_for_the_attempt_that_answered(
-    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str], issued: bool
 ) -> None:
     """A 500 from the heavy primary, then the answer from the fallback: the failed
     attempt produced no tokens, the answer's reported usage is the charge."""
@@ -303,7 +324,7 @@ def test_a_retried_stream_is_charged_for_the_attempt_that_answered(
             }
         ]
         clients = [{**CLIENTS[1], "limits": {"tokens_per_minute": 100000}}]
-        with gateway_for("", routes=routes, clients=clients, access_log=True) as server:
+        with gateway_with_clients("", issued, clients, routes=routes, access_log=True) as server:
             retried = None
             for attempt in range(5):  # the pick is weighted: the primary first, nearly always
                 rid = f"retried-{attempt}"
@@ -380,15 +401,17 @@ def test_a_route_that_takes_client_keys_but_has_no_credential_is_named_at_start(
 
 
 def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
-    simulator: ServerThread,
+    simulator: ServerThread, issued: bool
 ) -> None:
-    clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 60}}]
-    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+    # 100 tokens: the second request (its input and 80 output) fits the budget itself,
+    # not what the first one left of it
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_day": 100}}]
+    with gateway_with_clients(simulator.url + "/v1", issued, clients) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
         small = {"x-sim-tokens": "3"}
         client.chat.completions.create(**{**_chat(), "max_tokens": 5}, extra_headers=small)
         with pytest.raises(openai.RateLimitError) as raised:
-            client.chat.completions.create(**{**_chat(), "max_tokens": 50}, extra_headers=small)
+            client.chat.completions.create(**{**_chat(), "max_tokens": 80}, extra_headers=small)
         text = web.get(server.url + "/metrics").text
     assert raised.value.code == "insufficient_quota"
     assert raised.value.response.headers["x-should-retry"] == "false"
@@ -400,3 +423,46 @@ def test_a_spent_budget_is_insufficient_quota_and_the_sdk_does_not_retry_it(
         )
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("limits", "extra", "named"),
+    [
+        ({"tokens_per_minute": 500}, {}, "tokens_per_minute"),
+        ({"tokens_per_day": 5000}, {"max_tokens": 10000}, "tokens_per_day"),
+    ],
+)
+def test_a_request_larger_than_a_limit_itself_is_told_it_can_never_fit(
+    simulator: ServerThread, limits: dict[str, int], extra: dict[str, Any], named: str
+) -> None:
+    """Issue 45 item 1: it was told to retry after 8 s (the openai SDK retried for 66 s),
+    or that a budget untouched was spent; it gets its own refusal, never to be retried."""
+    clients = [{**CLIENTS[0], "limits": limits}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=3)
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(**{**_chat(), **extra})
+        text = web.get(server.url + "/metrics").text
+    headers = raised.value.response.headers
+    assert raised.value.code == "request_too_large"
+    assert headers["x-should-retry"] == "false"
+    assert "retry-after" not in headers
+    assert "retry-after-ms" not in headers
+    message = raised.value.message
+    assert f"can never fit this client's {named} limit of {next(iter(limits.values()))}" in message
+    assert re.search(r"it reserves \d+ input and \d+ output tokens", message), message
+    assert "max_tokens" in message
+    assert "default_output_reservation" in message
+    assert 'budget_enforcement = "strict"' in message
+    assert "retry after" not in message
+    assert "is spent" not in message
+    # refused once: the SDK spent none of its retries on it
+    assert metric_value(text, "gateway_limited_requests_total", client="team-a", limit=named) == 1
+
+
+def test_a_strict_client_fits_its_output_to_what_is_left_instead(simulator: ServerThread) -> None:
+    clients = [{**CLIENTS[0], "limits": {"tokens_per_minute": 500}, "budget_enforcement": "strict"}]
+    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+        response = _post(server, KEY_A, "strict-fits", _chat())
+    assert response.status_code == 200, response.text
+    assert annotation(response.content)["outcome"] == "complete"

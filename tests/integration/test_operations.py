@@ -233,10 +233,10 @@ def test_the_configuration_reference_lists_every_setting() -> None:
     from gateway.settings import ClientConfig, RouteConfig, UpstreamConfig
 
     for name in Settings.model_fields:
-        if name in ("credentials", "timeouts", "limits", "tracing"):  # listed by key
+        if name in ("credentials", "timeouts", "limits", "tracing", "keys"):  # listed by key
             continue
         assert f"`{name}`" in readme, f"the configuration reference lacks {name}"
-    for section in ("timeouts", "limits", "tracing"):
+    for section in ("timeouts", "limits", "tracing", "keys"):
         model = Settings.model_fields[section].default
         for key in model.model_dump():
             assert f"`{section}.{key}`" in readme, f"no row for {section}.{key}"
@@ -282,7 +282,7 @@ def test_the_configuration_tables_give_each_settings_default() -> None:
     rows = _settings_rows(CONFIGURATION_PAGE.read_text())
     fields: dict[str, FieldInfo] = {}
     for name, field in Settings.model_fields.items():
-        if name in ("timeouts", "limits", "tracing"):
+        if name in ("timeouts", "limits", "tracing", "keys"):
             model = field.annotation
             assert isinstance(model, type)
             assert issubclass(model, BaseModel)

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 from redis import Redis
 
-from gateway.resume.events import Splitter
+from tests.client_events import Splitter
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation
 from tests.integration.redis_sets import (

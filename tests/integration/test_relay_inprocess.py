@@ -400,3 +400,31 @@ def test_a_named_clients_reservation_is_the_requests_own_output_limit(spec: Any)
     assert len(upstream.requests) == 1
     reserved = 10_000 - int(response.headers["x-ratelimit-remaining-tokens"])
     assert 50 <= reserved < 50 + 100  # the output, and a few tokens of input
+
+
+ID_HEADERS = [
+    (spec, header)
+    for spec in REGISTRY
+    if spec.requests is not None
+    for header in spec.request_id_headers
+]
+
+
+@pytest.mark.parametrize(("spec", "header"), ID_HEADERS, ids=lambda v: getattr(v, "name", v))
+def test_the_upstreams_request_id_is_read_from_its_protocols_header(spec: Any, header: str) -> None:
+    """Each protocol's upstreams name their request id in their own header: the client
+    gets it as ``x-upstream-request-id``."""
+    head = {"content-type": "application/json", header: "up-1"}
+    upstream = Upstream(lambda r: answer(200, b"{}", **head))
+    route = {"name": "r", "prefix": "/p", "upstream": "http://upstream.test", "protocol": spec.name}
+    assert spec.requests is not None
+
+    async def test() -> httpx.Response:
+        async with in_process(upstream, routes=[route]) as client:
+            return await client.post(
+                "/p" + spec.requests.path("m", False),
+                json=spec.requests.text("m", "hi", 5, False),
+                headers=dict(spec.requests.headers),
+            )
+
+    assert asyncio.run(test()).headers["x-upstream-request-id"] == "up-1"

@@ -17,7 +17,13 @@ import pytest
 from gateway.simulator import create_simulator_app, expected_text
 from tests import web
 from tests.conftest import ServerThread, running
-from tests.integration.helpers import access_log_line, annotation, gateway_for, metric_value
+from tests.integration.helpers import (
+    access_log_line,
+    annotation,
+    gateway_for,
+    metric_value,
+    wait_until,
+)
 from tests.integration.test_failover import CHAT, chat_text, metrics, stream
 from tests.sdk import anthropic, openai
 
@@ -431,7 +437,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
                     if seen["body"]["messages"][-1]["role"] == "assistant":
                         break
                 time.sleep(0.05)
-            time.sleep(0.3)  # a delta of it has gone out (4 a second)
+            first = _sent(upstream.url, "drained-continuation")
+            wait_until(  # a delta of it has gone out (4 a second), after its first event
+                lambda: _sent(upstream.url, "drained-continuation") > first,
+                "a delta of the continuation went out",
+            )
             gw.proc.send_signal(signal.SIGTERM)
             thread.join(60)
             gw.proc.wait(timeout=30)
@@ -441,6 +451,11 @@ def test_a_continuation_stopped_by_the_drain_still_says_it_continued(tmp_path: A
     assert (note["reason"], note.get("continued")) == ("gateway_shutdown", "1")
     line = next(x for x in access_log_lines(out) if x["request_id"] == "drained-continuation")
     assert line["continued"] is True
+
+
+def _sent(url: str, request_id: str) -> int:
+    """The bytes the simulator has sent of the answer to ``request_id``."""
+    return int(web.get(f"{url}/_sim/requests/{request_id}").json()["bytes_sent"])
 
 
 def _named(name: str) -> tuple[str, dict[str, Any]]:
@@ -578,3 +593,60 @@ def test_a_continued_answer_names_the_upstream_that_finished_it(
     ]
     assert line["upstream"] == "fallback"
     assert response.headers["x-gateway-upstream"] == "primary"  # sent before the cut
+
+
+def test_a_continuation_to_an_upstream_that_signs_is_signed() -> None:
+    """Issue 45 item 16: on an ``auto`` route whose pool mixes a chat upstream with one
+    that signs (SigV4), a continuation to the signing one went without its signature."""
+    from gateway.protocols.sigv4 import AwsKeys
+
+    keys = AwsKeys("AKIDCONTINUE", "continue-secret")
+    with (
+        sim(default_fault="drop_after_text") as primary,
+        sim() as fallback,
+    ):
+        routes = continuing(
+            sim_up("primary", primary),
+            sim_up("fallback", fallback, priority=1, aws={"region": "us-east-1"}),
+        )
+        credentials = {"chat": {"fallback": keys.packed()}}
+        with gateway_for("", routes=routes, credentials=credentials) as gw:
+            response = continued_chat(gw, "signed-continuation")
+            assert annotation(response.content)["continued"] == "1"
+        (record,) = fallback.server.config.app.state.records.latest(10)
+        assert record.headers["authorization"]["present"]
+        assert record.headers["x-amz-date"]
+
+
+def test_a_cut_stream_whose_body_cannot_be_read_says_why_it_was_not_continued(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 45 item 8: a body of many tiny messages past the body parser's budget (here
+    made small: 150,000 messages pass it) was forwarded unparsed; cut, it was silently not
+    continued and the access log said ``model: null``. The log and the metrics now say
+    why (``body_unreadable``), and the model is read where the bytes name it."""
+    body = (
+        b'{"model":"sim-1","stream":true,"messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 150_000)
+        + b"]}"
+    )
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), access_log=True) as gw,
+    ):
+        bodies = gw.server.config.app.gateway.relay.bodies
+        bodies.off_loop_bytes, bodies.parse_budget = 64 * 1024, 16 * 1024 * 1024
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json", "x-request-id": "unreadable"},
+            timeout=60,
+        )
+        note = annotation(response.content)
+        line = access_log_line(capsys, "unreadable")
+        text = metrics(gw)
+    assert (note["outcome"], note["reason"]) == ("incomplete", "missing_done")
+    assert line["model"] == "sim-1"
+    assert line["continued"] is False
+    assert line["not_continued"] == "body_unreadable"
+    assert metric_value(text, "gateway_continuations_total", result="body_unreadable") == 1

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from gateway.resume.events import Splitter
 from gateway.resume.ids import new_id
 from tests import web
+from tests.client_events import Splitter
 from tests.conftest import GatewayProcess, ServerThread, gateway_process
 from tests.integration.helpers import annotation, metric_value
 from tests.integration.redis_server import RedisServer, redis_server

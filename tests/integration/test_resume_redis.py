@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from gateway.resume.events import Splitter
 from tests import web
+from tests.client_events import Splitter
 from tests.conftest import ServerThread, gateway_process
-from tests.integration.helpers import annotation, metric_value
+from tests.integration.helpers import annotation, metric_value, wait_until
 from tests.integration.redis_server import RedisServer, redis_server
 from tests.integration.test_resume_streams import REQUEST_ID, cut_after, resume
 
@@ -46,6 +46,12 @@ resume = true
 resume_ttl_seconds = {ttl}
 """)
     return path
+
+
+def _logged(redis: RedisServer, stream_id: str) -> int:
+    """How many events the store holds of a stream (its log's length in Redis)."""
+    with Redis.from_url(redis.url) as client:
+        return int(client.xlen(f"gateway:s:{{{stream_id}}}:log"))
 
 
 def test_two_gateways_share_the_streams_and_a_killed_one_is_taken_over(
@@ -77,7 +83,7 @@ def test_two_gateways_share_the_streams_and_a_killed_one_is_taken_over(
         # A killed mid-stream: B returns what was logged, then owner_lost.
         long = {"x-sim-tokens": "5000", "x-sim-tps": "50", "x-sim-seed": "4"}
         stream_id, _, head = cut_after(a.url + url, BODY, long, 5)
-        time.sleep(0.5)  # a few more events reach the log
+        wait_until(lambda: _logged(redis, stream_id) >= 8, "a few more events reach the log")
         a.proc.kill()
         a.proc.wait(30)
         killed = time.monotonic()
@@ -131,7 +137,7 @@ continuation = "assistant_prefill"
         gateway_process(["--config", str(path)]) as b,
     ):
         stream_id, _, head = cut_after(a.url + "/v1/chat/completions", body, headers, 5)
-        time.sleep(0.5)
+        wait_until(lambda: _logged(redis, stream_id) >= 8, "a few more events reach the log")
         a.proc.kill()
         a.proc.wait(30)
         rest = resume(b.url + "/v1", stream_id, 5, headers={})

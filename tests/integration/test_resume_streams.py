@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.resume.events import Splitter
 from gateway.settings import Settings
 from tests import web
+from tests.client_events import Splitter
 from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_until, annotation, gateway_for, metric_value
 from tests.integration.redis_server import redis_server

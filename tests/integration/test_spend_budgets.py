@@ -20,7 +20,8 @@ from tests.conftest import ServerThread
 from tests.integration.helpers import access_log_line, gateway_for, metric_value
 
 KEYS = {
-    name: f"sk-{name}-0123456789" for name in ("solo", "tight", "ana", "ben", "nopriced", "allowed")
+    name: f"sk-{name}-0123456789"
+    for name in ("solo", "tight", "ana", "ben", "nopriced", "allowed", "mixed", "boss")
 }
 #: The simulator reports a prompt of its body's bytes / 4: a prompt of some length keeps
 #: that below the strict bound (a token a byte of the text), as any real tokenizer is.
@@ -40,6 +41,8 @@ CLIENTS = [
     _client("ben", team="eng"),
     _client("nopriced", limits={"usd_per_month": "1"}),
     _client("allowed", limits={"usd_total": "1"}, unpriced="allow"),
+    _client("mixed", limits={"usd_per_month": "50", "max_concurrent_streams": 1}),
+    _client("boss", spend_admin=True),
 ]
 TEAMS = [{"name": "eng", "limits": {"usd_per_day": "0.002"}}]
 
@@ -50,7 +53,9 @@ def gw(simulator: ServerThread) -> Iterator[ServerThread]:
         {"name": "r", "prefix": "/v1", "upstream": f"{simulator.url}/v1"},
         {"name": "g", "prefix": "/v1beta", "upstream": f"{simulator.url}/v1beta"},
     ]
-    with gateway_for("", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True) as server:
+    with gateway_for(
+        "", routes=routes, clients=CLIENTS, teams=TEAMS, access_log=True, status_page=True
+    ) as server:
         yield server
 
 
@@ -200,6 +205,13 @@ def test_a_teams_budget_is_shared_by_its_clients(gw: ServerThread) -> None:
     text = web.get(gw.url + "/metrics").text
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ana") > 0
     assert metric_value(text, "gateway_spend_usd_total", team="eng", client="ben") == 0
+    receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    for _ in range(50):  # written by a task: poll, bounded
+        if receipt.status_code == 200:
+            break
+        receipt = _get(gw, "ben", "/v1/gateway/receipts/ben-0")
+    assert receipt.json()["team"] == "eng"
+    assert receipt.json()["status"] == 429
 
 
 def test_an_unpriced_model_is_refused_naming_it_or_served_labelled(
@@ -219,3 +231,103 @@ def test_an_unpriced_model_is_refused_naming_it_or_served_labelled(
     assert line["spend"] == {"nanos": 0, "evidence": "unpriced", "table": None}
     text = web.get(gw.url + "/metrics").text
     assert 'evidence="unpriced"' in text
+
+
+def _get(gw: ServerThread, client: str, path: str) -> Any:
+    return web.get(gw.url + path, headers={"authorization": f"Bearer {KEYS[client]}"}, timeout=30)
+
+
+def test_receipts_are_the_owners_only_and_the_report_receipts_and_metric_agree_exactly(
+    gw: ServerThread,
+) -> None:
+    """A mixed run of one client (streamed, plain, cut, refused, unpriced-refused): its
+    receipts (each only its own; anyone else gets the unknown id's 404), the report's
+    total and the metric's sum are the same number of nano-dollars."""
+    ids = []
+    for index in range(12):
+        rid = f"mixed-{index}"
+        ids.append(rid)
+        path, body, headers = "/v1/chat/completions", dict(CHAT), {"x-sim-tokens": "30"}
+        if index % 3 == 0:
+            body["stream"] = True
+        if index % 4 == 1:
+            body["stream"] = True
+            headers["x-sim-fault"] = "drop_after_text"
+        if index == 5:
+            body["model"] = "sim-model"  # unpriced: refused before any upstream
+        if index in (7, 8):
+            path, body = "/v1/messages", {**MESSAGES, "stream": index == 7}
+        answer = _post(gw, "mixed", rid, path, body, **headers)
+        assert answer.status_code == (400 if index == 5 else 200), answer.text
+    receipts = {}
+    for rid in ids:
+        found = _get(gw, "mixed", f"/v1/gateway/receipts/{rid}")
+        deadline = 0
+        while found.status_code == 404 and deadline < 50:  # written by a task: poll, bounded
+            deadline += 1
+            found = _get(gw, "mixed", f"/v1/gateway/receipts/{rid}")
+        assert found.status_code == 200, found.text
+        receipts[rid] = found.json()
+        other = _get(gw, "solo", f"/v1/gateway/receipts/{rid}")
+        unknown = _get(gw, "solo", "/v1/gateway/receipts/no-such-request")
+        assert other.status_code == unknown.status_code == 404
+        mine, theirs = other.json()["error"], unknown.json()["error"]
+        assert mine["code"] == theirs["code"]
+        assert (
+            mine["message"].split(" (request_id")[0] == theirs["message"].split(" (request_id")[0]
+        )
+    refused = receipts["mixed-5"]
+    assert refused["status"] == 400
+    assert refused["rejected"] == "unpriced"
+    assert refused["cost"]["nanos"] == 0
+    cut = receipts["mixed-1"]
+    assert cut["cost"]["evidence"] == "estimated"
+    assert cut["cost"]["nanos"] > 0
+    assert cut["verdict"]["outcome"] == "incomplete"
+    whole = receipts["mixed-0"]
+    assert whole["cost"]["evidence"] == "reported"
+    assert whole["cost"]["price_table"] == f"genai-prices {genai_prices.__version__}"
+    assert whole["attempts"][0]["result"] == "ok"
+    assert whole["budgets"][0]["limit"] == "usd_per_month"
+    assert Decimal(whole["budgets"][0]["left"]) < 50
+    summed = sum(r["cost"]["nanos"] for r in receipts.values())
+    own = _get(gw, "mixed", "/v1/gateway/spend?group_by=client,model,evidence").json()
+    assert {row["client"] for row in own["rows"]} == {"mixed"}
+    assert own["total"]["nanos"] == summed
+    assert own["total"]["requests"] == len(ids)
+    everyone = _get(gw, "boss", "/v1/gateway/spend?group_by=client").json()
+    clients = {row["client"]: row for row in everyone["rows"]}
+    assert clients["mixed"]["nanos"] == summed
+    assert "solo" in clients
+    text = web.get(gw.url + "/metrics").text
+    metric = metric_value(text, "gateway_spend_usd_total", client="mixed")
+    assert round(Decimal(repr(metric)) * 10**9) == summed
+    bad = _get(gw, "mixed", "/v1/gateway/spend?group_by=colour")
+    assert bad.status_code == 400
+
+
+def test_a_request_that_can_never_fit_a_money_budget_says_so_and_is_not_told_to_retry(
+    gw: ServerThread,
+) -> None:
+    """The team's $0.002 a day; 100,000 output tokens of gpt-4o reserved: $1."""
+    body = {**CHAT, "max_tokens": 100_000}
+    refused = _post(gw, "ben", "never-1", "/v1/chat/completions", body)
+    assert refused.status_code == 429
+    assert "can never fit" in refused.json()["error"]["message"]
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
+
+
+def test_the_status_page_shows_spend_per_client_and_team(gw: ServerThread) -> None:
+    answer = _post(gw, "ana", "status-1", "/v1/chat/completions", {**CHAT, "max_tokens": 1})
+    assert answer.status_code in (200, 429)
+    _post(gw, "solo", "status-2", "/v1/chat/completions", CHAT)
+    page = ""
+    for _ in range(50):  # receipts and totals are written by a task: poll, bounded
+        page = web.get(gw.url + "/status").text
+        if "<td>solo</td>" in page.partition('id="spend"')[2]:
+            break
+    spend = page.partition('<section id="spend">')[2].partition("</section>")[0]
+    assert "<td>solo</td>" in spend
+    assert "<td>team:eng</td>" in spend
+    assert "$0.01" in page.partition('id="clients"')[2]  # tight's usd_per_day, in dollars

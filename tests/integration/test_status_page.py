@@ -195,3 +195,28 @@ def test_the_status_page_renders_a_lone_surrogate_a_client_sent_as_its_model() -
     assert page.status_code == 200
     row = next(line for line in page.text.split("<tr>") if "surrogate-cut" in line)
     assert "\ufffd&lt;b&gt;" in row
+
+
+def test_the_page_shows_the_cache_resume_the_stream_store_and_redis(
+    simulator: ServerThread,
+) -> None:
+    """Issue 45 item 14: the page showed nothing of the cache, resume, the stream store
+    or Redis."""
+    routes = [
+        {"name": "cached", "prefix": "/v1", "upstream": simulator.url + "/v1", "cache": True},
+        {"name": "kept", "prefix": "/r/v1", "upstream": simulator.url + "/v1", "resume": True},
+    ]
+    with gateway_for("", routes=routes, status_page=True) as gw:
+        for _ in range(2):
+            web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        page = web.get(gw.url + "/status").text
+    section = page.split('<section id="services">', 1)[1].split("</section>", 1)[0]
+    assert "Cache, resume, stores and Redis" in section
+    assert "<td>cache</td><td>on for routes cached</td>" in section
+    assert "<td>resume</td><td>on for routes kept</td>" in section
+    assert "stream store: memory" in section
+    assert "of 256 MiB held" in section
+    assert "limits backend: memory</td><td>unused (no client has limits)" in section
+    assert "<td>Redis</td><td>not configured</td>" in section
+    assert "cache_hit 1" in section
+    assert "cache_miss 1" in section

@@ -18,6 +18,7 @@ from redis import Redis
 from gateway.redisconn import RedisTarget
 from gateway.store import BeyondEnd, End, Gone, MemoryStore, StreamStore, Writer, follow
 from gateway.store.redis_store import RedisStore
+from tests.integration.helpers import until
 from tests.integration.redis_server import RedisServer, redis_server
 from tests.integration.redis_sets import (
     cluster_target,
@@ -80,9 +81,15 @@ async def _open(
     return writer
 
 
-async def _all(store: StreamStore, stream_id: str, after: int) -> tuple[list[bytes], End]:
+async def _all(
+    store: StreamStore, stream_id: str, after: int, started: list[int] | None = None
+) -> tuple[list[bytes], End]:
+    """Every event after ``after``, and the end (``started``: one entry added once the
+    first batch came, so a test can wait for a reader to be on the live tail)."""
     events: list[bytes] = []
     async for batch in follow(store, stream_id, after, wait=5):
+        if started is not None and not events:
+            started.append(1)
         events += batch.events
         if batch.end is not None:
             return events, batch.end
@@ -123,9 +130,10 @@ def test_a_reader_follows_the_live_tail(make: Make) -> None:
         writer = await _open(store)
         writer.append(EVENTS[0])
         await writer.flush()
-        readers = [asyncio.create_task(_all(store, writer.id, 0)) for _ in range(100)]
-        await asyncio.sleep(0.2)
-        assert not any(r.done() for r in readers)
+        started: list[int] = []
+        readers = [asyncio.create_task(_all(store, writer.id, 0, started)) for _ in range(100)]
+        await until(lambda: len(started) == 100, "every reader read the first event")
+        assert not any(r.done() for r in readers)  # each waits on the live tail
         for event in EVENTS[1:]:
             writer.append(event)
             await asyncio.sleep(0)
@@ -290,8 +298,12 @@ def test_the_memory_store_forgets_after_the_ttl() -> None:
         writer.append(EVENTS[0])
         await writer.finish(End(b""))
         assert store.size == len(EVENTS[0])
-        await asyncio.sleep(0.3)
-        store.sweep()
+
+        def swept() -> bool:
+            store.sweep()
+            return store.size == 0
+
+        await until(swept, "the sweep found the log expired")
         assert await store.info(writer.id) is None
         assert store.size == 0
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from gateway.guard import Protocol
 from gateway.guard.contract import contract_for
-from gateway.protocols import REGISTRY, CredentialStyle, detect, spec_for
+from gateway.protocols import ANY_PATH, REGISTRY, CredentialStyle, detect, spec_for
 from gateway.settings import RouteConfig, Settings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -113,3 +113,20 @@ def test_the_gemini_recipe_works_while_make_run_serves() -> None:
     routes = json.loads(given[1])
     assert routes[0]["upstream"] == f"http://127.0.0.1:{simulate[1]}/v1beta"
     assert routes[0]["protocol"] == "gemini"
+
+
+def test_every_protocol_cools_down_on_the_common_overloaded_statuses() -> None:
+    """429 and 503 with a Retry-After cool any upstream down; a protocol adds its own
+    (Anthropic's 529), and a path no protocol claims takes every provider's."""
+    for spec in REGISTRY:
+        assert {429, 503} <= spec.cool_down_statuses, spec.name
+    every = frozenset().union(*(spec.cool_down_statuses for spec in REGISTRY))
+    assert ANY_PATH.cool_down_statuses == every
+
+
+def test_each_request_id_header_is_read() -> None:
+    from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
+
+    declared = [h for spec in REGISTRY for h in spec.request_id_headers]
+    assert set(UPSTREAM_REQUEST_ID_HEADERS) == set(declared)
+    assert all(h == h.lower() for h in declared)

@@ -1,11 +1,12 @@
-"""The resume cursor's unit: relayed bytes cut into whole events, any partition alike."""
+"""The tests' reference for the resume cursor's unit (what a client counts), and ``with_id``."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.resume.events import Splitter, with_id
+from gateway.resume.service import with_id
+from tests.client_events import Splitter
 
 BLOCKS = [
     b'data: {"a": 1}\n\n',

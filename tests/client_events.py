@@ -1,24 +1,23 @@
-"""Cutting relayed bytes into whole events, the unit a resume cursor counts (pure).
+"""How a client counts a stream's whole events in the bytes it received (the tests' reference).
 
-The relay sends only whole events (``gateway.guard.stream``), but a send may
-hold several, or end after a comment line whose block is not finished yet. A
-``Splitter`` cuts what was sent into events the way any client can count them:
+The gateway hands its log writers whole events from the guard
+(``gateway.guard.whole``); the tests count what a client received the way any
+client can, independently:
 
 - SSE: a block ends at a blank line (after any line end: LF, CRLF or CR); a
   comment-only block (``: ping`` and a blank line) is an event too; blank lines
   before a block belong to it;
 - NDJSON: each line ended by LF is an event.
 
-What follows the last whole event waits in ``rest`` for the next send (at the
-end of the stream, it goes before the trailer). ``with_id`` puts an ``id: N``
-line in front of an SSE event, for a browser ``EventSource`` to reconnect with.
+What follows the last whole event waits in ``rest``.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["Splitter", "with_id"]
+__all__ = ["Splitter"]
+
 
 #: A line end followed by an empty line's end: the end of an SSE block.
 _BLOCK_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
@@ -70,8 +69,3 @@ def _joined_blank(parts: list[bytes], splitter: Splitter) -> list[bytes]:
             blank += b"\n\n"
     splitter.rest = blank + splitter.rest
     return events
-
-
-def with_id(event: bytes, number: int) -> bytes:
-    """``event`` (an SSE block) with an ``id: number`` line first."""
-    return b"id: %d\n%s" % (number, event)

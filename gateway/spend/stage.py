@@ -1,0 +1,307 @@
+"""The spend stage: a receipt for every request, and the two endpoints that read the
+ledger (``gateway.proxy.stages``).
+
+Outermost on a request's way, it answers ``GET {prefix}/gateway/receipts/{id}``
+(to the request's owner only: anyone else gets the same 404 as an unknown id) and
+``GET {prefix}/gateway/spend`` (the report: grouped by any of client, team, model,
+route and day over a range of UTC days; a client with ``spend_admin`` sees every
+client, any other named client itself only). Any other request goes on its way;
+when it ends (answered, refused, cut, rescued, resumed, cached or detached) its
+receipt is written, with its charge added to the report's totals, by a task of its
+own so that neither the answer nor a client that left waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from gateway.proxy.errors import send_error
+from gateway.proxy.exchange import Exchange
+from gateway.proxy.stages import Next
+from gateway.resume.ids import owner_of
+from gateway.settings import ANONYMOUS
+from gateway.spend.ledger import Ledger, Row, Total
+from gateway.spend.prices import nanos_to_usd
+
+__all__ = ["RECEIPTS_PATH", "SPEND_PATH", "SpendStage"]
+
+log = logging.getLogger("gateway")
+
+#: Below every route's prefix.
+RECEIPTS_PATH = "/gateway/receipts/"
+SPEND_PATH = "/gateway/spend"
+#: The report's groups, in the order a row names them.
+GROUPS = ("day", "client", "team", "model", "route", "evidence")
+#: The longest range a report covers, in days.
+MAX_DAYS = 400
+
+
+class SpendStage:
+    """Keeps a receipt of every request and answers the receipts and the report."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        admins: frozenset[str],
+        version: str,
+        clock: Callable[[], float] = time.time,
+        teams: dict[str, str] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        #: client -> its configured team
+        self._teams = teams or {}
+        self._admins = admins
+        self._version = version
+        self._clock = clock
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, exchange: Exchange, call_next: Next) -> None:
+        rest = exchange.rest.split("?", 1)[0]
+        if exchange.record.method == "GET":
+            if rest.startswith(RECEIPTS_PATH):
+                await self._receipt(exchange, rest[len(RECEIPTS_PATH) :])
+                return
+            if rest == SPEND_PATH:
+                await self._report(exchange)
+                return
+        try:
+            await call_next(exchange)
+        finally:
+            self._keep(exchange)
+
+    # -- keeping ----------------------------------------------------------------------------
+
+    def _keep(self, exchange: Exchange) -> None:
+        record = exchange.record
+        if record.team is None:  # (a request refused before it was priced)
+            record.team = self._teams.get(record.client_name) or exchange.caller.team
+        spend = record.spend
+        nanos = spend.nanos if spend is not None else 0
+        named = record.client_name != ANONYMOUS
+        row = (
+            Row(
+                int(self._clock()) // 86400,
+                record.client_name,
+                record.team or "none",
+                (spend.model if spend is not None else None) or record.model or "none",
+                record.route,
+                spend.evidence.value if spend is not None else "reported",
+            )
+            if named
+            else None
+        )
+        receipt = receipt_of(exchange, self._version, self._clock())
+        task = asyncio.get_running_loop().create_task(
+            self.ledger.keep(record.request_id, owner_of(exchange), receipt, row, nanos)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Wait a little for the receipts being written, then close the ledger."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)
+        await self.ledger.close()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _receipt(self, exchange: Exchange, request_id: str) -> None:
+        found = None
+        if exchange.caller.name != ANONYMOUS or exchange.caller.keyed or _has_key(exchange):
+            try:
+                found = await self.ledger.receipt(request_id)
+            except Exception:
+                await _error(exchange, 503, "The receipts store is unavailable; retry shortly.")
+                return
+        if found is None or found[0] != owner_of(exchange):
+            await _error(exchange, 404, "No such receipt.")
+            return
+        await _json(exchange, 200, found[1])
+
+    async def _report(self, exchange: Exchange) -> None:
+        name = exchange.caller.name
+        if name == ANONYMOUS:
+            await _error(exchange, 403, "The spend report is for named clients.")
+            return
+        query = parse_qs(exchange.scope.get("query_string", b"").decode("latin-1"))
+        groups = [g for part in query.get("group_by", ["client"]) for g in part.split(",") if g]
+        try:
+            today = int(self._clock()) // 86400
+            last = _day(query.get("to", [None])[0], today)
+            first = _day(query.get("from", [None])[0], last - 30)
+            if any(g not in GROUPS for g in groups) or first > last or last - first > MAX_DAYS:
+                raise ValueError
+        except ValueError:
+            await _error(
+                exchange,
+                400,
+                f"group_by takes {', '.join(GROUPS)}; from and to are UTC days (YYYY-MM-DD), "
+                f"from not after to, at most {MAX_DAYS} days apart.",
+            )
+            return
+        try:
+            totals = await self.ledger.totals(first, last)
+        except Exception:
+            await _error(exchange, 503, "The spend store is unavailable; retry shortly.")
+            return
+        if name not in self._admins:
+            totals = [t for t in totals if t.row.client == name]
+        await _json(exchange, 200, report(totals, groups, first, last, self._version))
+
+
+def report(
+    totals: list[Total], groups: list[str], first: int, last: int, version: str
+) -> dict[str, Any]:
+    """The report's body: a row per group (its money, exact, and its requests), the total."""
+    grouped: dict[tuple[str, ...], list[int]] = {}
+    for total in totals:
+        values = {**total.row._asdict(), "day": _date(total.row.day)}
+        key = tuple(str(values[g]) for g in groups)
+        sums = grouped.setdefault(key, [0, 0])
+        sums[0] += total.nanos
+        sums[1] += total.requests
+    rows = [
+        {**dict(zip(groups, key, strict=True)), "usd": nanos_to_usd(n), "nanos": n, "requests": r}
+        for key, (n, r) in sorted(grouped.items())
+    ]
+    nanos = sum(t.nanos for t in totals)
+    return {
+        "from": _date(first),
+        "to": _date(last),
+        "group_by": groups,
+        "rows": rows,
+        "total": {
+            "usd": nanos_to_usd(nanos),
+            "nanos": nanos,
+            "requests": sum(t.requests for t in totals),
+        },
+        "price_table": version,
+    }
+
+
+def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
+    """What a request's receipt says (no prompt, no answer, no credential)."""
+    record = exchange.record
+    verdict = record.verdict
+    usage = record.usage if record.usage is not None else verdict.usage if verdict else None
+    spend = record.spend
+    return {
+        "request_id": record.request_id,
+        "time": dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds"),
+        "client": record.client_name,
+        "team": record.team,
+        "route": record.route,
+        "model": record.model,
+        "stream": record.stream,
+        "status": record.status,
+        "verdict": None
+        if verdict is None
+        else {"outcome": verdict.outcome.value, "reason": verdict.reason.value},
+        "schema": getattr(record, "schema", None),
+        "rejected": record.rejected,
+        "cache": record.cache,
+        "continued": record.continued,
+        "detached": record.detached,
+        "attempts": [
+            {"upstream": a.upstream, "result": a.result, "model": record.upstream_model}
+            if a.upstream == record.upstream
+            else {"upstream": a.upstream, "result": a.result}
+            for a in record.attempts
+        ],
+        "usage": usage.as_dict() if usage is not None else None,
+        "charged": None
+        if record.charge is None
+        else {
+            "input": record.charge.input,
+            "output": record.charge.output,
+            "source": record.charge.source.value,
+        },
+        "cost": {
+            "usd": nanos_to_usd(spend.nanos if spend is not None else 0),
+            "nanos": spend.nanos if spend is not None else 0,
+            "evidence": spend.evidence.value if spend is not None else None,
+            "priced_as": spend.model if spend is not None else None,
+            "prices": spend.table or None if spend is not None else None,
+            "price_table": version,
+            "note": "a cache hit costs nothing" if record.cache == "hit" else None,
+        },
+        "budgets": getattr(record, "budgets", None),
+    }
+
+
+def _has_key(exchange: Exchange) -> bool:
+    from gateway.proxy.admission import presented_key
+
+    return bool(presented_key(exchange.scope["headers"]))
+
+
+def _day(text: str | None, default: int) -> int:
+    if not text:
+        return default
+    return (dt.date.fromisoformat(text) - dt.date(1970, 1, 1)).days
+
+
+def _date(day: int) -> str:
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
+
+
+async def _json(exchange: Exchange, status: int, body: dict[str, Any]) -> None:
+    record = exchange.record
+    data = json.dumps(body, separators=(",", ":")).encode()
+    record.status = status
+    record.bytes_out += len(data)
+    await exchange.send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(data)),
+                (b"x-request-id", record.request_id.encode()),
+            ],
+        }
+    )
+    await exchange.send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _error(exchange: Exchange, status: int, message: str) -> None:
+    record = exchange.record
+    record.status = status
+    type_ = {404: "not_found_error", 403: "permission_error", 400: "invalid_request_error"}.get(
+        status, "service_unavailable"
+    )
+    record.bytes_out += await send_error(
+        exchange.send, exchange.spec.name, status, message, type_, type_, record.request_id
+    )
+
+
+async def status_rows(ledger: Ledger, now: float) -> list[tuple[str, str, str, str]]:
+    """Each client's spend today and this month (UTC), with its team, for ``/status``;
+    the teams' sums too (client ``team:<name>``). Empty when the ledger does not answer."""
+    today = int(now) // 86400
+    month_start = _day(_date(today)[:8] + "01", today)
+    try:
+        totals = await ledger.totals(month_start, today)
+    except Exception:
+        return []
+    sums: dict[tuple[str, str], list[int]] = {}
+    for total in totals:
+        row = total.row
+        for key in ((row.client, row.team), (f"team:{row.team}", row.team)):
+            if key[0] == "team:none":
+                continue
+            found = sums.setdefault(key, [0, 0])
+            found[1] += total.nanos
+            if row.day == today:
+                found[0] += total.nanos
+    return [
+        (client, team, nanos_to_usd(day), nanos_to_usd(month))
+        for (client, team), (day, month) in sorted(sums.items())
+    ]
