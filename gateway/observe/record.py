@@ -50,7 +50,8 @@ class RequestRecord:
     spend: Charge | None = None
     team: str | None = None  # the named client's team, if it has one
     #: The budgets its settlement charged, each with what it has left (its receipt's).
-    budgets: list[dict[str, Any]] | None = None
+    #: (scope, limit, value, left, whether it counts money in nano-dollars)
+    budgets: list[tuple[str, str, int, int, bool]] | None = None
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it
