@@ -67,6 +67,9 @@ class Exchange:
     partial: PartialEvents | None = None
     #: This stream's bytes of an unfinished event, as held against ``partial``.
     partial_held: int = 0
+    #: Words the stages add to the stream's trailer comment (``key=value``), each asked
+    #: once the verdict is known, just before the trailer is written.
+    trailer_words: list[Callable[[], str]] = field(default_factory=list)
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 
