@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.guard.jsonparse import loads as _loads
 from gateway.protocols.structured import Structured, function_tools, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
@@ -44,11 +45,29 @@ def _chat_schemas(body: Json) -> Schemas:
     )
 
 
+_TEXT = PartKind.TEXT
+
+
 def _chat_parts(data: str) -> list[Part]:
-    obj = json_object(data)
-    choices = obj.get("choices") if obj is not None else None
-    if not isinstance(choices, list):
+    try:
+        obj = _loads(data)
+    except (ValueError, RecursionError):
         return []
+    choices = obj.get("choices") if type(obj) is dict else None
+    if type(choices) is not list:
+        return []
+    if len(choices) == 1:  # the common chunk: one choice, a text delta, nothing else
+        choice = choices[0]
+        delta = choice.get("delta") if type(choice) is dict else None
+        if (
+            type(delta) is dict
+            and len(delta) == 1
+            and choice.get("finish_reason") is None
+            and choice.get("index", 0) == 0
+        ):
+            content = delta.get("content")
+            if type(content) is str:
+                return [Part(_TEXT, "", content)] if content else []
     out: list[Part] = []
     for choice in choices:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:

@@ -89,6 +89,12 @@ class StreamCheck:
     def feed(self, parts: list[Part], index: int) -> SchemaVerdict | None:
         """The parts of event ``index``; the first ``invalid`` verdict they give, or None."""
         self._last_event = index
+        if len(parts) == 1:
+            part = parts[0]
+            answer = self._answer
+            if part.kind is _TEXT and answer is not None:  # the common event: text
+                return _feed(answer, part.text, index)
+            return self._part(part, index)
         fault: SchemaVerdict | None = None
         for part in parts:
             verdict = self._part(part, index)
@@ -178,6 +184,9 @@ class StreamCheck:
     def verdict(self) -> SchemaVerdict | None:
         """The one verdict that speaks for the stream (the worst of ``finish``)."""
         return worst(self.finish())
+
+
+_TEXT = PartKind.TEXT
 
 
 def _feed(doc: _Doc, text: str, index: int) -> SchemaVerdict | None:

@@ -129,7 +129,8 @@ class Incremental:
             self._coro.send(data)
         except ijson.JSONError as exc:
             raise Fault(self._where(), f"not one JSON document: {_short(exc)}") from None
-        self._drain()
+        if self._events:
+            self._drain()
 
     def close(self) -> None:
         """The document's text ended: raises ``Fault`` when it is not whole."""
@@ -156,8 +157,12 @@ class Incremental:
         if not events:
             return
         try:
+            scalar, event_of = self._scalar_fast, self._event
             for event, value in events:
-                self._event(event, value)
+                if event in _SCALARS:
+                    scalar(value)
+                else:
+                    event_of(event, value)
         finally:
             del events[:]
 
@@ -187,6 +192,34 @@ class Incremental:
             self._scalar(schema, pointer, value)
         if not stack:
             self._ended = True
+
+    def _scalar_fast(self, value: Any) -> None:
+        """A scalar's event, the common way: its schema found and judged, its pointer
+        built only for a fault."""
+        stack = self._stack
+        if not stack:
+            self._event("scalar", value)
+            return
+        frame = stack[-1]
+        parent = frame.schema
+        if frame.is_object:
+            if parent is None:
+                return
+            sub = self._child_of_object(parent, frame.key)
+        else:
+            index = frame.count
+            frame.count = index + 1
+            if parent is None:
+                return
+            sub = self._item(parent, index, f"{frame.pointer}/{index}")
+        schema = sub if type(sub) is dict and "$ref" not in sub else self._node(sub)
+        if not schema:
+            return
+        try:
+            self._scalar(schema, "", value)
+        except Fault as fault:
+            key = _escape(frame.key) if frame.is_object else str(frame.count - 1)
+            raise Fault(f"{frame.pointer}/{key}", fault.detail) from None
 
     def _slot(self) -> tuple[Json | None, str]:
         """The schema and pointer of the value about to be read."""
@@ -275,22 +308,16 @@ class Incremental:
         raise Fault(pointer, f"{name} where the schema wants {_names(names)}")
 
     def _scalar(self, schema: Json, pointer: str, value: Any) -> None:
-        if isinstance(value, bool):
-            name = "boolean"
-        elif value is None:
-            name = "null"
-        elif isinstance(value, str):
-            name = "string"
-        elif isinstance(value, int):
-            name = "integer"
-        else:
-            name = "number"
-        self._type(schema, pointer, name, value)
+        name = _NAMES.get(type(value), "number")
+        wanted = schema.get("type")
+        if wanted is not None and wanted != name:
+            self._type(schema, pointer, name, value)
         if "enum" in schema or "const" in schema:
             self._enum(schema, pointer, value)
         if name == "string":
-            self._string(schema, pointer, value)
-        elif name in ("integer", "number"):
+            if "maxLength" in schema or "minLength" in schema or "pattern" in schema:
+                self._string(schema, pointer, value)
+        elif name != "boolean" and name != "null" and _BOUNDED.intersection(schema):
             self._number(schema, pointer, value)
 
     def _enum(self, schema: Json, pointer: str, value: Any) -> None:
@@ -326,6 +353,19 @@ _NUMERIC: tuple[tuple[str, Callable[[Decimal, Decimal], bool], str], ...] = (
     ("exclusiveMinimum", operator.le, "at or below"),
     ("exclusiveMaximum", operator.ge, "at or above"),
 )
+
+
+#: ijson's scalar events (each a value of its own).
+_SCALARS = frozenset(("string", "number", "boolean", "null"))
+#: A scalar's JSON type by its Python type (ijson: int, Decimal, str, bool, None).
+_NAMES: dict[type, str] = {
+    bool: "boolean",
+    type(None): "null",
+    str: "string",
+    int: "integer",
+    Decimal: "number",
+}
+_BOUNDED = frozenset(key for key, _, _ in _NUMERIC)
 
 
 def _integral(value: Any) -> bool:
