@@ -497,14 +497,19 @@ class _Gateway:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
-            # A stream store that is away is said, not failed on: streams are served
-            # all the same (without resume, uncached), by every replica alike.
+            # A stream store or a limits backend that is away is said, not failed on:
+            # streams are served all the same (without resume, uncached; limited ones as
+            # on_backend_error says), by every replica alike.
+            body: dict[str, object] = {"status": "ready"}
             store = self.relay.store if self.relay is not None else None
             if store is not None and store.down_since is not None:
                 down = round(time.monotonic() - store.down_since, 1)
-                return JSONResponse({"status": "ready", "stream_store": "unavailable",
-                                     "stream_store_down_seconds": down})  # fmt: skip
-            return JSONResponse({"status": "ready"})
+                body |= {"stream_store": "unavailable", "stream_store_down_seconds": down}
+            limits_down = limiter.backend_down_for if limiter is not None else None
+            if limits_down is not None:
+                body |= {"limits_backend": "unavailable",
+                         "limits_backend_down_seconds": round(limits_down, 1)}  # fmt: skip
+            return JSONResponse(body)
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)
 

@@ -293,6 +293,11 @@ class Limiter:
         """Whether the backend has answered once (before that, nothing is admitted)."""
         return self.backend.ready
 
+    @property
+    def backend_down_for(self) -> float | None:
+        """Seconds since the backend stopped answering, None while it answers."""
+        return self.backend.down_for
+
     def clients(self) -> list[str]:
         """The limited clients, in configuration order."""
         return list(self._rules)

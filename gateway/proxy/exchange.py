@@ -21,6 +21,7 @@ from gateway.observe import RequestRecord
 from gateway.policy.routing import Route, Target
 from gateway.protocols import ANY_PATH, ProtocolSpec
 from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
+from gateway.proxy.partial import PartialEvents
 from gateway.settings import Timeouts
 
 __all__ = ["AbortConnection", "Exchange", "bare_verdict"]
@@ -62,6 +63,10 @@ class Exchange:
     #: The readers of the answer's whole events (``gateway.guard.whole``): the stages
     #: register them (log writers, checks); every guard of the answer hands them events.
     events: WholeEvents = field(default_factory=WholeEvents)
+    #: The worker's bound on unfinished events' bytes (``gateway.proxy.partial``).
+    partial: PartialEvents | None = None
+    #: This stream's bytes of an unfinished event, as held against ``partial``.
+    partial_held: int = 0
     #: Words the stages add to the stream's trailer comment (``key=value``), each asked
     #: once the verdict is known, just before the trailer is written.
     trailer_words: list[Callable[[], str]] = field(default_factory=list)

@@ -98,6 +98,7 @@ from gateway.proxy.headers import (
     without_key,
 )
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
+from gateway.proxy.partial import PartialEvents
 from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
 from gateway.proxy.stages import Stage, chain
 from gateway.proxy.stream_guard import stream_guard
@@ -157,6 +158,10 @@ class Relay:
             settings.credentials.get(ISSUED_AWS_KEYS),
         )
         self.bodies = BodyParser(count_input=bool(settings.clients))
+        #: What all streams may hold of events not yet whole (gateway.proxy.partial).
+        self.partial = PartialEvents(
+            settings.limits.max_partial_event_bytes, metrics.partial_event_refused
+        )
         warn_uncredentialed(settings, self.admission)
         #: The named clients' limits; None when no client has any (nothing to ask).
         self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
@@ -198,6 +203,7 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
+        exchange.partial = self.partial
         # Known from the path before admission: its refusals speak the protocol too.
         exchange.spec = route.spec_for(scope["path"][len(route.config.prefix) :])
         watcher: asyncio.Task[None] | None = None

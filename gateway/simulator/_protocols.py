@@ -31,6 +31,8 @@ from gateway.simulator._sse import Framer, dumps
 from gateway.simulator._text import (
     invalid_tool_arguments,
     split_arguments,
+    structured_answer,
+    structured_arguments,
     text_deltas,
     tool_arguments,
 )
@@ -128,6 +130,20 @@ def _int_or_none(value: object) -> int | None:
     return value
 
 
+def _asks_structure(body: dict[str, Any], gemini_config: dict[str, Any]) -> bool:
+    """The request asks for an answer of a JSON schema (any protocol's way of asking)."""
+    fmt = _object(body.get("response_format")).get("type")
+    text_fmt = _object(_object(body.get("text")).get("format")).get("type")
+    return (
+        fmt == "json_schema"
+        or text_fmt == "json_schema"
+        or _object(body.get("output_format")).get("type") == "json_schema"
+        or "responseJsonSchema" in gemini_config
+        or "responseSchema" in gemini_config
+        or isinstance(body.get("format"), dict)
+    )
+
+
 def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
     for tool in tools:
         if not isinstance(tool, dict):
@@ -215,8 +231,11 @@ def make_plan(
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 
+    # A request that asks for a structured answer gets the valid one unless a shape is named.
+    shape = knobs.structured or ("valid" if _asks_structure(body, gemini_config) else "")
     tool_mode = protocol not in ("completions", "ollama_generate") and (
         fault in ("tool_calls", "invalid_tool_arguments")
+        or shape in ("tool_off_schema", "undeclared_tool")
         or (bool(tools) and not _tool_choice_none(protocol, body))
     )
     chunk_bytes = 0 if fault == "huge_event" else knobs.chunk_bytes
@@ -228,6 +247,8 @@ def make_plan(
             arguments = (
                 invalid_tool_arguments(knobs.seed + index)
                 if fault == "invalid_tool_arguments"
+                else structured_arguments(shape, knobs.seed + index)
+                if shape
                 else tool_arguments(knobs.seed + index)
             )
             # Gemini and Ollama send a function call whole, never its arguments in pieces.
@@ -243,8 +264,22 @@ def make_plan(
                     pieces=iter(pieces),
                     count=len(pieces),
                     finish="tool_calls",
-                    tool_name=_tool_name(protocol, tools),
+                    tool_name="launch_missiles"
+                    if shape == "undeclared_tool"
+                    else _tool_name(protocol, tools),
                     call_id=f"call_{sim_id('call', knobs.seed + index)}",
+                )
+            )
+            continue
+        if shape:  # a structured answer, in small pieces, whatever the token count
+            pieces = split_arguments(structured_answer(shape), seed=knobs.seed + index)
+            lanes.append(
+                Lane(
+                    index=index,
+                    kind="text",
+                    pieces=iter(pieces),
+                    count=len(pieces),
+                    finish=text_finish,
                 )
             )
             continue

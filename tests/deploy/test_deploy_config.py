@@ -125,6 +125,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_observer_errors_total": {"observer"},
     "gateway_access_log_dropped_lines_total": set(),
     "gateway_forged_annotations_total": {"route"},
+    "gateway_partial_event_refusals_total": {"route"},
     "gateway_captures_written_total": {"route"},
     "gateway_captures_dropped_total": {"route", "reason"},
     "gateway_build_info": {"version", "guard"},
@@ -1191,7 +1192,11 @@ def test_memory_limit_covers_streams_and_the_buffered_body_budget(
     assert limits.max_request_bytes <= budget, "one largest body must fit the budget"
     assert limits.max_concurrent_streams is not None, "unbounded streams: no memory bound"
     per_worker = (
-        REST_BYTES + limits.max_concurrent_streams * STREAM_BYTES + 2 * budget + PARSER_BYTES
+        REST_BYTES
+        + limits.max_concurrent_streams * STREAM_BYTES
+        + 2 * budget
+        + PARSER_BYTES
+        + PARTIAL_FACTOR * limits.max_partial_event_bytes
     )
     container = gateway_container(manifests()["Deployment/gateway"])
     memory_limit = quantity_bytes(container["resources"]["limits"]["memory"])
@@ -1206,6 +1211,10 @@ STREAM_BYTES = 48 * 1024  # one stream in flight (measured about 45 KiB)
 #: The body parser's helper process (56 MiB at rest, its resource tracker 13 MiB) and the
 #: most its data may grow while it parses a body (PARSE_BUDGET).
 PARSER_BYTES = 69 * MIB + PARSE_BUDGET + 27 * MIB
+#: What the unfinished events all streams may hold (limits.max_partial_event_bytes) cost
+#: a worker at their peak: 7 times the bound (measured about 6,
+#: tests/integration/test_partial_events.py).
+PARTIAL_FACTOR = 7
 
 
 def quantity_bytes(quantity: str) -> int:
@@ -1623,3 +1632,45 @@ def test_the_autoscalers_queries_count_a_stream_in_flight_on_a_real_prometheus(
             response.read(1)  # the stream has started
             wait_until(lambda: reading(1.0), "both queries to read 1 stream in flight", logs)
             assert b"outcome=complete" in response.read()
+
+
+def test_compose_has_a_sentinel_profile() -> None:
+    """``docker compose --profile ha up``: one master, two replicas of it, three sentinels
+    watching service ``gateway`` with quorum 2; nothing of it starts without the profile,
+    and the gateway settings the comment gives load (tests/integration/test_redis_modes.py
+    runs these very commands on loopback)."""
+    services = load_yaml(REPO / "compose.yaml")["services"]
+    ha = {name for name, service in services.items() if service.get("profiles") == ["ha"]}
+    assert ha == {
+        "redis-master",
+        "redis-replica-1",
+        "redis-replica-2",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+    }
+    for name in ("redis-replica-1", "redis-replica-2"):
+        command = services[name]["command"]
+        assert command[command.index("--replicaof") + 1 :] == ["redis-master", "6379"]
+    for i in (1, 2, 3):
+        script = services[f"sentinel-{i}"]["command"][2]
+        assert "'sentinel monitor gateway redis-master 6379 2'" in script
+        assert script.endswith("exec redis-server /tmp/sentinel.conf --sentinel")
+    comments = _compose_comments()
+    assert "GATEWAY_REDIS_MODE=sentinel" in comments
+    from gateway.settings import Settings
+
+    nodes = ["sentinel-1:26379", "sentinel-2:26379", "sentinel-3:26379"]
+    assert json.dumps(nodes).replace(" ", "") in comments.replace(" ", "")
+    settings = Settings(
+        upstream_url="http://simulator:9000/v1",
+        limits_backend="redis",
+        stream_store="redis",
+        redis_mode="sentinel",
+        redis_service="gateway",
+        redis_url="redis://redis-master/0",
+        redis_nodes=nodes,
+    )
+    target = settings.redis_target()
+    assert target is not None
+    assert target.nodes == (("sentinel-1", 26379), ("sentinel-2", 26379), ("sentinel-3", 26379))

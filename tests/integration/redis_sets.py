@@ -126,7 +126,8 @@ class _Node:
 
 
 def _data_options(password: str | None) -> dict[str, str]:
-    options = {"save": '""', "appendonly": "no"}
+    # a replica's first sync at once (not after the 5 s a diskless sync waits by default)
+    options = {"save": '""', "appendonly": "no", "repl-diskless-sync-delay": "0"}
     if password:
         options |= {"requirepass": password, "masterauth": password}
     return options
@@ -266,6 +267,13 @@ class ClusterSet:
             capture_output=True, timeout=60, check=True,
         )  # fmt: skip
         self.wait_ok()
+
+        def synced() -> bool:  # a replica not yet in sync would fail over empty
+            infos = [self.ask(n, "INFO", "replication") for n in self.nodes_]
+            replicas = [i for i in infos if "role:slave" in i]
+            return len(replicas) == 3 and all("master_link_status:up" in i for i in replicas)
+
+        wait_for(synced, 30, "every replica in sync with its master")
         return self
 
     def wait_ok(self, seconds: float = 30) -> None:
