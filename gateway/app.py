@@ -70,6 +70,7 @@ from gateway.proxy.headers import Forwarding, get_header, request_id_of
 from gateway.proxy.relay import Relay
 from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
+from gateway.proxy.schema_stage import SchemaStage
 from gateway.proxy.slots import StreamSlots
 from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
@@ -81,7 +82,7 @@ from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import ISSUED_AWS_KEYS, RouteConfig, Settings
-from gateway.spend import build_spend, build_stage
+from gateway.spend import Spend, build_spend, build_stage
 from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import StoreError, StreamStore
 from gateway.store import build_store as build_stream_store
@@ -375,6 +376,8 @@ class _Gateway:
                     "resume and answers uncached until it answers",
                     exc,
                 )
+        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
+        spend = build_spend(settings)
         resumes = build_resumes(settings, metrics, upstream, store)
         self.cache = cache = build_cache(settings, metrics, bodies, store)
         if cache is not None:
@@ -399,7 +402,7 @@ class _Gateway:
             bodies=bodies,
             forwarding=self.forwarding,
             tracer=self.tracing,
-            stages=self._stages(Rewriter(bodies, admission), admission, resumes, cache),
+            stages=self._stages(Rewriter(bodies, admission), admission, spend, resumes, cache),
         )
         self.relay = relay
         self.ws_relay = WebSocketRelay(
@@ -412,6 +415,7 @@ class _Gateway:
             lifecycle=self.lifecycle,
             forwarding=self.forwarding,
             limiter=limiter,
+            spend=spend,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:
@@ -441,6 +445,7 @@ class _Gateway:
         self,
         rewriter: Rewriter,
         admission: Admission,
+        spend: Spend,
         resumes: Resumes | None,
         cache: ResponseCache | None,
     ) -> list[Stage]:
@@ -462,10 +467,13 @@ class _Gateway:
             stages.append(cached.lookup)
         stages.append(AskUsage(rewriter, limiter.limited if limiter is not None else _never))
         if settings.clients:
-            stages.append(ClientLimits(limiter, build_spend(settings), rewriter, metrics))
+            stages.append(ClientLimits(limiter, spend, rewriter, metrics))
         stages.append(StreamSlots(admission, metrics))
         if cached is not None:
             stages.append(cached.serve)
+        # innermost: it reads the answer as relayed (a route's schema_check says what a
+        # fault does); a request without a schema passes with one substring search
+        stages.append(SchemaStage())
         return stages
 
     async def _open_signals(self, stack: contextlib.AsyncExitStack) -> None:
@@ -567,14 +575,19 @@ class _Gateway:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
         if self.lifecycle.ready:  # begin_drain clears it
-            # A stream store that is away is said, not failed on: streams are served
-            # all the same (without resume, uncached), by every replica alike.
+            # A stream store or a limits backend that is away is said, not failed on:
+            # streams are served all the same (without resume, uncached; limited ones as
+            # on_backend_error says), by every replica alike.
+            body: dict[str, object] = {"status": "ready"}
             store = self.store
             if store is not None and store.down_since is not None:
                 down = round(time.monotonic() - store.down_since, 1)
-                return JSONResponse({"status": "ready", "stream_store": "unavailable",
-                                     "stream_store_down_seconds": down})  # fmt: skip
-            return JSONResponse({"status": "ready"})
+                body |= {"stream_store": "unavailable", "stream_store_down_seconds": down}
+            limits_down = limiter.backend_down_for if limiter is not None else None
+            if limits_down is not None:
+                body |= {"limits_backend": "unavailable",
+                         "limits_backend_down_seconds": round(limits_down, 1)}  # fmt: skip
+            return JSONResponse(body)
         state = "draining" if self.lifecycle.draining else "starting"
         return JSONResponse({"status": state}, status_code=503)
 

@@ -470,6 +470,21 @@ class RouteConfig(_Strict):
         description="A Retry-After up to this is waited out on the same upstream; "
         "a longer one sends the retry to the next tier.",
     )
+    # -- structured outputs (docs/structured-outputs.md) --
+    schema_check: Literal["off", "record", "end"] = Field(
+        "record",
+        description="What a structured answer or tool call that breaks the request's schema "
+        'does: "record" (the verdict in the trailer, the log and the metrics; bytes '
+        'unchanged), "end" (the stream ends at the violating event with the protocol\'s '
+        'error event, reason schema_mismatch), "off".',
+    )
+    schema_max_answer_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        le=64 * 1024 * 1024,
+        description="The most of one structured answer or tool call the end check holds; "
+        "a larger one is unchecked.",
+    )
     # -- resumable streams (docs/resume.md) --
     resume: Flag = Field(
         False,

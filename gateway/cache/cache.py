@@ -569,7 +569,10 @@ class ResponseCache:
             self.metrics.cached(route.name, "refused", refusal)
             await self._forget_if(name, writer.id)
             await store.forget(refused)
-            await store.claim(refused, refusal, config.cache_ttl_seconds)
+            if exchange.record.rejected is None:
+                # the upstream's answer is not kept, and says why to the next; a refusal
+                # of the gateway's own (a late stream over the cap) is no answer of it
+                await store.claim(refused, refusal, config.cache_ttl_seconds)
         except StoreError:
             log.warning("route %s: the stream store failed at an answer's end", route.name)
             return

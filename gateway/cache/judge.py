@@ -42,7 +42,8 @@ def judge(
 ) -> tuple[str | None, str]:
     """(why the answer is not kept, or None: it is kept; its finish reason). The
     reasons are a closed vocabulary: the verdict's, or ``upstream_status``,
-    ``continued``, ``too_large``, ``missing_finish``, a request error."""
+    ``continued``, ``too_large``, ``missing_finish``, a request error, or the gateway's
+    own refusal of the answer (``overloaded``: a stream over the cap)."""
     record = exchange.record
     config = exchange.route.config
     verdict = record.verdict
@@ -50,6 +51,8 @@ def judge(
         if verdict is not None and not verdict.complete:
             return str(verdict.reason), ""
         return str(exchange.stop_reason or Reason.CLIENT_DISCONNECT), ""
+    if record.rejected is not None:  # the gateway's own refusal (a late stream over the cap)
+        return record.rejected, ""
     if not 200 <= recorder.status < 300:
         return "upstream_status", ""
     if record.continued or record.billed is not None or b" continued=" in recorder.final:

@@ -7,7 +7,8 @@
 - ``serve`` (after the limits and the stream slot admitted it): a hit or a
   follower is answered from the store; otherwise the request goes on to its
   upstream, leading (its answer recorded) or bypassing the cache, and its entry
-  is settled when it ends.
+  is settled when it ends. A request counted free whose entry expired meanwhile
+  is first reserved again as what it is (``Exchange.not_free``).
 
 The two share each request's ``Plan``, kept here between them.
 """
@@ -50,6 +51,11 @@ class CacheStages:
             return
         try:
             if not await self.cache.serve(exchange, plan):
+                if exchange.free:  # the whole entry it was counted free for is gone
+                    exchange.free = False
+                    again = exchange.not_free
+                    if again is not None and not await again():
+                        return
                 await call_next(exchange)
         finally:
             await self.cache.settle(exchange, plan)

@@ -20,7 +20,7 @@ complete or upstream-errored stream gets nothing.
 
 from __future__ import annotations
 
-from gateway.guard.contract import Protocol, contract_for
+from gateway.guard.contract import Incomplete, Protocol, contract_for
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["comment_line", "error_event", "incomplete_message", "render_annotation"]
@@ -46,6 +46,7 @@ _COMMON: dict[Reason, str] = {
     Reason.GATEWAY_SHUTDOWN: "the gateway shut down before the stream finished",
     Reason.CANCELLED: "the stream was cancelled by its client",
     Reason.OWNER_LOST: "the gateway process relaying the stream was lost",
+    Reason.SCHEMA_MISMATCH: "the answer does not fit the schema the request asked for",
 }
 
 
@@ -57,10 +58,13 @@ def incomplete_message(protocol: Protocol, reason: Reason, request_id: str) -> s
     return f"Stream incomplete: {what} ({reason}). request_id={request_id}"
 
 
-def comment_line(verdict: Verdict, request_id: str, continued: int = 0) -> bytes:
-    """``: gateway outcome=... reason=... [continued=N] request_id=...``; ``continued``
-    only when the answer was continued after a cut (N > 0)."""
+def comment_line(verdict: Verdict, request_id: str, continued: int = 0, words: str = "") -> bytes:
+    """``: gateway outcome=... reason=... [continued=N] [words] request_id=...``;
+    ``continued`` only when the answer was continued after a cut (N > 0); ``words``:
+    what the request's stages add (``key=value`` words, e.g. ``schema=valid``)."""
     more = f" continued={continued}" if continued > 0 else ""
+    if words:
+        more += " " + words
     return (
         f": gateway outcome={verdict.outcome} reason={verdict.reason}{more}"
         f" request_id={request_id}\n"
@@ -75,11 +79,9 @@ def error_event(
     last_sequence_number: int | None = None,
 ) -> bytes:
     """The protocol-shaped error event for an incomplete stream."""
+    message = incomplete_message(protocol, reason, request_id)
     return contract_for(protocol).error_event(
-        reason,
-        incomplete_message(protocol, reason, request_id),
-        request_id=request_id,
-        last_sequence_number=last_sequence_number,
+        Incomplete(reason, message, request_id, last_sequence_number)
     )
 
 
@@ -90,6 +92,7 @@ def render_annotation(
     *,
     last_sequence_number: int | None = None,
     continued: int = 0,
+    words: str = "",
 ) -> bytes:
     contract = contract_for(protocol)
     comments = contract.framing.comments
@@ -97,9 +100,9 @@ def render_annotation(
         # An SDK that rejects comment lines gets none on a complete stream.
         forwarded_error = not verdict.complete
         if comments and (forwarded_error or contract.comment_on_complete):
-            return comment_line(verdict, request_id, continued)
+            return comment_line(verdict, request_id, continued, words)
         return b""
     error = error_event(
         protocol, verdict.reason, request_id, last_sequence_number=last_sequence_number
     )
-    return error + comment_line(verdict, request_id, continued) if comments else error
+    return error + comment_line(verdict, request_id, continued, words) if comments else error

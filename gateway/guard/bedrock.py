@@ -52,6 +52,7 @@ from typing import Any
 from gateway.guard.contract import (
     Action,
     Contract,
+    Incomplete,
     Protocol,
     int_or_none,
     parse_json_object,
@@ -142,22 +143,15 @@ class BedrockContract(Contract):
     }
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
+    def error_event(cls, incomplete: Incomplete) -> bytes:
         """A ``modelStreamErrorException`` frame, on which botocore raises ``EventStreamError``
         (its message the gateway's; ``gateway`` carries the reason for a program)."""
         return exception_frame(
             "modelStreamErrorException",
             {
-                "message": message,
-                "gateway": {"outcome": "incomplete", "reason": str(reason)},
-                "request_id": request_id,
+                "message": incomplete.message,
+                "gateway": {"outcome": "incomplete", "reason": str(incomplete.reason)},
+                "request_id": incomplete.request_id,
             },
         )
 

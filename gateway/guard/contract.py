@@ -12,6 +12,7 @@ import abc
 import enum
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.guard.decoder import Event
@@ -24,6 +25,7 @@ __all__ = [
     "Action",
     "Contract",
     "FramingOnly",
+    "Incomplete",
     "Protocol",
     "contract_for",
     "data_line",
@@ -31,6 +33,17 @@ __all__ = [
     "parse_json_object",
     "valid_tool_arguments",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    """What an incomplete stream's error event says: why, in the gateway's words, for
+    which request, and (the Responses API's) the last sequence number relayed."""
+
+    reason: Reason
+    message: str
+    request_id: str
+    last_sequence_number: int | None = None
 
 
 class Protocol(enum.StrEnum):
@@ -134,21 +147,20 @@ class Contract(abc.ABC):
             _BY_PROTOCOL[cls.protocol] = cls
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
+    def error_event(cls, incomplete: Incomplete) -> bytes:
         """The error event for an incomplete stream, in this protocol's shape.
 
         The default is the Chat Completions shape, with no ``event:`` line
         (openai-python 1.0-1.13 ignores named events) and the reason in ``error.code``.
         """
         return data_line(
-            {"error": {"message": message, "type": "stream_incomplete", "code": str(reason)}}
+            {
+                "error": {
+                    "message": incomplete.message,
+                    "type": "stream_incomplete",
+                    "code": str(incomplete.reason),
+                }
+            }
         )
 
     @classmethod

@@ -58,6 +58,7 @@ from typing import Any, Final
 from gateway.guard.contract import (
     Action,
     Contract,
+    Incomplete,
     Protocol,
     data_line,
     int_or_none,
@@ -277,15 +278,8 @@ class GeminiContract(Contract):
         return normalize_gemini_finish(raw)
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
-        return gemini_error_event(reason, message, request_id)
+    def error_event(cls, incomplete: Incomplete) -> bytes:
+        return gemini_error_event(incomplete.reason, incomplete.message, incomplete.request_id)
 
     def __init__(self, *, keep_text: bool = False) -> None:
         super().__init__()

@@ -35,6 +35,7 @@ from typing import Any
 from gateway.guard.contract import (
     Action,
     Contract,
+    Incomplete,
     Protocol,
     data_line,
     parse_json_object,
@@ -83,14 +84,7 @@ class MessagesContract(Contract):
     }
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
+    def error_event(cls, incomplete: Incomplete) -> bytes:
         """Anthropic's ``event: error`` shape, the reason where the anthropic SDKs read a
         stable cause code (``APIStatusError.error_code`` / ``APIError.errorCode``)."""
         return data_line(
@@ -98,8 +92,8 @@ class MessagesContract(Contract):
                 "type": "error",
                 "error": {
                     "type": "api_error",
-                    "message": message,
-                    "details": {"error_code": str(reason)},
+                    "message": incomplete.message,
+                    "details": {"error_code": str(incomplete.reason)},
                 },
             },
             event="error",

@@ -43,7 +43,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from gateway.guard.contract import Action, Contract, Protocol, int_or_none, parse_json_object
+from gateway.guard.contract import (
+    Action,
+    Contract,
+    Incomplete,
+    Protocol,
+    int_or_none,
+    parse_json_object,
+)
 from gateway.guard.decoder import Event
 from gateway.guard.framing import NDJSON
 from gateway.guard.verdict import Reason, Usage
@@ -123,18 +130,15 @@ class OllamaContract(Contract):
         self._tool_calls = 0
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
+    def error_event(cls, incomplete: Incomplete) -> bytes:
         """One NDJSON line: Ollama's ``error`` string, and the gateway's verdict beside it."""
         payload = {
-            "error": message,
-            "gateway": {"outcome": "incomplete", "reason": str(reason), "request_id": request_id},
+            "error": incomplete.message,
+            "gateway": {
+                "outcome": "incomplete",
+                "reason": str(incomplete.reason),
+                "request_id": incomplete.request_id,
+            },
         }
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 

@@ -37,6 +37,7 @@ from typing import Any, TypeGuard
 from gateway.guard.contract import (
     Action,
     Contract,
+    Incomplete,
     Protocol,
     data_line,
     parse_json_object,
@@ -105,25 +106,24 @@ class ResponsesContract(Contract):
     }
 
     @classmethod
-    def error_event(
-        cls,
-        reason: Reason,
-        message: str,
-        *,
-        request_id: str,
-        last_sequence_number: int | None = None,
-    ) -> bytes:
+    def error_event(cls, incomplete: Incomplete) -> bytes:
         """``event: error`` with the documented flat fields, plus a nested ``error``
         object (openai-python raises only on a top-level ``error`` key)."""
-        sequence = 0 if last_sequence_number is None else last_sequence_number + 1
+        sequence = (
+            0 if incomplete.last_sequence_number is None else incomplete.last_sequence_number + 1
+        )
         return data_line(
             {
                 "type": "error",
-                "code": str(reason),
-                "message": message,
+                "code": str(incomplete.reason),
+                "message": incomplete.message,
                 "param": None,
                 "sequence_number": sequence,
-                "error": {"type": "stream_incomplete", "code": str(reason), "message": message},
+                "error": {
+                    "type": "stream_incomplete",
+                    "code": str(incomplete.reason),
+                    "message": incomplete.message,
+                },
             },
             event="error",
         )

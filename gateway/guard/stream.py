@@ -283,9 +283,9 @@ class StreamGuard:
         self._held = b""
         return self.contract.abort(reason, detail, force=force)
 
-    def annotation(self, request_id: str, continued: int = 0) -> bytes:
+    def annotation(self, request_id: str, continued: int = 0, words: str = "") -> bytes:
         """The trailer the relay appends after the last forwarded byte (``continued``: how
-        many continuations the answer took, after a cut)."""
+        many continuations the answer took, after a cut; ``words``: the stages' own)."""
         verdict = self.contract.verdict
         if verdict is None:
             raise RuntimeError("annotation before the verdict is final")
@@ -295,4 +295,5 @@ class StreamGuard:
             request_id,
             last_sequence_number=self.contract.last_sequence_number,
             continued=continued,
+            words=words,
         )

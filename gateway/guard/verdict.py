@@ -61,6 +61,9 @@ class Reason(enum.StrEnum):
     CANCELLED = "cancelled"
     #: A resumable stream whose gateway process died before its end (its lease ran out).
     OWNER_LOST = "owner_lost"
+    #: The answer or a tool call broke the schema the request asked for, on a route
+    #: whose ``schema_check`` is ``end`` (``gateway.schema``).
+    SCHEMA_MISMATCH = "schema_mismatch"
 
 
 COMPLETE_REASONS = frozenset(

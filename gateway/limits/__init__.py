@@ -13,6 +13,7 @@ from gateway.limits.limiter import (
     LimitRefused,
     Reservation,
     TooLarge,
+    Uncapped,
     Unpriced,
     build_limiter,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "Reservation",
     "Reserved",
     "TooLarge",
+    "Uncapped",
     "Unpriced",
     "build_limiter",
 ]

@@ -72,6 +72,11 @@ class Backend(Protocol):
         """Whether the backend has answered once (before that, nothing is admitted)."""
         ...
 
+    @property
+    def down_for(self) -> float | None:
+        """Seconds since the backend stopped answering, None while it answers."""
+        ...
+
     async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
         """Apply ``checks`` all or none (the reserved tokens to the token counters, the
         reserved money to the money counters, 1 to the others); a stream (concurrency) is

@@ -121,6 +121,25 @@ class TooLarge(LimitRefused):
         return "too_large"
 
 
+class Uncapped(LimitRefused):
+    """A strict client's request whose body the gateway could not rewrite to cap its
+    output at what is left (too complex to parse within the body parser's budget): 400,
+    never sent upstream uncapped; its own ``max_tokens`` at most ``cap`` needs no
+    rewrite."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(400, None, 0.0, [])
+        self.cap = cap
+
+    @property
+    def label(self) -> str:
+        return "uncapped"
+
+    @property
+    def rejected(self) -> str:
+        return "uncapped"
+
+
 def _too_large(
     checks: list[Check], input_: int, output: int, strict: bool
 ) -> tuple[Check, int] | None:
@@ -158,7 +177,7 @@ class Reservation:
     money: int = 0
     #: after its settlement: each day, month or total budget it was charged in, and what
     #: that budget has left (its receipt's ``budgets``)
-    left: list[dict[str, Any]] | None = None
+    left: list[tuple[str, str, int, int, bool]] | None = None
 
     @property
     def member(self) -> str:
@@ -273,6 +292,11 @@ class Limiter:
     def ready(self) -> bool:
         """Whether the backend has answered once (before that, nothing is admitted)."""
         return self.backend.ready
+
+    @property
+    def backend_down_for(self) -> float | None:
+        """Seconds since the backend stopped answering, None while it answers."""
+        return self.backend.down_for
 
     def clients(self) -> list[str]:
         """The limited clients, in configuration order."""
@@ -539,22 +563,15 @@ class Limiter:
                 self._on_budget(client, window, limit, value)
 
 
-def _left(checks: list[Check], after: list[int | None]) -> list[dict[str, Any]]:
-    """Each budget (a day's, a month's, a total) of ``checks`` with what it has left."""
-    found: list[dict[str, Any]] = []
-    for check, value in zip(checks, after, strict=False):
-        if not check.limit.is_budget or value is None:
-            continue
-        left = max(check.value - value, 0)
-        found.append(
-            {
-                "scope": check.scope,
-                "limit": str(check.limit),
-                "value": nanos_to_usd(check.value) if check.money else check.value,
-                "left": nanos_to_usd(left) if check.money else left,
-            }
-        )
-    return found
+def _left(checks: list[Check], after: list[int | None]) -> list[tuple[str, str, int, int, bool]]:
+    """Each budget (a day's, a month's, a total) of ``checks``: its scope, limit, value,
+    what it has left, and whether it counts money (nano-dollars; formatted by whoever
+    shows it, not on the request's way)."""
+    return [
+        (check.scope, check.limit.value, check.value, check.value - value, check.money)
+        for check, value in zip(checks, after, strict=False)
+        if value is not None and check.limit.is_budget
+    ]
 
 
 @dataclass(frozen=True, slots=True)

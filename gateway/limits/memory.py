@@ -21,6 +21,8 @@ __all__ = ["MemoryBackend"]
 class MemoryBackend:
     remote = False
     ready = True
+    #: This process's counters never stop answering.
+    down_for: float | None = None
 
     def __init__(self) -> None:
         #: key -> count; a window's key names its window, so a new window is a new key

@@ -187,6 +187,10 @@ class RedisBackend:
     def ready(self) -> bool:
         return self._link.ready
 
+    @property
+    def down_for(self) -> float | None:
+        return self._link.down_for
+
     def _tag(self, check: Check) -> str:
         return f"{self._prefix}:{{{check.tag or check.scope.partition('/')[0]}}}:"
 

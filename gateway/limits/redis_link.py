@@ -104,6 +104,13 @@ class RedisLink:
         #: Pipelines sent (a burst's calls share them).
         self.round_trips = 0
 
+    @property
+    def down_for(self) -> float | None:
+        """Seconds since Redis stopped answering (the current outage), None while it
+        answers."""
+        since = self._down_since
+        return None if since is None else time.monotonic() - since
+
     # -- the loop's side -------------------------------------------------------------------
 
     async def call(self, commands: list[Command], durable_for: float = 0.0) -> list[Any]:

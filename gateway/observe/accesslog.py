@@ -133,12 +133,14 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
             "evidence": record.spend.evidence.value,
             "table": record.spend.table or None,
         },
+        "schema": None if not record.schema else _schema(record),
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
         "attempts": [_attempt(a) for a in record.attempts],
         "rejected": record.rejected,
         "error": record.error,
         "continued": record.continued > 0,
+        "not_continued": record.not_continued,
         "detached": record.detached,
         "transport": record.transport,
     }
@@ -147,6 +149,22 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     if record.cache is not None:
         fields["cache"] = record.cache
     return fields
+
+
+def _schema(record: RequestRecord) -> dict[str, Any]:
+    """The schema verdict: the one that speaks for the request, and each part's result."""
+    verdict = record.schema_verdict
+    assert verdict is not None
+    out: dict[str, Any] = {"verdict": str(verdict.result), "kind": str(verdict.kind)}
+    if verdict.pointer or verdict.event >= 0:
+        out["pointer"] = verdict.pointer
+        out["event"] = verdict.event
+    if verdict.detail:
+        out["detail"] = verdict.detail
+    if verdict.tool:
+        out["tool"] = bounded(verdict.tool)
+    out["parts"] = [f"{part.kind}:{part.result}" for part in record.schema]
+    return out
 
 
 def _attempt(a: Attempt) -> dict[str, Any]:

@@ -296,6 +296,13 @@ class Metrics:
         "partial, unpriced).",
         ("client", "team", "model", "route", "evidence"),
     )
+    schema_verdicts = Declared(
+        "gateway_schema_verdicts_total",
+        Counter,
+        "Schema verdicts of structured answers and tool calls (kind: answer, tool; verdict: "
+        "valid, invalid, refused, unchecked).",
+        ("route", "protocol", "kind", "verdict"),
+    )
     limited_requests = Declared(
         "gateway_limited_requests_total",
         Counter,
@@ -489,7 +496,7 @@ class Metrics:
 
     def continuation(self, route: str, upstream: str, result: str) -> None:
         """A cut stream's continuation: ``ok``, ``rejected``, ``failed``, ``not_honoured``,
-        ``not_continuable``."""
+        ``not_continuable``, ``body_unreadable``."""
         self._child(self.continuations, route, upstream, result).inc()
 
     def upstream_declared(self, route: str, upstream: str) -> None:
@@ -616,6 +623,8 @@ class Metrics:
             add(self.spend, client, record.team or "none", model, route, spend.evidence.value)(
                 spend.nanos / 1_000_000_000
             )
+        for part in record.schema:
+            add(self.schema_verdicts, route, record.protocol or "none", part.kind, part.result)(1)
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)

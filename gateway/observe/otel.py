@@ -179,6 +179,15 @@ class OtelTracing:
                 attributes["gen_ai.response.finish_reasons"] = [
                     bounded(finish[index]) for index in sorted(finish)
                 ]
+        schema = record.schema_verdict
+        if schema is not None:
+            attributes["gateway.schema.verdict"] = str(schema.result)
+            attributes["gateway.schema.kind"] = str(schema.kind)
+            if schema.event >= 0:
+                attributes["gateway.schema.pointer"] = schema.pointer
+                attributes["gateway.schema.event"] = schema.event
+            if schema.detail:
+                attributes["gateway.schema.detail"] = schema.detail
         if record.time_to_first_token is not None:
             attributes["gateway.time_to_first_token"] = record.time_to_first_token
         if record.time_to_first_byte is not None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.guard.verdict import Usage, Verdict
 from gateway.policy.errors import RequestError
+from gateway.schema.verdict import SchemaVerdict, worst
 
 if TYPE_CHECKING:
     from gateway.capture.tap import Tap
@@ -49,7 +50,8 @@ class RequestRecord:
     spend: Charge | None = None
     team: str | None = None  # the named client's team, if it has one
     #: The budgets its settlement charged, each with what it has left (its receipt's).
-    budgets: list[dict[str, Any]] | None = None
+    #: (scope, limit, value, left, whether it counts money in nano-dollars)
+    budgets: list[tuple[str, str, int, int, bool]] | None = None
     status: int = 0
     model: str | None = None  # as the client asked (logged; a label only via the allow-list)
     upstream_model: str | None = None  # as a 2xx answer of the upstream reported it
@@ -57,6 +59,9 @@ class RequestRecord:
     user_agent: str | None = None
     stream: bool = False
     verdict: Verdict | None = None
+    #: The schema check's verdict of each judged part (answer, tool calls), when the
+    #: request asked for a schema (``gateway.schema``); empty: nothing was checked.
+    schema: list[SchemaVerdict] = field(default_factory=list)
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
     #: A continued stream that ended without a whole continuation: what all its attempts
     #: were billed, estimated (no reported usage covers them).
@@ -74,6 +79,9 @@ class RequestRecord:
     error: RequestError | None = None  # a closed vocabulary, never exception text
     #: Continuations of a stream cut after some text reached the client.
     continued: int = 0
+    #: Why a cut stream on a route that continues was not continued, where it was not
+    #: even tried (``body_unreadable``, ``not_continuable``).
+    not_continued: str | None = None
     #: The client left a resumable stream and its answer was read on into the log.
     detached: bool = False
     #: On a caching route: hit, follow, miss, refused or bypass (``gateway.cache``).
@@ -87,3 +95,8 @@ class RequestRecord:
     # by its observer, and the headers that carry the request's trace context upstream.
     trace: Any = None
     trace_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    @property
+    def schema_verdict(self) -> SchemaVerdict | None:
+        """The one schema verdict that speaks for the request (the worst part's)."""
+        return worst(self.schema) if self.schema else None

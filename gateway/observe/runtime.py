@@ -22,12 +22,13 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["WorkerProcesses", "runtime_registry"]
+__all__ = ["WorkerProcesses", "alive", "runtime_registry"]
 
 _PID_FILE = re.compile(r"_(\d+)\.db\Z")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (one of another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -50,7 +51,7 @@ class WorkerProcesses(Collector):
             for path in self._directory.glob("*.db")
             if (match := _PID_FILE.search(path.name))
         }
-        return sorted(pid for pid in found if _alive(pid))
+        return sorted(pid for pid in found if alive(pid))
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}

@@ -29,6 +29,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
+from gateway.observe.runtime import alive
 from gateway.observe.status import IncompleteStream, StatusBoard
 from gateway.observe.status_page import LiveStream
 
@@ -38,16 +39,6 @@ PREFIX = "gateway-status-"
 _NAME = re.compile(rf"\A{PREFIX}(\d+)\.json\Z")
 #: How often a worker writes its share.
 INTERVAL_SECONDS = 1.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_shares(directory: Path) -> None:
@@ -164,7 +155,7 @@ class StatusShare:
             match = _NAME.match(path.name)
             if match is None or int(match.group(1)) == self.pid:
                 continue
-            if not _alive(int(match.group(1))):
+            if not alive(int(match.group(1))):
                 continue
             try:
                 shares.append(json.loads(path.read_text()))

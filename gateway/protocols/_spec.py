@@ -17,6 +17,7 @@ from typing import Any
 from gateway.guard import Contract, Framing, Protocol, Reason, Usage
 from gateway.protocols.credentials import CredentialStyle
 from gateway.protocols.retrieval import Retrieval
+from gateway.protocols.structured import Structured
 
 __all__ = [
     "ClientRequests",
@@ -215,6 +216,10 @@ class ProtocolSpec:
     price_provider: str | None = None
     #: How its usage's counts relate (what a charge adds up).
     usage_basis: UsageBasis = UsageBasis()
+    #: Where its requests carry a schema for the answer or its tools, and where its
+    #: events carry the answer's text and tool calls (``gateway.schema``'s check);
+    #: None: nothing of it is checked.
+    structured: Structured | None = None
 
     @property
     def name(self) -> str:

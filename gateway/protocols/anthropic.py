@@ -15,6 +15,7 @@ from gateway.protocols._spec import (
     UsageBasis,
     body_says_stream,
 )
+from gateway.protocols.anthropic_structured import MESSAGES_STRUCTURED
 from gateway.protocols.finish import messages_finish
 
 __all__ = ["MESSAGES", "anthropic_error"]
@@ -93,4 +94,5 @@ MESSAGES = ProtocolSpec(
     hosts=("anthropic",),
     answer_headers=(b"anthropic-version", b"anthropic-beta"),
     answer_finish=messages_finish,
+    structured=MESSAGES_STRUCTURED,
 )

@@ -26,6 +26,7 @@ from gateway.protocols._spec import (
     UsageBasis,
 )
 from gateway.protocols.finish import gemini_finish
+from gateway.protocols.google_structured import GEMINI_STRUCTURED
 
 __all__ = ["GEMINI"]
 
@@ -117,4 +118,5 @@ GEMINI = ProtocolSpec(
     error_shape=_error,
     hosts=("googleapis",),
     answer_finish=gemini_finish,
+    structured=GEMINI_STRUCTURED,
 )

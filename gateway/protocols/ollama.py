@@ -20,6 +20,7 @@ from gateway.guard import OllamaContract, Protocol
 from gateway.guard.ollama import is_ollama_path, ollama_usage, ollama_wants_stream
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Redactor, Tool
 from gateway.protocols.finish import ollama_finish
+from gateway.protocols.ollama_structured import OLLAMA_STRUCTURED
 
 __all__ = ["OLLAMA"]
 
@@ -64,4 +65,5 @@ OLLAMA = ProtocolSpec(
     error_shape=_error,
     redaction=_redaction,
     answer_finish=ollama_finish,
+    structured=OLLAMA_STRUCTURED,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,7 @@ from gateway.guard import ChatContract, CompletionsContract, Protocol, Responses
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
+from gateway.protocols.openai_structured import CHAT_STRUCTURED, RESPONSES_STRUCTURED
 from gateway.protocols.retrieval import Retrieval, after_sequence, response_id_of, stream_true
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
@@ -74,12 +76,20 @@ def _ends_with(suffix: str) -> Callable[[str], bool]:
     return lambda path: path.rstrip("/").endswith(suffix)
 
 
-CHAT = ProtocolSpec(
-    protocol=Protocol.CHAT,
+#: What the three OpenAI APIs share: their provider's headers, names and stream request.
+_openai = functools.partial(
+    ProtocolSpec,
     request_id_headers=("x-request-id", "openai-request-id"),
+    wants_stream=body_says_stream,
+    genai_provider="openai",
+    price_provider="openai",
+    answer_headers=(b"openai-beta",),
+)
+
+CHAT = _openai(
+    protocol=Protocol.CHAT,
     contract=ChatContract,
     matches=_ends_with("/chat/completions"),
-    wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: ChatContract(
         require_finish_reason=o.require_finish_reason,
@@ -95,19 +105,15 @@ CHAT = ProtocolSpec(
     ),
     output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
-    genai_provider="openai",
-    price_provider="openai",
     continuable=True,
-    answer_headers=(b"openai-beta",),
     answer_finish=chat_finish,
+    structured=CHAT_STRUCTURED,
 )
 
-COMPLETIONS = ProtocolSpec(
+COMPLETIONS = _openai(
     protocol=Protocol.COMPLETIONS,
-    request_id_headers=("x-request-id", "openai-request-id"),
     contract=CompletionsContract,
     matches=_ends_with("/completions"),
-    wants_stream=body_says_stream,
     answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: CompletionsContract(
         require_finish_reason=o.require_finish_reason, end_on_finish=o.end_on_finish
@@ -117,16 +123,12 @@ COMPLETIONS = ProtocolSpec(
     ),
     output_limit=("max_tokens",),
     genai_operation="text_completion",
-    genai_provider="openai",
-    price_provider="openai",
     continuable=True,
-    answer_headers=(b"openai-beta",),
     answer_finish=chat_finish,
 )
 
-RESPONSES = ProtocolSpec(
+RESPONSES = _openai(
     protocol=Protocol.RESPONSES,
-    request_id_headers=("x-request-id", "openai-request-id"),
     retrieval=Retrieval(
         path="/responses/",
         id_of=response_id_of,
@@ -136,15 +138,12 @@ RESPONSES = ProtocolSpec(
     ),
     contract=ResponsesContract,
     matches=_ends_with("/responses"),
-    wants_stream=body_says_stream,
     answer_usage=lambda body: responses_usage(body.get("usage")),
     requests=ClientRequests(
         path=lambda model, stream: "/responses", text=_responses_text, tool=_responses_tool
     ),
     output_limit=("max_output_tokens",),
     genai_operation="chat",
-    genai_provider="openai",
-    price_provider="openai",
-    answer_headers=(b"openai-beta",),
     answer_finish=responses_finish,
+    structured=RESPONSES_STRUCTURED,
 )

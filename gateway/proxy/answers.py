@@ -626,7 +626,8 @@ async def end_stream(
         return
     if exchange.stop_reason is Reason.CLIENT_STALLED:
         drop_stalled_client(exchange)
-    trailer = guard.annotation(record.request_id, continued) if annotate else b""
+    words = " ".join(word() for word in exchange.trailer_words) if annotate else ""
+    trailer = guard.annotation(record.request_id, continued, words) if annotate else b""
     if guard.withheld:  # the upstream's own error event, withheld for a continuation
         trailer = guard.withheld + trailer
     if trailer:

@@ -84,6 +84,9 @@ class ContinuationResult(StrEnum):
     NOT_CONTINUABLE = "not_continuable"  # what was sent cannot be continued
     #: it answered, but did not continue: it restarted the answer, or ended with nothing
     NOT_HONOURED = "not_honoured"
+    #: not attempted: no continuation request could be built from the admitted body (not
+    #: JSON to the gateway, or too complex to parse within the body parser's budget)
+    BODY_UNREADABLE = "body_unreadable"
 
 
 NewGuard = Callable[[httpx.Response], StreamGuard | None]
@@ -107,7 +110,7 @@ class Rescuer:
         index: int,
         target: Target,
         headers: RawHeaders,
-        request_json: dict[str, Any],
+        request_json: dict[str, Any] | None,
         build: Build,
         body_size: int,
         new_guard: NewGuard,
@@ -125,8 +128,11 @@ class Rescuer:
         #: The request's headers for any upstream: each continuation adds its upstream's
         #: credential, or its signature over the continuation's own URL and body.
         self.headers = headers
-        #: The request's small top-level members (``request_body.summary``).
+        #: The request's small top-level members (``request_body.summary``); None: the
+        #: body is not JSON to the gateway, and no continuation can be built from it.
         self.request_json = request_json
+        #: A continuation request could not be built from the admitted body.
+        self._unreadable = request_json is None
         #: Builds a continuation request from the admitted body (off the loop when large).
         self.build = build
         self.body_size = body_size
@@ -200,8 +206,12 @@ class Rescuer:
         ):
             return None
         cut_at = route.endpoints[self.index].name
+        if self._unreadable and exchange.spec.continuable:
+            self._not_attempted(cut_at)
+            return None
         if not self._continuable(guard):
             self.metrics.continuation(route.name, cut_at, ContinuationResult.NOT_CONTINUABLE)
+            exchange.record.not_continued = ContinuationResult.NOT_CONTINUABLE
             return None
         exchange.stop_reason = None  # answered: the exchange can be stopped again
         if self.settle is not None:
@@ -218,7 +228,7 @@ class Rescuer:
 
     def _continuable(self, guard: StreamGuard) -> bool:
         exchange = self.exchange
-        if not exchange.spec.continuable:
+        if not exchange.spec.continuable or self.request_json is None:
             return False
         n = self.request_json.get("n")
         if n is not None and n != 1:
@@ -262,9 +272,23 @@ class Rescuer:
             joint = _next_joint(joint, guard, cut)
             broke = index
         if not self.continued:
+            if self._unreadable:  # no candidate got a request: the body could not be read
+                self._not_attempted(route.endpoints[self.index].name)
             return None
         # The whole answer is the original's failure: its reason, said once at the end.
         return Rescued(original, _nothing, self.continued, billed=self._billed_so_far())
+
+    def _not_attempted(self, cut_at: str) -> None:
+        """No continuation could be built from the body: said in the metrics and the log."""
+        result = ContinuationResult.BODY_UNREADABLE
+        self.metrics.continuation(self.exchange.route.name, cut_at, result)
+        self.exchange.record.not_continued = result
+        log.info(
+            "route %s: request %s was cut and not continued: its body could not be read "
+            "(not JSON, or too complex to parse within the body parser's budget)",
+            self.exchange.route.name,
+            self.exchange.record.request_id,
+        )
 
     def _billed_so_far(self) -> Usage:
         """What every attempt that reached the client was billed: the cut ones, and the
@@ -299,7 +323,7 @@ class Rescuer:
     ) -> tuple[bytes, str] | None:
         """The continuation request for ``endpoint``: built once a round for each style
         and mapped model, within the total deadline."""
-        model = self.request_json.get("model")
+        model = (self.request_json or {}).get("model")
         models = endpoint.models
         mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
         key = (str(endpoint.continuation), mapped)
@@ -307,6 +331,7 @@ class Rescuer:
             try:
                 async with asyncio.timeout_at(self.exchange.total_deadline):
                     built[key] = await self.build(endpoint.continuation, text, mapped)
+                self._unreadable = built[key] is None
             except TimeoutError:
                 built[key] = None
         request: tuple[bytes, str] | None = built[key]

@@ -73,6 +73,13 @@ class Exchange:
     #: An earlier stage knows the answer costs no tokens (a whole cached answer will
     #: serve it): the limits count it as a request that reserves none.
     free: bool = False
+    #: Set by the stage that took ``free`` at its word: what a later stage calls when the
+    #: request turns out not free after all (the cached answer expired before it was
+    #: served); False: the request was refused (answered), it goes no further.
+    not_free: Callable[[], Awaitable[bool]] | None = None
+    #: Words the stages add to the stream's trailer comment (``key=value``), each asked
+    #: once the verdict is known, just before the trailer is written.
+    trailer_words: list[Callable[[], str]] = field(default_factory=list)
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 

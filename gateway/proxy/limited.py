@@ -17,7 +17,7 @@ import time
 
 from starlette.types import Message, Send
 
-from gateway.limits import LimitRefused, TooLarge, Unpriced
+from gateway.limits import LimitRefused, TooLarge, Uncapped, Unpriced
 from gateway.observe import RequestRecord
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
@@ -42,6 +42,13 @@ def _too_large_message(refused: TooLarge) -> str:
 def _message(refused: LimitRefused, now: float) -> str:
     if isinstance(refused, TooLarge):
         return _too_large_message(refused)
+    if isinstance(refused, Uncapped):
+        return (
+            "This client's budgets are strict, and the request body is too complex for the "
+            "gateway to cap its output at what is left: it is not sent uncapped. Set its "
+            f"output limit (max_tokens) to at most {refused.cap} yourself, or send a "
+            "simpler body."
+        )
     if isinstance(refused, Unpriced):
         return (
             f"The model {refused.model!r} has no price in the gateway's price table or its "
@@ -68,6 +75,8 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
     limit = refused.limit
     if isinstance(refused, TooLarge):
         type_, code = "invalid_request_error", "request_too_large"
+    elif isinstance(refused, Uncapped):
+        type_, code = "invalid_request_error", "output_not_capped"
     elif isinstance(refused, Unpriced):
         type_, code = "invalid_request_error", "model_not_priced"
     elif limit is None:
@@ -80,7 +89,7 @@ def limited_body(protocol: str, refused: LimitRefused, request_id: str, now: flo
 
 
 def limited_headers(refused: LimitRefused, now: float) -> RawHeaders:
-    if isinstance(refused, TooLarge):  # nothing to wait for
+    if isinstance(refused, TooLarge | Uncapped):  # nothing to wait for
         return [(b"x-should-retry", b"false")]
     if isinstance(refused, Unpriced) or refused.never is not None:  # nothing to wait for
         return [(b"x-should-retry", b"false"), *refused.headers]

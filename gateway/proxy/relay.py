@@ -438,7 +438,7 @@ class Relay:
 
     def _rescuer(self, exchange: Exchange, tally: _Tally, outgoing: _Outgoing) -> Rescuer | None:
         """A continuation helper for a route that continues cut streams, else None."""
-        if not exchange.route.config.continue_after_cut or outgoing.request_json is None:
+        if not exchange.route.config.continue_after_cut:
             return None
         route = exchange.route
         protocol = exchange.spec.protocol

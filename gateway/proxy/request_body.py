@@ -28,8 +28,10 @@ The helper's memory is bounded: its data (heap and private mappings,
 rest. A document of many small values takes far more than its text (30 MB
 of ``{}`` values: 800 MiB of Python objects), so a body whose document would
 pass the budget is, to the gateway, a body it cannot parse, like one nested
-too deep: forwarded unchanged, its model and stream read from nothing, and
-logged (at most once a minute). docs/deployment.md's memory table counts
+too deep: forwarded unchanged, and logged (at most once a minute); its
+top-level scalars (``model``, ``stream``...) are read from its bytes by ijson's
+event parser, without building the document (``top_scalars``), so the log, the
+model map and the stream count still know them. docs/deployment.md's memory table counts
 the budget in the helper's figure.
 
 Whatever its content type says, and behind a UTF-8 BOM: an upstream may read
@@ -73,6 +75,7 @@ __all__ = [
     "rewrite",
     "strict_input",
     "summary",
+    "top_scalars",
 ]
 
 log = logging.getLogger("gateway")
@@ -157,6 +160,36 @@ def summary(body: bytes, count_input: bool = False) -> Summary | None:
         estimate_from(size, messages),
         size + MESSAGE_OVERHEAD * messages + REQUEST_OVERHEAD,
     )
+
+
+def top_scalars(body: bytes) -> Summary | None:
+    """The top-level scalar members of a JSON object body (``model``, ``stream``,
+    ``max_tokens``...), read by ijson's event parser without building the document: for
+    a body too complex to parse within the budget. The rest is not kept (no input
+    estimate); None when it names none, or is no JSON object as far as it was read."""
+    import ijson
+
+    if body[:3] == _BOM:
+        body = body[3:]
+    members: dict[str, Any] = {}
+    try:
+        for prefix, event, value in ijson.parse(body, use_float=True):
+            if prefix == "" and event not in ("start_map", "map_key", "end_map"):
+                return None  # not an object
+            if "." not in prefix and prefix and event in _SCALAR_EVENTS:
+                members.setdefault(prefix, value)
+                if "model" in members and "stream" in members:
+                    break  # what the gateway decides on: no need to read further
+    except ijson.JSONError:
+        return None
+    model = members.get("model")
+    kept = {k: v for k, v in members.items() if _small(v) or k == "model"}
+    if isinstance(model, str) or kept:
+        return Summary(kept, None)
+    return None
+
+
+_SCALAR_EVENTS = frozenset({"string", "number", "boolean", "null"})
 
 
 def rewrite(body: bytes, changes: dict[str, Any]) -> bytes | None:
@@ -267,7 +300,13 @@ class BodyParser:
         self._pool: ProcessPoolExecutor | None = None
 
     async def summary(self, body: bytes) -> Summary | None:
-        return await self._run(summary, body, self.count_input)
+        found = await self._run(summary, body, self.count_input)
+        if found is None and len(body) > self.off_loop_bytes:
+            # Too complex to parse within the budget (or its helper died): the top-level
+            # scalars its bytes name (its model for the log and the model map, its stream
+            # flag), read without building the document.
+            found = await self._run(top_scalars, body)
+        return found
 
     async def rewrite(self, body: bytes, changes: dict[str, Any]) -> bytes | None:
         return await self._run(rewrite, body, changes)

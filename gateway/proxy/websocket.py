@@ -92,6 +92,7 @@ from gateway.proxy.ws_upstream import (
 )
 from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
+from gateway.spend import Spend
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
@@ -194,8 +195,11 @@ class WebSocketRelay:
         lifecycle: Lifecycle,
         forwarding: Forwarding,
         limiter: Limiter | None = None,
+        spend: Spend | None = None,
     ) -> None:
         self.settings = settings
+        #: Prices each response of a named client, as over HTTP (``gateway.spend``).
+        self.spend = spend
         #: Named clients' limits are settled per HTTP request: a limited client's
         #: upgrade is refused (its SDK falls back to HTTP), never let past its budget.
         self.limiter = limiter
@@ -871,6 +875,12 @@ class WebSocketRelay:
         conn.record.bytes_out += record.bytes_out
         if record.client_name != ANONYMOUS:
             record.charge = _charge(record)  # a named client's tokens, as over HTTP
+            if self.spend is not None:
+                rest = record.path[len(conn.route.config.prefix) :]
+                spec = conn.route.spec_for(rest)
+                record.charge = self.spend.price_record(
+                    record, spec, conn.route.config, record.charge
+                )
         if not conn.responses and conn.counted:
             conn.counted = False
             self.admission.end_stream(conn.route)

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_HUGE_EVENT_BYTES",
     "DEFAULT_STALL_SECONDS",
     "FAULTS",
+    "SHAPES",
     "KnobError",
     "Knobs",
     "knob_header",
@@ -46,6 +47,21 @@ FAULTS: Final[tuple[str, ...]] = (
     "status",
     "huge_event",
     "done_after_cut",
+)
+
+#: Structured answers (``x-sim-structured``): ``valid`` is the document of
+#: ``gateway.simulator.STRUCTURED_SCHEMA``; each other shape breaks it one way (the
+#: last two in a tool call: its arguments, or the tool's name).
+SHAPES: Final[tuple[str, ...]] = (
+    "valid",
+    "wrong_type",
+    "forbidden_member",
+    "enum",
+    "missing_required",
+    "prose_first",
+    "cut_mid_object",
+    "tool_off_schema",
+    "undeclared_tool",
 )
 
 DEFAULT_STALL_SECONDS: Final = 3600.0
@@ -79,6 +95,8 @@ class Knobs:
     status: int = 500
     #: Every third delta starts with a lone surrogate (``x-sim-surrogate: 1``).
     surrogate: bool = False
+    #: A structured answer of this shape (``SHAPES``), "" for the usual text.
+    structured: str = ""
 
 
 def knob_header(name: str) -> str:
@@ -187,6 +205,10 @@ def read_knobs(
     status = default_status if raw is None else _as_int("status", raw, 300, 599)
     raw = _pick(headers, sim, "surrogate")
     surrogate = False if raw is None else _as_bool("surrogate", raw)
+    raw = _pick(headers, sim, "structured")
+    structured = "" if raw is None else str(raw).strip().lower()
+    if structured and structured not in SHAPES:
+        raise KnobError(f"unknown sim shape {structured!r}; known shapes: {', '.join(SHAPES)}")
 
     return Knobs(
         fault=fault,
@@ -199,4 +221,5 @@ def read_knobs(
         stall_seconds=stall,
         status=status,
         surrogate=surrogate,
+        structured=structured,
     )

@@ -31,6 +31,8 @@ from gateway.simulator._sse import Framer, dumps
 from gateway.simulator._text import (
     invalid_tool_arguments,
     split_arguments,
+    structured_answer,
+    structured_arguments,
     text_deltas,
     tool_arguments,
 )
@@ -215,8 +217,10 @@ def make_plan(
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 
+    shape = knobs.structured
     tool_mode = protocol not in ("completions", "ollama_generate") and (
         fault in ("tool_calls", "invalid_tool_arguments")
+        or shape in ("tool_off_schema", "undeclared_tool")
         or (bool(tools) and not _tool_choice_none(protocol, body))
     )
     chunk_bytes = 0 if fault == "huge_event" else knobs.chunk_bytes
@@ -228,6 +232,8 @@ def make_plan(
             arguments = (
                 invalid_tool_arguments(knobs.seed + index)
                 if fault == "invalid_tool_arguments"
+                else structured_arguments(shape, knobs.seed + index)
+                if shape
                 else tool_arguments(knobs.seed + index)
             )
             # Gemini and Ollama send a function call whole, never its arguments in pieces.
@@ -243,8 +249,22 @@ def make_plan(
                     pieces=iter(pieces),
                     count=len(pieces),
                     finish="tool_calls",
-                    tool_name=_tool_name(protocol, tools),
+                    tool_name="launch_missiles"
+                    if shape == "undeclared_tool"
+                    else _tool_name(protocol, tools),
                     call_id=f"call_{sim_id('call', knobs.seed + index)}",
+                )
+            )
+            continue
+        if shape:  # a structured answer, in small pieces, whatever the token count
+            pieces = split_arguments(structured_answer(shape), seed=knobs.seed + index)
+            lanes.append(
+                Lane(
+                    index=index,
+                    kind="text",
+                    pieces=iter(pieces),
+                    count=len(pieces),
+                    finish=text_finish,
                 )
             )
             continue

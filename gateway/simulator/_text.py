@@ -137,3 +137,45 @@ def split_arguments(arguments: str, *, seed: int = 0) -> list[str]:
         pieces.append(arguments[pos : pos + size])
         pos += size
     return pieces
+
+
+#: The schema the simulator's structured answers are written against (``x-sim-structured``).
+STRUCTURED_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0},
+        "role": {"enum": ["admin", "user"]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+
+
+def structured_answer(shape: str) -> str:
+    """The structured answer of ``shape`` (``gateway.simulator._knobs.SHAPES``)."""
+    doc: dict[str, object] = {"name": "Ada Lovelace", "age": 36, "role": "admin"}
+    if shape == "wrong_type":
+        doc["age"] = "thirty-six"
+    elif shape == "forbidden_member":
+        doc["extra"] = True
+    elif shape == "enum":
+        doc["role"] = "root"
+    elif shape == "missing_required":
+        del doc["role"]
+    text = json.dumps(doc, ensure_ascii=False)
+    if shape == "prose_first":
+        return "Sure! Here is the JSON: " + text
+    if shape == "cut_mid_object":
+        return text[: len(text) // 2]
+    return text
+
+
+def structured_arguments(shape: str, seed: int = 0) -> str:
+    """A tool call's arguments: off the tool's schema (``days`` a string) for
+    ``tool_off_schema``, else the usual valid ones."""
+    if shape != "tool_off_schema":
+        return tool_arguments(seed)
+    args = json.loads(tool_arguments(seed))
+    args["days"] = "three"
+    return json.dumps(args, ensure_ascii=False)

@@ -48,7 +48,9 @@ def table_version() -> str:
 
 def nanos_to_usd(nanos: int) -> str:
     """``nanos`` as a decimal string of dollars, exact (``"0.000012345"``)."""
-    return str((Decimal(nanos) / NANOS_PER_USD).quantize(Decimal("0.000000001")))
+    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
+    dollars, rest = divmod(nanos, NANOS_PER_USD)
+    return f"{sign}{dollars}.{rest:09d}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +99,19 @@ class Quote:
     input_pico: int
     output_pico: int
 
+    #: the same prices as integers (``_Fast``) where they are plain token prices of at
+    #: most six decimals a million tokens (nearly every model): priced without Decimal
+    fast: _Fast | None = None
+
     def cost(self, usage: Billable) -> int:
-        """What ``usage`` costs at these prices, in nano-dollars (rounded once, half up)."""
+        """What ``usage`` costs at these prices, in nano-dollars (rounded once, half up):
+        the table's own arithmetic (``ModelPrice.calc_price``), or the same sum in
+        integer pico-dollars where the prices allow (equal to the nano-dollar)."""
         if not (usage.input or usage.output):
             return 0
+        fast = self.fast
+        if fast is not None:
+            return fast.nanos(usage)
         total: Decimal = self.price.calc_price(usage.as_table_usage())["total_price"]
         return int((total * NANOS_PER_USD).quantize(_NANO, rounding=ROUND_HALF_UP))
 
@@ -109,6 +120,96 @@ class Quote:
         return _ceil_div(input_tokens * self.input_pico, 1000) + _ceil_div(
             output_tokens * self.output_pico, 1000
         )
+
+
+#: A token price in pico-dollars: the base one, and the tiers (start, price) where the
+#: request's input tokens pass ``start`` (the price of every token then, as the table's).
+_Tiered = tuple[int, tuple[tuple[int, int], ...]]
+#: The price keys of the five counts a Billable has, and those whose count is always 0 in
+#: it (another modality, another cache lifetime, a tool): priced at nothing here, as in
+#: the table for a usage without them.
+_KEYS = (
+    "input_mtok",
+    "cache_read_mtok",
+    "cache_write_mtok",
+    "output_mtok",
+    "output_reasoning_mtok",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fast:
+    """A model's token prices in integer pico-dollars a token (None: not priced)."""
+
+    input: _Tiered | None
+    cache_read: _Tiered | None
+    cache_write: _Tiered | None
+    output: _Tiered | None
+    reasoning: _Tiered | None
+
+    def nanos(self, usage: Billable) -> int:
+        total_in = usage.input
+        # the leaves, as the table splits them: a count whose unit has no price stays in
+        # its parent's (cached tokens priced as input when the cache has no price of its own)
+        read = usage.cache_read if self.cache_read is not None else 0
+        written = usage.cache_write if self.cache_write is not None else 0
+        reasoning = usage.reasoning if self.reasoning is not None else 0
+        pico = (
+            _at(self.input, total_in, total_in - read - written)
+            + _at(self.cache_read, total_in, read)
+            + _at(self.cache_write, total_in, written)
+            + _at(self.output, total_in, usage.output - reasoning)
+            + _at(self.reasoning, total_in, reasoning)
+        )
+        return (pico + 500) // 1000  # half up, to the nano-dollar
+
+
+def _at(price: _Tiered | None, total_input: int, count: int) -> int:
+    if price is None or not count:
+        return 0
+    each, tiers = price
+    for start, tier in reversed(tiers):
+        if total_input > start:
+            each = tier
+            break
+    return each * count
+
+
+def _fast(price: Any) -> _Fast | None:
+    """``price`` as integers, or None where it has a price this cannot keep exactly (a
+    request price, more than six decimals) so that the table's arithmetic does."""
+    from genai_prices.types import TieredPrices
+
+    found: dict[str, _Tiered] = {}
+    for key, value in vars(price).items():
+        if value is None or key.startswith("_"):
+            continue
+        if not key.endswith("_mtok"):
+            if key.startswith(("requests", "input_mchars")):
+                return None  # charged whatever the tokens: the table's arithmetic
+            continue
+        if key not in _KEYS:
+            continue
+        if isinstance(value, TieredPrices):
+            base = _exact_pico(value.base)
+            tiers = tuple((tier.start, _exact_pico(tier.price)) for tier in value.tiers)
+            if base is None or any(p is None for _, p in tiers):
+                return None
+            found[key] = (base, tuple((s, p) for s, p in tiers if p is not None))
+        else:
+            each = _exact_pico(value)
+            if each is None:
+                return None
+            found[key] = (each, ())
+    if "input_mtok" not in found or "output_mtok" not in found:
+        return None
+    return _Fast(*(found.get(key) for key in _KEYS))
+
+
+def _exact_pico(per_mtok: Decimal) -> int | None:
+    """USD a million tokens as pico-dollars a token, when that is a whole number."""
+    pico = per_mtok * _PER_MTOK
+    return int(pico) if pico == pico.to_integral_value() else None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -250,4 +351,4 @@ class Pricer:
 
 def _quote(model: str, table: str, price: Any) -> Quote:
     input_pico, output_pico = _dearest(price)
-    return Quote(model, table, price, input_pico, output_pico)
+    return Quote(model, table, price, input_pico, output_pico, _fast(price))

@@ -20,6 +20,7 @@ from gateway.spend.prices import Pricer, Quote
 
 if TYPE_CHECKING:
     from gateway.observe.record import RequestRecord
+    from gateway.protocols import ProtocolSpec
     from gateway.proxy.exchange import Exchange
     from gateway.settings import PriceOverride, RouteConfig, UpstreamConfig
 
@@ -73,17 +74,29 @@ class Spend:
 
     def price(self, exchange: Exchange, cost: Cost) -> Cost:
         """``cost`` with its money, the record's ``spend`` set and counted."""
-        record = exchange.record
+        return self.price_record(
+            exchange.record, exchange.spec, exchange.route.config, cost, exchange.caller.team
+        )
+
+    def price_record(
+        self,
+        record: RequestRecord,
+        spec: ProtocolSpec,
+        config: RouteConfig,
+        cost: Cost,
+        team: str | None = None,
+    ) -> Cost:
+        """``price`` of a record (a WebSocket connection's response has no exchange)."""
         if cost.total == 0:
             charge = FREE
         else:
-            model, name, url = _answered_by(record, self._upstreams(exchange.route.config))
+            model, name, url = _answered_by(record, self._upstreams(config))
             quote = self.pricer.quote(
                 model,
-                exchange.spec.price_provider,
+                spec.price_provider,
                 upstream=name,
                 upstream_url=url,
-                route=exchange.route.name,
+                route=config.name,
                 client=record.client_name,
             )
             verdict = record.verdict
@@ -93,13 +106,13 @@ class Spend:
                 usage,
                 record.continued == 0,
                 record.billed is not None,
-                exchange.spec.usage_basis,
+                spec.usage_basis,
                 quote,
                 model,
             )
         record.spend = charge
-        # an issued key's team rides on its caller (gateway.keys); a configured client's here
-        record.team = exchange.caller.team or self._teams.get(record.client_name)
+        # a configured client's team, else the one its issued key was created for
+        record.team = self._teams.get(record.client_name) or team
         if self._on_charge is not None:
             self._on_charge(record, charge)
         return replace(cost, money=charge.nanos)

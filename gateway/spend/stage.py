@@ -232,7 +232,17 @@ def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
             "price_table": version,
             "note": "a cache hit costs nothing" if record.cache == "hit" else None,
         },
-        "budgets": getattr(record, "budgets", None),
+        "budgets": None
+        if record.budgets is None
+        else [
+            {
+                "scope": scope,
+                "limit": limit,
+                "value": nanos_to_usd(value) if money else value,
+                "left": nanos_to_usd(max(left, 0)) if money else max(left, 0),
+            }
+            for scope, limit, value, left, money in record.budgets
+        ],
     }
 
 

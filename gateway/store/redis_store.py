@@ -44,7 +44,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import ClusterError, ConnectionError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redisconn import RedisTarget, as_target
 from gateway.redisconn.clients import async_client
@@ -77,6 +78,14 @@ FLUSH_SECONDS = 0.02
 RENEW_TICK_SECONDS = 0.1
 #: While Redis is away, how often one PING asks whether it is back.
 RETRY_SECONDS = 1.0
+
+#: Every way a call can fail (a cluster client's own errors are no RedisError).
+FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+#: A call's errors that say its node is away (a cluster's pipeline answers them per
+#: call: a failing master, or CLUSTERDOWN while its slots fail over), not that the
+#: script refused: the call is sent again, its events kept.
+AWAY = (ConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError,
+        TimeoutError)  # fmt: skip
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -333,8 +342,12 @@ class RedisStore:
     def __init__(
         self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
     ) -> None:
+        target = as_target(redis)
+        #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
+        self._cluster = target.mode == "cluster"
+        self._ping_to: dict[str, str] = {"target_nodes": "primaries"} if self._cluster else {}
         self._redis: Any = async_client(
-            as_target(redis),
+            target,
             socket_timeout=None,  # every call has its own bound (a blocking read is long)
             connect_timeout=timeout,
             max_connections=MAX_CONNECTIONS,
@@ -387,9 +400,10 @@ class RedisStore:
         return StoreError(type(exc).__name__)
 
     async def _ping(self) -> bool:
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
+        with contextlib.suppress(*FAILURES):
             async with asyncio.timeout(self.timeout):
-                await self._redis.execute_command("PING")
+                # a cluster's PING goes to every node, a failed one too: ask its masters
+                await self._redis.execute_command("PING", **self._ping_to)
             return True
         return False
 
@@ -432,7 +446,7 @@ class RedisStore:
         try:
             async with asyncio.timeout(self.timeout + wait):
                 return await script(keys=keys, args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             raise self._trip(exc) from None
 
     async def _do(self, command: str, *args: Any, wait: float = 0.0) -> Any:
@@ -440,7 +454,7 @@ class RedisStore:
         try:
             async with asyncio.timeout(self.timeout + wait):
                 return await self._redis.execute_command(command, *args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             raise self._trip(exc) from None
 
     def _start(self) -> None:
@@ -481,16 +495,45 @@ class RedisStore:
                         for writer, _, args, _ in calls:
                             await self.write(keys=writer.keys, args=args, client=pipe)
                         answers = await pipe.execute(raise_on_error=False)
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._trip(exc)
-                for writer in writers:  # kept, and sent again once Redis is back
-                    writer.behind = True
-                    self._dirty[writer] = None
+            except FAILURES as exc:
+                if not (self._cluster and len(calls) > 1 and await self._each(calls)):
+                    self._trip(exc)
+                    for writer in writers:  # kept, and sent again once Redis is back
+                        writer.behind = True
+                        self._dirty[writer] = None
             else:
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    writer.written(answer, ended, sent)
+                    if isinstance(answer, AWAY):  # a cluster's node away: sent again
+                        writer.behind = True
+                        self._dirty[writer] = None
+                    else:
+                        writer.written(answer, ended, sent)
             if done is not None and not done.done():
                 done.set_result(None)
+
+    async def _each(self, calls: list[tuple[_RedisWriter, bool, list[Any], int]]) -> bool:
+        """A cluster's pipeline failed: one node (a failing master) fails it whole. Each
+        call again on its own, so the logs on the other masters' slots never notice:
+        those that failed wait (``behind``) and go again with the next pipeline. False
+        when every one failed (then it is an outage)."""
+
+        async def one(writer: _RedisWriter, args: list[Any]) -> Any:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    return await self.write(keys=writer.keys, args=args)
+            except AWAY:
+                return None  # its node is away: behind
+            except RedisError as exc:
+                return exc  # the script's own error: written() says what it means
+
+        answers = await asyncio.gather(*(one(w, args) for w, _, args, _ in calls))
+        for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
+            if answer is None:
+                writer.behind = True
+                self._dirty[writer] = None
+            else:
+                writer.written(answer, ended, sent)
+        return any(answer is not None for answer in answers)
 
     async def _renewer(self) -> None:
         """Every writer whose lease no write renewed lately gets an empty write."""
@@ -506,7 +549,7 @@ class RedisStore:
             async with asyncio.timeout(self.timeout):
                 for script in (self.write, self._adopt, self._cancel):
                     script.sha = await self._redis.script_load(script.script)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             raise self._trip(exc) from None
 
     async def close(self) -> None:
@@ -590,7 +633,7 @@ class RedisStore:
                     pipe.exists(self._k(stream_id, "lease"))
                     pipe.xrevrange(self._k(stream_id, "log"), count=1)
                     meta, leased, last = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             raise self._trip(exc) from None
         if not meta:
             return None
@@ -608,7 +651,7 @@ class RedisStore:
                     pipe.hmget(self._k(stream_id, "meta"), "total", "kept", "stopped", "end")
                     pipe.xrange(log, f"0-{after + 1}", "+", count=READ_LIMIT)
                     (total, kept, stopped, ended), entries = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             raise self._trip(exc) from None
         if total is None:
             return None

@@ -1623,3 +1623,45 @@ def test_the_autoscalers_queries_count_a_stream_in_flight_on_a_real_prometheus(
             response.read(1)  # the stream has started
             wait_until(lambda: reading(1.0), "both queries to read 1 stream in flight", logs)
             assert b"outcome=complete" in response.read()
+
+
+def test_compose_has_a_sentinel_profile() -> None:
+    """``docker compose --profile ha up``: one master, two replicas of it, three sentinels
+    watching service ``gateway`` with quorum 2; nothing of it starts without the profile,
+    and the gateway settings the comment gives load (tests/integration/test_redis_modes.py
+    runs these very commands on loopback)."""
+    services = load_yaml(REPO / "compose.yaml")["services"]
+    ha = {name for name, service in services.items() if service.get("profiles") == ["ha"]}
+    assert ha == {
+        "redis-master",
+        "redis-replica-1",
+        "redis-replica-2",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+    }
+    for name in ("redis-replica-1", "redis-replica-2"):
+        command = services[name]["command"]
+        assert command[command.index("--replicaof") + 1 :] == ["redis-master", "6379"]
+    for i in (1, 2, 3):
+        script = services[f"sentinel-{i}"]["command"][2]
+        assert "'sentinel monitor gateway redis-master 6379 2'" in script
+        assert script.endswith("exec redis-server /tmp/sentinel.conf --sentinel")
+    comments = _compose_comments()
+    assert "GATEWAY_REDIS_MODE=sentinel" in comments
+    from gateway.settings import Settings
+
+    nodes = ["sentinel-1:26379", "sentinel-2:26379", "sentinel-3:26379"]
+    assert json.dumps(nodes).replace(" ", "") in comments.replace(" ", "")
+    settings = Settings(
+        upstream_url="http://simulator:9000/v1",
+        limits_backend="redis",
+        stream_store="redis",
+        redis_mode="sentinel",
+        redis_service="gateway",
+        redis_url="redis://redis-master/0",
+        redis_nodes=nodes,
+    )
+    target = settings.redis_target()
+    assert target is not None
+    assert target.nodes == (("sentinel-1", 26379), ("sentinel-2", 26379), ("sentinel-3", 26379))

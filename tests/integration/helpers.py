@@ -47,7 +47,10 @@ async def until(check: Callable[[], bool], what: str, seconds: float = 30.0) -> 
 
 ANNOTATION = re.compile(
     rb": gateway outcome=(?P<outcome>complete|incomplete) reason=(?P<reason>[a-z_]+) "
-    rb"(?:continued=(?P<continued>[1-9][0-9]*) )?request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
+    rb"(?:continued=(?P<continued>[1-9][0-9]*) )?"
+    rb"(?:schema=(?P<schema>[a-z]+) (?:schema_kind=(?P<schema_kind>[a-z]+) "
+    rb"schema_at=(?P<schema_at>\S+) schema_event=(?P<schema_event>[0-9]+) )?)?"
+    rb"request_id=(?P<rid>[A-Za-z0-9._-]+)\n\Z"
 )
 
 

@@ -266,6 +266,13 @@ class ClusterSet:
             capture_output=True, timeout=60, check=True,
         )  # fmt: skip
         self.wait_ok()
+
+        def synced() -> bool:  # a replica not yet in sync would fail over empty
+            infos = [self.ask(n, "INFO", "replication") for n in self.nodes_]
+            replicas = [i for i in infos if "role:slave" in i]
+            return len(replicas) == 3 and all("master_link_status:up" in i for i in replicas)
+
+        wait_for(synced, 30, "every replica in sync with its master")
         return self
 
     def wait_ok(self, seconds: float = 30) -> None:

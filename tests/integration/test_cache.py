@@ -974,3 +974,77 @@ def test_a_hit_names_the_upstream_that_answered_first(sim: ServerThread) -> None
         assert hit.headers["x-gateway-cache"] == "HIT"
         assert miss.headers["x-gateway-upstream"] == "r"
         assert hit.headers.get_list("x-gateway-upstream") == ["r"]
+
+
+def test_a_stream_refused_late_is_neither_served_nor_the_upstreams_answer() -> None:
+    """Issue 45 item 4: a stream the request did not announce, refused by the stream cap
+    once its head was held (503), was settled as served (its client charged a request)
+    and recorded by the cache as the upstream's answer (``REFUSED; reason=upstream_status``
+    for the next identical request)."""
+    from tests.integration.control import gated_upstream
+
+    unannounced = {"model": "sim-1", "messages": [{"role": "user", "content": "late"}]}
+    clients = [{**CLIENTS[0], "limits": {"requests_per_minute": 2}}]
+    with gated_upstream() as upstream, contextlib.ExitStack() as stack:
+        route = {"name": "r", "prefix": "/v1", "upstream": upstream.url + "/v1", "cache": True}
+        gw = stack.enter_context(
+            gateway_for(
+                "",
+                routes=[route],
+                clients=clients,
+                limits={"max_concurrent_streams": 1},
+            )
+        )
+        with httpx.Client(timeout=30) as client:
+            gate = upstream.gate("hold")
+            with client.stream(
+                "POST",
+                f"{gw.url}/v1/chat/completions",
+                json=CHAT,
+                headers={**auth("alice"), "x-gate": "hold"},
+            ) as held:
+                assert gate.reached.wait(30)
+                late = post(gw, unannounced, headers=auth("alice"))
+                assert late.status_code == 503
+                assert late.json()["error"]["code"] == "overloaded"
+                gate.open()
+                held.read()
+            again = post(gw, unannounced, headers=auth("alice"))
+        assert again.status_code == 200, again.text  # the refused one took no request
+        assert again.headers["x-gateway-cache"] == "MISS"
+
+
+def test_a_predicted_hit_that_expires_before_it_is_served_reserves_what_it_costs(
+    sim: ServerThread,
+) -> None:
+    """Issue 45 item 3: a hit predicted for a named client's limits (no tokens) whose entry
+    was gone when it was to be served went upstream on that zero-token reservation, its
+    output uncapped under ``strict``. The race is made to happen: the entry is deleted
+    the moment the prediction is made."""
+    from gateway.cache.entry import entry_name
+
+    clients = [
+        {**CLIENTS[0], "limits": {"tokens_per_minute": 5000}, "budget_enforcement": "strict"}
+    ]
+    caching = routes(sim, default_output_reservation=100)
+    with gateway_for("", routes=caching, clients=clients) as gw:
+        cache = gw.server.config.app.gateway.relay.cache
+        peek = cache.peek
+
+        async def peek_then_expire(plan: Any) -> bool:
+            found = await peek(plan)
+            if found:
+                await cache.store.delete(plan.source.stream_id)
+                await cache.store.forget(entry_name(plan.key))
+            return bool(found)
+
+        cache.peek = peek_then_expire
+        first = post(gw, CHAT, headers={**auth("alice"), "x-request-id": "first-of-two"})
+        assert first.headers["x-gateway-cache"] == "MISS"
+        again = post(gw, CHAT, headers={**auth("alice"), "x-request-id": "expired-hit"})
+        assert again.status_code == 200
+        assert again.headers["x-gateway-cache"] != "HIT"
+        assert upstream_count(sim) == 2
+        sent = httpx.get(f"{sim.url}/_sim/requests/expired-hit").json()["body"]
+        # strict: the request went upstream with its output capped, as a miss does
+        assert sent.get("max_completion_tokens", sent.get("max_tokens")) == 100

@@ -113,3 +113,41 @@ def test_strict_caps_the_output_at_what_is_left_and_never_passes_the_budget(
     assert (
         metric_value(text, "gateway_client_tokens_total", client="strict", source="estimated") == 0
     )
+
+
+def test_a_strict_clients_body_too_complex_to_cap_is_refused_not_sent_uncapped(
+    simulator: ServerThread,
+) -> None:
+    """Issue 45 item 2: a body the gateway cannot parse within its body parser's budget
+    (here made small, so that 150,000 tiny messages pass it) went upstream with its
+    output uncapped; it is refused, and says how to fit."""
+    from tests.integration.helpers import gateway_for
+
+    key = "sk-strict-complex"
+    clients = [
+        {
+            "name": "strict",
+            "key_sha256": [hashlib.sha256(key.encode()).hexdigest()],
+            "limits": {"tokens_per_day": 10_000_000},
+            "budget_enforcement": "strict",
+        }
+    ]
+    body = (
+        b'{"model":"sim-1","stream":true,"messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 150_000)
+        + b"]}"
+    )
+    with gateway_for(simulator.url + "/v1", clients=clients) as gw:
+        bodies = gw.server.config.app.gateway.relay.bodies
+        bodies.off_loop_bytes, bodies.parse_budget = 64 * 1024, 16 * 1024 * 1024
+        refused = web.post(
+            gw.url + "/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=60,
+        )
+    assert refused.status_code == 400, refused.text[:500]
+    error = refused.json()["error"]
+    assert error["code"] == "output_not_capped"
+    assert "max_tokens" in error["message"]
+    assert refused.headers["x-should-retry"] == "false"

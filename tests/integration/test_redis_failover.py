@@ -7,6 +7,10 @@ so every answer in the gap is a 503) and the loss (tokens served against tokens
 counted; events relayed against events logged) are measured and printed (``-s``),
 then a burst of 200 limited requests is admitted exactly at its limit.
 
+Cluster: streams whose logs lie on every master; one master SIGKILLed; its replica
+takes over; the streams on the other masters' slots never notice, those on the lost
+master's are resumed whole, cut (owner_lost) or unknown, as docs/deployment.md says.
+
 Each test starts its own deployment (it kills a node of it) and stops it by PID.
 """
 
@@ -31,6 +35,8 @@ from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation
 from tests.integration.redis_sets import (
     PASSWORD,
+    ClusterSet,
+    cluster_set,
     sentinel_set,
     wait_for,
 )
@@ -163,13 +169,26 @@ class Stream:
 
 
 def _resumed(base: str, stream: Stream) -> tuple[int, bytes]:
-    response = httpx.get(
-        f"{base}/v1/gateway/streams/{stream.id}",
-        params={"starting_after": 0},
-        headers={"authorization": f"Bearer {STEADY}"},
-        timeout=60,
-    )
-    return response.status_code, response.content
+    """A resume from the start, read for 20 s at most (status 0: no end in that time);
+    while the store says it is away (503 store_error, its breaker open until its next
+    look), asked again, for 15 s at most."""
+    got: list[tuple[int, bytes]] = []
+
+    def answered() -> bool:
+        try:
+            response = httpx.get(
+                f"{base}/v1/gateway/streams/{stream.id}",
+                params={"starting_after": 0},
+                headers={"authorization": f"Bearer {STEADY}"},
+                timeout=20,
+            )
+            got[:] = [(response.status_code, response.content)]
+        except httpx.TimeoutException:
+            got[:] = [(0, b"")]
+        return got[0][0] != 503
+
+    wait_for(answered, 15, f"a resume of {stream.id} the store answers")
+    return got[0]
 
 
 def _judge_resume(stream: Stream, status: int, body: bytes) -> str:
@@ -178,6 +197,8 @@ def _judge_resume(stream: Stream, status: int, body: bytes) -> str:
     stream's end owner_lost), ``unknown`` (404: the log never reached the replica)."""
     if status == 404:
         return "unknown"
+    if status == 0:
+        return "no end within 20 s"
     assert status == 200, (status, body[-300:])
     relayed = stream.events()
     got = Splitter(False).feed(body)
@@ -225,6 +246,10 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             gateway_process(["--config", str(config)]) as b,
         ):
             urls = [a.url, b.url]
+            # the start-up log names the mode and the nodes found
+            a.wait_stderr(
+                f"redis: sentinel, service 'gw': master 127.0.0.1:{redis.master_port()}".encode()
+            )
             traffic = Traffic(urls)
             runner = threading.Thread(target=traffic.run, daemon=True)
             runner.start()
@@ -236,6 +261,10 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             old = redis.master_port()
             redis.kill_master()
             killed = time.monotonic()
+            # /readyz stays ready (every replica shares the outage) and says what it knows
+            ready = a.url + "/readyz"
+            wait_for(lambda: httpx.get(ready).json().get("limits_backend") == "unavailable",
+                     30, "/readyz: limits_backend unavailable")  # fmt: skip
             new = redis.wait_promoted(old)
             wait_for(lambda: any(x[2] == 200 and x[0] > killed for x in traffic.answers), 60,
                      "a limited request admitted after the failover")  # fmt: skip
@@ -244,6 +273,11 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             wait_for(lambda: traffic.answers[-1][0] > after, 30, "2 s of traffic after it")
             traffic.stop.set()
             runner.join(60)
+            assert "limits_backend" not in httpx.get(a.url + "/readyz").json()
+            # the outage is logged once when it starts and once when it ends
+            a.wait_stderr(b"limits backend: Redis answers again after")
+            assert a._stderr_seen.count(b"limits backend: Redis does not answer") == 1
+            assert a._stderr_seen.count(b"limits backend: Redis answers again after") == 1
             for stream in streams:
                 stream.thread.join(60)
             gap, failed = traffic.gap_after(killed)
@@ -251,7 +285,7 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             # the settlements kept while Redis was away are sent again: poll until settled
             master = Redis(port=new, password=PASSWORD)
             pattern = "gateway:{steady}:*tokens_per_day*"
-            served = traffic.served_tokens()
+            served = traffic.served_tokens() + sum(_usage(s.body) for s in streams)
             with contextlib.suppress(AssertionError):  # what stays short is the loss
                 wait_for(lambda: _counted(master, pattern) >= served, 10, "settlements sent")
             counted = _counted(master, pattern)
@@ -271,3 +305,52 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
         assert statuses.count(429) == 200 - BURST_LIMIT
         assert gap < 30  # down-after 1 s, the election, the client's next look
         assert counted > 0  # the counters live on the promoted master (the loss is printed)
+
+
+def _cluster_settings(redis: ClusterSet) -> str:
+    return (
+        f'redis_url = "{redis.url}"\nredis_mode = "cluster"\n'
+        f"redis_nodes = {json.dumps(redis.nodes)}"
+    )
+
+
+def test_a_cluster_failover_spares_the_other_masters_slots(
+    tmp_path: Path, simulator: ServerThread
+) -> None:
+    with cluster_set(tmp_path / "cluster", password=PASSWORD) as redis:
+        config = _config(tmp_path / "gateway.toml", simulator, _cluster_settings(redis))
+        with (
+            gateway_process(["--config", str(config)]) as a,
+            gateway_process(["--config", str(config)]) as b,
+        ):
+            urls = [a.url, b.url]
+            masters = set(redis.masters())
+            streams: list[Stream] = []
+            owners: dict[int, list[Stream]] = {}
+            n = 0
+            while set(owners) != masters and n < 60:  # streams until every master has one
+                stream = Stream(urls[n % 2], n)
+                assert stream.started.wait(30)
+                owner = redis.owner(f"gateway:s:{{{stream.id}}}:log")
+                owners.setdefault(owner, []).append(stream)
+                streams.append(stream)
+                n += 1
+            assert set(owners) == masters
+            victim = next(iter(sorted(masters)))
+            redis.kill(victim)
+            killed = time.monotonic()
+            redis.wait_failed_over(victim)
+            failed_over = time.monotonic() - killed
+            for stream in streams:
+                stream.thread.join(60)
+            outcomes: dict[str, list[str]] = {"spared": [], "lost master": []}
+            for owner, owned in owners.items():
+                for stream in owned:
+                    verdict = _judge_resume(stream, *_resumed(b.url, stream))
+                    outcomes["lost master" if owner == victim else "spared"].append(verdict)
+        print(
+            f"\ncluster failover measured: slots taken over after {failed_over:.2f} s; "
+            f"streams after it: {outcomes}"
+        )
+        assert outcomes["spared"] == ["whole"] * len(outcomes["spared"])
+        assert failed_over < 30

@@ -260,3 +260,58 @@ def test_the_factorys_client_reads_and_writes(request: pytest.FixtureRequest, mo
 
     got = asyncio.run(main())
     assert got[0][1][0][1] == {b"e": b"x"}
+
+
+def test_the_compose_ha_profile_makes_a_working_sentinel_set(tmp_path: Path) -> None:
+    """compose.yaml's ``ha`` profile, its very commands run on loopback (names made
+    127.0.0.1, each node on a free port): the gateway finds the master and both replicas."""
+    import subprocess
+
+    import yaml
+
+    from tests.integration.redis_server import _binary
+    from tests.integration.redis_sets import wait_for
+
+    root = Path(__file__).resolve().parents[2]
+    services = yaml.safe_load((root / "compose.yaml").read_text())["services"]
+    names = ["redis-master", "redis-replica-1", "redis-replica-2"]
+    ports = {name: free_port() for name in [*names, "sentinel-1", "sentinel-2", "sentinel-3"]}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def local(text: str) -> str:
+        for name in ports:
+            text = text.replace(name, "127.0.0.1")
+        return text
+
+    try:
+        for name in names:
+            command = [local(part) for part in services[name]["command"]]
+            if "--replicaof" in command:
+                command[command.index("--replicaof") + 2] = str(ports["redis-master"])
+            command[0] = _binary()
+            extra = ["--port", str(ports[name]), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+            procs.append(subprocess.Popen([*command, *extra], stdout=subprocess.DEVNULL))
+        for i in (1, 2, 3):
+            script = services[f"sentinel-{i}"]["command"][2]
+            script = script.replace("redis-master 6379", f"127.0.0.1 {ports['redis-master']}")
+            script = script.replace(
+                "'port 26379'", f"'port {ports[f'sentinel-{i}']}' 'bind 127.0.0.1'"
+            )
+            script = local(script).replace("/tmp/sentinel.conf", str(tmp_path / f"s{i}.conf"))
+            script = script.replace("exec redis-server", f"exec {_binary()}")
+            procs.append(subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL))
+        sentinels = [f"127.0.0.1:{ports[f'sentinel-{i}']}" for i in (1, 2, 3)]
+        target = RedisTarget.build("sentinel", "redis://127.0.0.1/0", sentinels, "gateway")
+        found: list[str] = []
+
+        def both_replicas() -> bool:
+            found[:] = [asyncio.run(inspect(target, bound=1.0))]
+            return all(f"127.0.0.1:{ports[n]}" in found[0] for n in names[1:])
+
+        wait_for(both_replicas, 30, "the sentinels know the master and both replicas")
+        assert f"master 127.0.0.1:{ports['redis-master']}" in found[0]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)

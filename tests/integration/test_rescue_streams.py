@@ -616,3 +616,37 @@ def test_a_continuation_to_an_upstream_that_signs_is_signed() -> None:
         (record,) = fallback.server.config.app.state.records.latest(10)
         assert record.headers["authorization"]["present"]
         assert record.headers["x-amz-date"]
+
+
+def test_a_cut_stream_whose_body_cannot_be_read_says_why_it_was_not_continued(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 45 item 8: a body of many tiny messages past the body parser's budget (here
+    made small: 150,000 messages pass it) was forwarded unparsed; cut, it was silently not
+    continued and the access log said ``model: null``. The log and the metrics now say
+    why (``body_unreadable``), and the model is read where the bytes name it."""
+    body = (
+        b'{"model":"sim-1","stream":true,"messages":['
+        + b",".join([b'{"role":"user","content":"x"}'] * 150_000)
+        + b"]}"
+    )
+    with (
+        sim(default_fault="drop_after_text", fault_requests=1) as upstream,
+        gateway_for("", routes=continuing(sim_up("only", upstream)), access_log=True) as gw,
+    ):
+        bodies = gw.server.config.app.gateway.relay.bodies
+        bodies.off_loop_bytes, bodies.parse_budget = 64 * 1024, 16 * 1024 * 1024
+        response = web.post(
+            gw.url + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json", "x-request-id": "unreadable"},
+            timeout=60,
+        )
+        note = annotation(response.content)
+        line = access_log_line(capsys, "unreadable")
+        text = metrics(gw)
+    assert (note["outcome"], note["reason"]) == ("incomplete", "missing_done")
+    assert line["model"] == "sim-1"
+    assert line["continued"] is False
+    assert line["not_continued"] == "body_unreadable"
+    assert metric_value(text, "gateway_continuations_total", result="body_unreadable") == 1

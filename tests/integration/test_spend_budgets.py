@@ -243,6 +243,7 @@ def test_receipts_are_the_owners_only_and_the_report_receipts_and_metric_agree_e
     """A mixed run of one client (streamed, plain, cut, refused, unpriced-refused): its
     receipts (each only its own; anyone else gets the unknown id's 404), the report's
     total and the metric's sum are the same number of nano-dollars."""
+    assert _post(gw, "solo", "other-client", "/v1/chat/completions", CHAT).status_code == 200
     ids = []
     for index in range(12):
         rid = f"mixed-{index}"
@@ -298,6 +299,11 @@ def test_receipts_are_the_owners_only_and_the_report_receipts_and_metric_agree_e
     everyone = _get(gw, "boss", "/v1/gateway/spend?group_by=client").json()
     clients = {row["client"]: row for row in everyone["rows"]}
     assert clients["mixed"]["nanos"] == summed
+    for _ in range(50):  # solo's receipt is written by a task: poll, bounded
+        if "solo" in clients:
+            break
+        everyone = _get(gw, "boss", "/v1/gateway/spend?group_by=client").json()
+        clients = {row["client"]: row for row in everyone["rows"]}
     assert "solo" in clients
     text = web.get(gw.url + "/metrics").text
     metric = metric_value(text, "gateway_spend_usd_total", client="mixed")

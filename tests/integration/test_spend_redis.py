@@ -188,3 +188,167 @@ def test_redis_restarted_from_its_append_only_file_has_every_counter_and_receipt
                 assert _until(gw, f"/v1/gateway/receipts/{rid}").json() == receipts[rid]
             assert _until(gw, "/v1/gateway/spend").json() == report
             assert report["total"]["nanos"] == sum(r["cost"]["nanos"] for r in receipts.values())
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
+    simulator: ServerThread, redis: RedisServer, policy: str
+) -> None:
+    """Redis goes away: a money-budgeted client is served unreserved (allow) or refused
+    (deny), like the token limits; when Redis is back, what was served while it was away
+    is settled at its whole cost (allow), and nothing refused is charged (deny)."""
+    import redis as redis_client
+
+    clients = [
+        {"name": "strict", "key_sha256": [_sha(KEYS["strict"])], "limits": {"usd_per_day": "5"}}
+    ]
+    routes = [{"name": "chat", "prefix": "/v1", "upstream": f"{simulator.url}/v1"}]
+    settings = {
+        "limits_backend": "redis",
+        "redis_url": redis.url,
+        "on_backend_error": policy,
+        "limits_timeout": 1.0,
+    }
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    headers = {"authorization": f"Bearer {KEYS['strict']}", "x-sim-tokens": "20"}
+
+    def counted() -> int:
+        client = redis_client.Redis.from_url(redis.url, decode_responses=True)
+        try:
+            keys = [k for k in client.scan_iter(match="*usd_per_day*")]
+            return sum(int(client.get(k) or 0) for k in keys)
+        finally:
+            client.close()
+
+    with gateway_for("", routes=routes, clients=clients, **settings) as gw:
+        url = gw.url + "/v1/chat/completions"
+        assert web.post(url, json=body, headers=headers).status_code == 200
+        before = counted()
+        assert before > 0
+        redis.stop()
+        during = [web.post(url, json=body, headers=headers) for _ in range(4)]
+        text = web.get(gw.url + "/metrics").text
+        spent_during = metric_value(text, "gateway_spend_usd_total", client="strict")
+        redis.start()  # empty: what it holds now is what was settled since
+        if policy == "allow":
+            assert [r.status_code for r in during] == [200] * 4
+            expected = round(spent_during * 10**9) - before
+            for _ in range(400):  # the link sends the settlements again until Redis answers
+                if counted() >= expected:
+                    break
+                web.get(gw.url + "/healthz")
+            assert counted() == expected
+        else:
+            assert [r.status_code for r in during] == [503] * 4
+            assert during[0].json()["error"]["code"] == "limits_backend_unavailable"
+            assert counted() == 0
+
+
+def test_a_mixed_run_over_two_gateways_report_receipts_and_metric_agree_exactly(
+    simulator: ServerThread, redis: RedisServer, tmp_path: Path
+) -> None:
+    """1,000 requests of three clients over two gateway processes on one Redis: streamed,
+    plain, cut, served from the cache, refused by a budget and unpriced. The spend
+    report's total equals the sum of the 1,000 receipts and the metric's sum, exactly."""
+    keys = {name: f"sk-{name}-mixed-0123" for name in ("mixed-a", "mixed-b", "admin")}
+    config = tmp_path / "gateway.toml"
+    clients = "".join(
+        f"""
+[[clients]]
+name = "{name}"
+key_sha256 = ["{_sha(key)}"]
+spend_admin = {"true" if name == "admin" else "false"}
+[clients.limits]
+usd_per_day = "{"0.01" if name == "mixed-b" else "100"}"
+"""
+        for name, key in keys.items()
+    )
+    config.write_text(
+        f"""
+limits_backend = "redis"
+redis_url = "{redis.url}"
+stream_store = "redis"
+limits_timeout = 2.0
+on_backend_error = "deny"
+[[routes]]
+name = "chat"
+prefix = "/v1"
+upstream = "{simulator.url}/v1"
+cache = true
+{clients}
+"""
+    )
+
+    def request(index: int) -> tuple[str, str, dict[str, object], dict[str, str]]:
+        client = ("mixed-a", "mixed-b", "admin")[index % 3]
+        body: dict[str, object] = {
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": f"question {index % 50}"}],
+            "max_tokens": 200,
+        }
+        headers = {"authorization": f"Bearer {keys[client]}", "x-sim-tokens": "30"}
+        if index % 2:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if index % 7 == 3:
+            body["stream"] = True
+            headers["x-sim-fault"] = "drop_after_text"
+        if index % 25 == 11:
+            body["model"] = "sim-model"
+        if index % 10 == 4:  # the same question again: a cache hit (or a follower)
+            body["messages"] = [{"role": "user", "content": "the cached question"}]
+            body.pop("stream", None)
+        return client, f"mixed-{index:04d}", body, headers
+
+    async def run(urls: list[str]) -> list[tuple[str, str, int]]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=50)) as http:
+            gate = asyncio.Semaphore(50)
+
+            async def one(index: int) -> tuple[str, str, int]:
+                client, rid, body, headers = request(index)
+                async with gate:
+                    answer = await http.post(
+                        urls[index % 2] + "/v1/chat/completions",
+                        json=body,
+                        headers={**headers, "x-request-id": rid},
+                    )
+                return client, rid, answer.status_code
+
+            return list(await asyncio.gather(*(one(i) for i in range(1000))))
+
+    with (
+        gateway_process(["--config", str(config)]) as one,
+        gateway_process(["--config", str(config)]) as two,
+    ):
+        sent = asyncio.run(run([one.url, two.url]))
+        statuses = [status for _, _, status in sent]
+        assert statuses.count(200) > 500
+        assert statuses.count(429) > 0, web.get(
+            f"{two.url}/v1/gateway/spend?group_by=client,evidence",
+            headers={"authorization": f"Bearer {keys['admin']}"},
+        ).text
+        assert statuses.count(400) > 0  # unpriced
+        receipts = []
+        for client, rid, _ in sent:
+            for _ in range(100):  # written by a task: poll, bounded
+                found = web.get(
+                    f"{one.url}/v1/gateway/receipts/{rid}",
+                    headers={"authorization": f"Bearer {keys[client]}"},
+                )
+                if found.status_code == 200:
+                    break
+            assert found.status_code == 200, (rid, found.text)
+            receipts.append(found.json())
+        report = web.get(
+            f"{two.url}/v1/gateway/spend?group_by=client,evidence",
+            headers={"authorization": f"Bearer {keys['admin']}"},
+        ).json()
+        metrics = [web.get(gw.url + "/metrics", timeout=30).text for gw in (one, two)]
+    summed = sum(r["cost"]["nanos"] for r in receipts)
+    assert report["total"]["requests"] == 1000
+    assert report["total"]["nanos"] == summed
+    metric = sum(metric_value(t, "gateway_spend_usd_total") for t in metrics)
+    assert round(metric * 10**9) == summed
+    assert any(r["cache"] == "hit" and r["cost"]["nanos"] == 0 for r in receipts)
+    assert any(r["cost"]["evidence"] == "estimated" for r in receipts)
+    assert any(r["rejected"] == "unpriced" for r in receipts)

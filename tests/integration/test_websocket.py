@@ -628,7 +628,8 @@ def test_a_named_clients_responses_over_a_websocket_are_charged_to_it(
 
     key = "sk-metered"
     clients = [{"name": "team-w", "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}]
-    with gateway_for(simulator.url + "/v1", clients=clients) as server:
+    prices = [{"model": "*", "input": "1", "output": "2"}]  # USD a million tokens
+    with gateway_for(simulator.url + "/v1", clients=clients, prices=prices) as server:
         with connect(_ws_url(server), additional_headers={"Authorization": f"Bearer {key}"}) as ws:
             ws.send(_create())
             events = _until_terminal(ws)
@@ -642,6 +643,10 @@ def test_a_named_clients_responses_over_a_websocket_are_charged_to_it(
             for kind in ("input", "output")
         }
         assert tokens == {"input": usage["input_tokens"], "output": usage["output_tokens"]}
+        # and its money, priced as over HTTP
+        spent = metric_value(text, "gateway_spend_usd_total", client="team-w", evidence="reported")
+        expected = (usage["input_tokens"] * 1 + usage["output_tokens"] * 2) / 1e6
+        assert abs(spent - expected) < 1e-12
 
 
 @contextlib.contextmanager

@@ -101,7 +101,7 @@ def test_make_examples_and_docs_install_their_extra_only(
 #: The distribution a documented example's top-level import comes from.
 _DISTRIBUTIONS = {"google": "google-genai", "boto3": "boto3"}
 #: Imported by examples and installed with the gateway itself (its own dependencies).
-_INSTALLED = {"gateway", "httpx", "json", "os"}
+_INSTALLED = {"gateway", "httpx", "json", "os", "pydantic"}
 
 
 def test_make_examples_installs_every_sdk_a_documented_example_imports() -> None:

@@ -4,11 +4,13 @@ cent; and the evidence each kind of settlement carries."""
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 import genai_prices
 import pytest
 from genai_prices import Usage as TableUsage
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.guard import Protocol
 from gateway.guard.bedrock import bedrock_usage
@@ -19,7 +21,7 @@ from gateway.policy.quota import Cost, Source, cost_of
 from gateway.protocols import spec_for
 from gateway.settings import PriceOverride
 from gateway.spend.charge import Evidence, price_cost
-from gateway.spend.prices import NANOS_PER_USD, Pricer
+from gateway.spend.prices import NANOS_PER_USD, Billable, Pricer
 
 #: A millionth of a cent, in dollars.
 TOLERANCE = Decimal("0.00000001")
@@ -310,3 +312,39 @@ def test_a_reservations_bound_is_never_below_the_charge() -> None:
         basis = spec_for(Protocol.MESSAGES).usage_basis
         charge = price_cost(cost_of(250000, 5000, 0, 0), usage, True, False, basis, quote, model)
         assert quote.bound(250000, 5000) >= charge.nanos
+
+
+MODELS = [
+    ("gpt-4o", "openai"),
+    ("o3-mini", "openai"),
+    ("gpt-5", "openai"),
+    ("claude-sonnet-4-5", "anthropic"),
+    ("claude-opus-4-1", "anthropic"),
+    ("gemini-2.5-pro", "google"),
+    ("gemini-2.5-flash", "google"),
+    ("anthropic.claude-3-5-sonnet-20240620-v1:0", "aws"),
+    ("amazon.nova-pro-v1:0", "aws"),
+]
+
+
+@given(
+    model=st.sampled_from(MODELS),
+    uncached=st.integers(0, 400_000),
+    read=st.integers(0, 300_000),
+    written=st.integers(0, 100_000),
+    answer=st.integers(0, 50_000),
+    reasoning=st.integers(0, 50_000),
+)
+def test_the_integer_arithmetic_is_the_tables_own_to_the_nano_dollar(
+    model: tuple[str, str], uncached: int, read: int, written: int, answer: int, reasoning: int
+) -> None:
+    """Where a model's prices are integers in pico-dollars, a charge is summed without
+    Decimal: it is the table's own calc_price, rounded once, every time."""
+    name, provider = model
+    quote = Pricer().quote(name, provider)
+    assert quote is not None
+    assert quote.fast is not None
+    usage = Billable(uncached + read + written, answer + reasoning, read, written, reasoning)
+    table = genai_prices.calc_price(usage.as_table_usage(), name, provider_id=provider)
+    expected = int((table.total_price * NANOS_PER_USD).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    assert quote.cost(usage) == expected

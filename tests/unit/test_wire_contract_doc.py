@@ -67,3 +67,15 @@ def test_the_documented_bedrock_exception_payload_is_what_the_guard_renders() ->
     (frame,) = EventStreamDecoder().feed(render_annotation(Protocol.BEDROCK, verdict, "req-7f3a"))
     assert (frame.id, frame.event) == ("exception", "modelStreamErrorException")
     assert frame.data in DOC
+
+
+def test_the_documented_schema_trailers_are_what_the_guard_renders() -> None:
+    from gateway.schema import Kind, Result, SchemaVerdict
+
+    verdict = Verdict(outcome=Outcome.COMPLETE, reason=Reason.STOP)
+    for schema in (
+        SchemaVerdict(Result.VALID),
+        SchemaVerdict(Result.INVALID, Kind.ANSWER, "/age", 3, "string where"),
+    ):
+        rendered = render_annotation(Protocol.CHAT, verdict, "7f3a2c9e", words=schema.trailer())
+        assert rendered.decode() in DOC

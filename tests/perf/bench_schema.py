@@ -1,0 +1,149 @@
+"""The schema check's cost per content event, side by side with the check off, one run.
+
+Run it as a script (no network)::
+
+    .venv/bin/python tests/perf/bench_schema.py [--rounds 7] [--events 2000]
+
+A Chat stream of ``--events`` content events (four characters of a JSON answer
+each, as a model streams a structured answer) is judged by the guard three
+ways, interleaved round by round so that the machine's drift hits all alike:
+
+- ``plain``: the guard alone, no reader (a request without a schema: what
+  every stream pays today);
+- ``off``: the guard with a reader of whole events that does nothing (the
+  per-event hand-out every reader costs, schema or not);
+- ``schema``: the guard with the schema stage's reader, the check on.
+
+It prints the median CPU per content event of each and the difference
+``schema - plain``: the added CPU per content event with a schema (the
+issue's bound: 1.5 us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from gateway.guard import Event, Refusal, StreamGuard, WholeEvents
+from gateway.protocols import spec_for
+from gateway.proxy.schema_stage import _Reader
+from gateway.schema import Bounds, StreamCheck
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "qty": {"type": "integer", "minimum": 0},
+                    "ok": {"type": "boolean"},
+                },
+                "required": ["name", "qty"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["items"],
+}
+
+
+def stream(events: int) -> tuple[bytes, int]:
+    """A Chat stream of about ``events`` four-character deltas of a valid answer."""
+    doc = {"items": [{"name": f"item {i}", "qty": i, "ok": True} for i in range(events)]}
+    # cut to ``events`` deltas, then closed, so that the answer stays whole and valid
+    whole = json.dumps(doc)
+    cut = whole[: events * 4 - 4]
+    cut = cut[: cut.rfind("}") + 1]
+    whole = cut + "]}"
+    text = whole
+    deltas = [text[i : i + 4] for i in range(0, len(text), 4)]
+    out = []
+    for delta in deltas:
+        chunk = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": None}],
+        }
+        out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    end = {"id": "c", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    out.append(b"data: " + json.dumps(end).encode() + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out), len(deltas)
+
+
+class _Nothing:
+    def check(self, piece: bytes, event: Event) -> Refusal | None:
+        return None
+
+    def take(self, piece: bytes, event: Event | None) -> None:
+        pass
+
+
+def run_once(data: bytes, way: str) -> float:
+    """CPU seconds to judge ``data`` in 4 KiB reads, one way."""
+    spec = spec_for("chat")
+    structured = spec.structured
+    assert structured is not None
+    guard = StreamGuard(spec.new_contract(_options()))
+    reader = None
+    if way != "plain":
+        whole = WholeEvents()
+        whole.streaming = True
+        if way == "off":
+            whole.add(_Nothing())
+        else:
+            check = StreamCheck(structured.schemas({"response_format": _format()}), Bounds())
+            check.prepare()
+            reader = _Reader(check, structured, ends=True)
+            whole.add(reader)
+        guard.whole = whole
+    start = time.process_time()
+    for at in range(0, len(data), 4096):
+        guard.feed(data[at : at + 4096])
+    guard.eof()
+    if reader is not None:
+        verdicts = reader.verdicts()
+        assert [str(v.result) for v in verdicts] == ["valid"], verdicts
+    spent = time.process_time() - start
+    assert guard.verdict is not None
+    assert guard.verdict.complete, guard.verdict
+    return spent
+
+
+def _format() -> dict[str, object]:
+    return {"type": "json_schema", "json_schema": {"name": "items", "schema": SCHEMA}}
+
+
+def _options() -> object:
+    from gateway.protocols import ContractOptions
+
+    return ContractOptions()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--events", type=int, default=2000)
+    args = parser.parse_args()
+    data, events = stream(args.events)
+    results: dict[str, list[float]] = {"plain": [], "off": [], "schema": []}
+    for way in results:  # warm up
+        run_once(data, way)
+    for _ in range(args.rounds):
+        for way in results:
+            results[way].append(run_once(data, way) / events * 1e6)
+    medians = {way: statistics.median(values) for way, values in results.items()}
+    for way, median in medians.items():
+        print(f"{way:7s} {median:6.2f} us CPU per content event ({events} events)")
+    print(f"added by the schema check: {medians['schema'] - medians['plain']:.2f} us per event")
+    print(f"added by the check alone (schema - off): {medians['schema'] - medians['off']:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
