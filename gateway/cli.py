@@ -139,7 +139,16 @@ _PROBE_SETTINGS = frozenset(
     }
 )
 #: The probe's checks (gateway.probe.checks.CHECKS; not imported here to keep start-up light).
-_CHECKS = ("stream", "usage", "tool_call", "choices", "plain", "interrupted", "refused")
+_CHECKS = (
+    "stream",
+    "usage",
+    "tool_call",
+    "choices",
+    "schema",
+    "plain",
+    "interrupted",
+    "refused",
+)
 
 _DESCRIPTION = (
     "An LLM streaming gateway: a reverse proxy that checks every streamed answer "

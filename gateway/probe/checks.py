@@ -41,7 +41,16 @@ __all__ = [
 ]
 
 #: Every check, in the order a route is probed.
-CHECKS: Final = ("stream", "usage", "tool_call", "choices", "plain", "interrupted", "refused")
+CHECKS: Final = (
+    "stream",
+    "usage",
+    "tool_call",
+    "choices",
+    "schema",
+    "plain",
+    "interrupted",
+    "refused",
+)
 #: A model no provider has (the simulator refuses names that start with ``no-such-model``).
 INVALID_MODEL: Final = "no-such-model-gateway-probe"
 
@@ -57,7 +66,20 @@ TOOL: Final = Tool(
         "required": ["city"],
     },
 )
-_MAX_TOKENS: Final = {"tool_call": 64, "interrupted": 256}
+SCHEMA_PROMPT: Final = "Invent a person: a name, an age and a role (admin or user), as JSON."
+#: The schema the ``schema`` check asks the answer to fit (in the strict-mode subset;
+#: the simulator's structured answers are written against the same one).
+SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0},
+        "role": {"enum": ["admin", "user"]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+_MAX_TOKENS: Final = {"tool_call": 64, "schema": 64, "interrupted": 256}
 _DEFAULT_MAX_TOKENS: Final = 32
 
 
@@ -97,6 +119,7 @@ def checks_for(spec: ProtocolSpec) -> list[str]:
         "usage": spec.ask_for_usage is not None,
         "tool_call": requests.tool is not None,
         "choices": requests.choices is not None,
+        "schema": requests.structured is not None,
     }
     return [name for name in CHECKS if have.get(name, True)]
 
@@ -109,7 +132,11 @@ def build_request(check: str, target: Target, extra: Mapping[str, str] = {}) -> 
         raise ValueError(f"protocol {spec.name} has no check {check!r}")
     stream = check != "plain"
     model = INVALID_MODEL if check == "refused" else target.model
-    prompt = {"tool_call": TOOL_PROMPT, "interrupted": COUNT_PROMPT}.get(check, TEXT_PROMPT)
+    prompt = {
+        "tool_call": TOOL_PROMPT,
+        "interrupted": COUNT_PROMPT,
+        "schema": SCHEMA_PROMPT,
+    }.get(check, TEXT_PROMPT)
     max_tokens = _MAX_TOKENS.get(check, _DEFAULT_MAX_TOKENS)
     body = requests.text(model, prompt, max_tokens, stream)
     if check == "usage" and spec.ask_for_usage is not None:
@@ -118,6 +145,8 @@ def build_request(check: str, target: Target, extra: Mapping[str, str] = {}) -> 
         requests.tool(body, TOOL)
     elif check == "choices" and requests.choices is not None:
         requests.choices(body, 2)
+    elif check == "schema" and requests.structured is not None:
+        requests.structured(body, dict(SCHEMA))
     headers = {"content-type": "application/json", **requests.headers, **extra}
     return ProbeRequest(target.prefix + requests.path(model, stream), headers, body, stream)
 
@@ -157,6 +186,8 @@ class Cell:
     usage_position: str | None = None
     tool_calls: int | None = None
     choices: int | None = None
+    #: ``schema``: the gateway's schema verdict (valid: the upstream honoured the schema).
+    schema: str | None = None
     error: str | None = None
     ttfb_ms: float | None = None
     ttft_ms: float | None = None
@@ -181,6 +212,7 @@ class Cell:
             "usage_position": self.usage_position,
             "tool_calls": self.tool_calls,
             "choices": self.choices,
+            "schema": self.schema,
             "error": self.error,
             "timings_ms": {"ttfb": self.ttfb_ms, "ttft": self.ttft_ms, "total": self.total_ms},
         }
@@ -255,6 +287,9 @@ def judge(
             cell.terminator = "missing"
         cell.tool_calls = verdict.tool_calls
         cell.choices = len(verdict.finish_reasons)
+    schema = record.schema_verdict
+    if schema is not None:
+        cell.schema = str(schema.result)
     cell.problem = _problem(check, cell, seen, record, target.spec.framing.media_type)
     if check == "usage":
         cell.usage_position = usage_position(seen.body, target.spec.framing)
@@ -315,4 +350,12 @@ def _problem(
             return f"expected a tool call, the model finished with {verdict.reason}"
     elif check == "choices" and len(verdict.finish_reasons) != 2:
         return f"expected 2 choices to finish, {len(verdict.finish_reasons)} did"
+    elif check == "schema":
+        schema = record.schema_verdict
+        if schema is None:
+            return "no schema verdict (the route's schema_check is off)"
+        if str(schema.result) != "valid":
+            where = f" at {schema.pointer or '/'}" if schema.event >= 0 else ""
+            detail = f": {schema.detail}" if schema.detail else ""
+            return f"the upstream did not honour the schema ({schema.result}{where}{detail})"
     return None

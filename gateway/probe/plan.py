@@ -42,7 +42,10 @@ SIMULATOR_MODEL: Final = "sim-model"
 _ANY_PATH: Final = "/v1"
 #: With the simulator, the interrupted check asks for a paced answer, so that the
 #: probe's leaving is seen before the answer is whole.
-_SIMULATOR_HEADERS: Final = {"interrupted": {"x-sim-tps": "50"}}
+_SIMULATOR_HEADERS: Final = {
+    "interrupted": {"x-sim-tps": "50"},
+    "schema": {"x-sim-structured": "valid"},  # the simulator answers the schema's shape
+}
 
 
 class ProbeConfigError(ValueError):

@@ -55,6 +55,7 @@ _EXPECTS: Final = {
     "usage": "reported usage",
     "tool_call": "complete/tool_calls",
     "choices": "2 choices finished",
+    "schema": "complete, schema=valid",
     "plain": "2xx application/json",
     "interrupted": "incomplete/client_disconnect",
     "refused": "4xx upstream_status",
@@ -73,6 +74,8 @@ def _got(c: Cell) -> str:
         )
     if c.check == "choices" and c.outcome == "complete":
         return f"{len(c.finish_reasons)} finished ({','.join(c.finish_reasons)})"
+    if c.check == "schema" and c.outcome:
+        return f"{c.outcome}, schema={c.schema or '-'}"
     if c.check == "plain":
         return f"{status} {c.media_type or '-'}" + (f" ({c.error})" if c.error else "")
     if c.check == "refused":

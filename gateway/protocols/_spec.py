@@ -112,6 +112,8 @@ class ClientRequests:
     tool: Callable[[Json, Tool], None] | None = None
     #: Ask a body for ``n`` answers.
     choices: Callable[[Json, int], None] | None = None
+    #: Ask a body for an answer that fits a JSON Schema (its structured outputs).
+    structured: Callable[[Json, Json], None] | None = None
     #: Where the simulator serves the protocol, for ``gateway probe --simulator``: below
     #: ``/v1`` (its route for any path) or on a route of its own fixed to the protocol.
     simulator_prefix: str = "/v1"

@@ -15,7 +15,7 @@ from gateway.protocols._spec import (
     UsageBasis,
     body_says_stream,
 )
-from gateway.protocols.anthropic_structured import MESSAGES_STRUCTURED
+from gateway.protocols.anthropic_structured import MESSAGES_STRUCTURED, ask_messages
 from gateway.protocols.finish import messages_finish
 
 __all__ = ["MESSAGES", "anthropic_error"]
@@ -83,6 +83,7 @@ MESSAGES = ProtocolSpec(
         text=_text,
         headers={"anthropic-version": "2023-06-01"},
         tool=_tool,
+        structured=ask_messages,
     ),
     output_limit=("max_tokens",),
     genai_operation="chat",

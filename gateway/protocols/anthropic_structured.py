@@ -16,7 +16,7 @@ from typing import Any
 from gateway.protocols.structured import Structured, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
-__all__ = ["MESSAGES_STRUCTURED"]
+__all__ = ["MESSAGES_STRUCTURED", "ask_messages"]
 
 Json = dict[str, Any]
 
@@ -81,3 +81,8 @@ def _parts(data: str) -> list[Part]:
 MESSAGES_STRUCTURED = Structured(
     markers=(b'"output_format"', b'"output_config"', b'"tools"'), schemas=_schemas, parts=_parts
 )
+
+
+def ask_messages(body: Json, schema: Json) -> None:
+    """Ask a Messages body for an answer fitting ``schema`` (its JSON outputs)."""
+    body["output_format"] = {"type": "json_schema", "schema": schema}

@@ -26,7 +26,7 @@ from gateway.protocols._spec import (
     UsageBasis,
 )
 from gateway.protocols.finish import gemini_finish
-from gateway.protocols.google_structured import GEMINI_STRUCTURED
+from gateway.protocols.google_structured import GEMINI_STRUCTURED, ask_gemini
 
 __all__ = ["GEMINI"]
 
@@ -109,7 +109,9 @@ GEMINI = ProtocolSpec(
     answer_model=_model_version,
     request_model=_path_model,
     credential=CredentialStyle.X_GOOG_API_KEY,
-    requests=ClientRequests(path=_path, text=_text, tool=_tool, simulator_prefix="/v1beta"),
+    requests=ClientRequests(
+        path=_path, text=_text, tool=_tool, structured=ask_gemini, simulator_prefix="/v1beta"
+    ),
     output_limit=("generationConfig.maxOutputTokens", "generation_config.max_output_tokens"),
     genai_operation="generate_content",
     genai_provider="gcp.gemini",

@@ -18,7 +18,7 @@ from typing import Any
 from gateway.protocols.structured import Structured, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
-__all__ = ["GEMINI_STRUCTURED", "openapi_schema"]
+__all__ = ["GEMINI_STRUCTURED", "ask_gemini", "openapi_schema"]
 
 Json = dict[str, Any]
 
@@ -139,3 +139,10 @@ GEMINI_STRUCTURED = Structured(
     schemas=_schemas,
     parts=_parts,
 )
+
+
+def ask_gemini(body: Json, schema: Json) -> None:
+    """Ask a Gemini body for an answer fitting ``schema``."""
+    config = body.setdefault("generationConfig", {})
+    config["responseMimeType"] = "application/json"
+    config["responseJsonSchema"] = schema

@@ -20,7 +20,7 @@ from gateway.guard import OllamaContract, Protocol
 from gateway.guard.ollama import is_ollama_path, ollama_usage, ollama_wants_stream
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Redactor, Tool
 from gateway.protocols.finish import ollama_finish
-from gateway.protocols.ollama_structured import OLLAMA_STRUCTURED
+from gateway.protocols.ollama_structured import OLLAMA_STRUCTURED, ask_ollama
 
 __all__ = ["OLLAMA"]
 
@@ -57,7 +57,11 @@ OLLAMA = ProtocolSpec(
     make_contract=lambda o: OllamaContract(require_finish_reason=o.require_finish_reason),
     # The probe's path below a route with prefix ``/api``.
     requests=ClientRequests(
-        path=lambda model, stream: "/chat", text=_text, tool=_tool, simulator_prefix="/api"
+        path=lambda model, stream: "/chat",
+        text=_text,
+        tool=_tool,
+        structured=ask_ollama,
+        simulator_prefix="/api",
     ),
     output_limit=("options.num_predict",),
     genai_operation="chat",

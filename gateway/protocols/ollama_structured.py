@@ -14,7 +14,7 @@ from typing import Any
 from gateway.protocols.structured import Structured, function_tools, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
-__all__ = ["OLLAMA_STRUCTURED"]
+__all__ = ["OLLAMA_STRUCTURED", "ask_ollama"]
 
 Json = dict[str, Any]
 
@@ -51,3 +51,8 @@ def _parts(data: str) -> list[Part]:
 
 
 OLLAMA_STRUCTURED = Structured(markers=(b'"format"', b'"tools"'), schemas=_schemas, parts=_parts)
+
+
+def ask_ollama(body: Json, schema: Json) -> None:
+    """Ask an Ollama body for an answer fitting ``schema``."""
+    body["format"] = schema

@@ -10,7 +10,12 @@ from gateway.guard import ChatContract, CompletionsContract, Protocol, Responses
 from gateway.guard.usage import chat_usage, responses_usage
 from gateway.protocols._spec import ClientRequests, ProtocolSpec, Tool, body_says_stream
 from gateway.protocols.finish import chat_finish, responses_finish
-from gateway.protocols.openai_structured import CHAT_STRUCTURED, RESPONSES_STRUCTURED
+from gateway.protocols.openai_structured import (
+    CHAT_STRUCTURED,
+    RESPONSES_STRUCTURED,
+    ask_chat,
+    ask_responses,
+)
 from gateway.protocols.retrieval import Retrieval, after_sequence, response_id_of, stream_true
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES"]
@@ -102,6 +107,7 @@ CHAT = _openai(
         text=_chat_text,
         tool=_chat_tool,
         choices=_choices,
+        structured=ask_chat,
     ),
     output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
@@ -140,7 +146,10 @@ RESPONSES = _openai(
     matches=_ends_with("/responses"),
     answer_usage=lambda body: responses_usage(body.get("usage")),
     requests=ClientRequests(
-        path=lambda model, stream: "/responses", text=_responses_text, tool=_responses_tool
+        path=lambda model, stream: "/responses",
+        text=_responses_text,
+        tool=_responses_tool,
+        structured=ask_responses,
     ),
     output_limit=("max_output_tokens",),
     genai_operation="chat",

@@ -19,7 +19,7 @@ from gateway.guard.jsonparse import loads as _loads
 from gateway.protocols.structured import Structured, function_tools, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
-__all__ = ["CHAT_STRUCTURED", "RESPONSES_STRUCTURED"]
+__all__ = ["CHAT_STRUCTURED", "RESPONSES_STRUCTURED", "ask_chat", "ask_responses"]
 
 Json = dict[str, Any]
 
@@ -145,3 +145,16 @@ CHAT_STRUCTURED = Structured(
 RESPONSES_STRUCTURED = Structured(
     markers=(b'"format"', b'"tools"'), schemas=_responses_schemas, parts=_responses_parts
 )
+
+
+def ask_chat(body: Json, schema: Json) -> None:
+    """Ask a Chat body for an answer fitting ``schema``."""
+    body["response_format"] = {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": schema, "strict": True},
+    }
+
+
+def ask_responses(body: Json, schema: Json) -> None:
+    """Ask a Responses body for an answer fitting ``schema``."""
+    body["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}

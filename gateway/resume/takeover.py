@@ -132,8 +132,10 @@ async def end_orphan(
         result = "owner_lost"
     verdict = verdict_guard.verdict
     assert verdict is not None
+    # ``heir``: the ending is a takeover's, not the owner's (a client may hold events
+    # its owner relayed but could not log: ``service`` answers its cursor all the same).
     await writer.finish(End(trailer, {"outcome": str(verdict.outcome),
-                                      "reason": str(verdict.reason)}))  # fmt: skip
+                                      "reason": str(verdict.reason), "heir": "1"}))  # fmt: skip
     return result
 
 

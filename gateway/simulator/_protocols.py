@@ -130,6 +130,20 @@ def _int_or_none(value: object) -> int | None:
     return value
 
 
+def _asks_structure(body: dict[str, Any], gemini_config: dict[str, Any]) -> bool:
+    """The request asks for an answer of a JSON schema (any protocol's way of asking)."""
+    fmt = _object(body.get("response_format")).get("type")
+    text_fmt = _object(_object(body.get("text")).get("format")).get("type")
+    return (
+        fmt == "json_schema"
+        or text_fmt == "json_schema"
+        or _object(body.get("output_format")).get("type") == "json_schema"
+        or "responseJsonSchema" in gemini_config
+        or "responseSchema" in gemini_config
+        or isinstance(body.get("format"), dict)
+    )
+
+
 def _tool_name(protocol: ProtocolName, tools: list[Any]) -> str:
     for tool in tools:
         if not isinstance(tool, dict):
@@ -217,7 +231,8 @@ def make_plan(
     else:
         max_tokens = _int_or_none(body.get("max_tokens"))
 
-    shape = knobs.structured
+    # A request that asks for a structured answer gets the valid one unless a shape is named.
+    shape = knobs.structured or ("valid" if _asks_structure(body, gemini_config) else "")
     tool_mode = protocol not in ("completions", "ollama_generate") and (
         fault in ("tool_calls", "invalid_tool_arguments")
         or shape in ("tool_off_schema", "undeclared_tool")

@@ -126,7 +126,8 @@ class _Node:
 
 
 def _data_options(password: str | None) -> dict[str, str]:
-    options = {"save": '""', "appendonly": "no"}
+    # a replica's first sync at once (not after the 5 s a diskless sync waits by default)
+    options = {"save": '""', "appendonly": "no", "repl-diskless-sync-delay": "0"}
     if password:
         options |= {"requirepass": password, "masterauth": password}
     return options

@@ -113,6 +113,7 @@ def test_each_fault_shows_up_in_its_own_cell(clean_environ: None) -> None:
         "interrupted:x-sim-tokens=0",
         "refused:x-sim-fault=status",
         "refused:x-sim-status=503",
+        "schema:x-sim-structured=enum",
     ]
     matrix = _run(settings, protocols=["chat", "messages"], inject=inject)
     chat = {c.check: c.as_dict() for c in matrix.cells if c.protocol == "chat"}
@@ -121,6 +122,7 @@ def test_each_fault_shows_up_in_its_own_cell(clean_environ: None) -> None:
         "usage",
         "tool_call",
         "choices",
+        "schema",
         "plain",
         "interrupted",
         "refused",
@@ -133,11 +135,14 @@ def test_each_fault_shows_up_in_its_own_cell(clean_environ: None) -> None:
     assert chat["plain"]["error"] == "upstream_disconnect"
     assert chat["interrupted"]["problem"].endswith("before its first content event")
     assert chat["refused"]["status"] == 503
+    assert chat["schema"]["schema"] == "invalid"
+    assert "did not honour the schema (invalid at /role" in chat["schema"]["problem"]
     assert "expected the provider's 4xx" in chat["refused"]["problem"]
     # The same faults land in the Messages rows of the same checks (it has no usage or
     # choices checks); nothing else fails.
     messages = {c.check: c for c in matrix.cells if c.protocol == "messages"}
-    assert set(messages) == {"stream", "tool_call", "plain", "interrupted", "refused"}
+    assert set(messages) == {"stream", "tool_call", "schema", "plain", "interrupted", "refused"}
+    assert messages["schema"].schema == "invalid"
     assert messages["stream"].reason == "missing_done"
     assert messages["tool_call"].reason == "invalid_tool_arguments"
     assert matrix.failed == len(matrix.cells)

@@ -8,8 +8,8 @@ counted; events relayed against events logged) are measured and printed (``-s``)
 then a burst of 200 limited requests is admitted exactly at its limit.
 
 Cluster: streams whose logs lie on every master; one master SIGKILLed; its replica
-takes over; the streams on the other masters' slots never notice, those on the lost
-master's are resumed whole, cut (owner_lost) or unknown, as docs/deployment.md says.
+takes over; the streams on the other masters' slots never notice (resumed whole);
+what became of those on the lost master's is printed (docs/deployment.md).
 
 Each test starts its own deployment (it kills a node of it) and stops it by PID.
 """

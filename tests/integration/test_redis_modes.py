@@ -315,3 +315,30 @@ def test_the_compose_ha_profile_makes_a_working_sentinel_set(tmp_path: Path) -> 
             proc.terminate()
         for proc in procs:
             proc.wait(10)
+
+
+@pytest.mark.parametrize("mode", ["cluster", "sentinel"])
+def test_pub_sub_through_the_factorys_client(request: pytest.FixtureRequest, mode: str) -> None:
+    """A message published by one client reaches another's subscription (issued keys'
+    changes go this way): on a cluster, through the cluster bus, whatever nodes the two
+    clients picked."""
+    target = _target(request, mode)
+
+    async def main() -> Any:
+        publisher = async_client(target, socket_timeout=None, connect_timeout=2.0)
+        listener = async_client(target, socket_timeout=None, connect_timeout=2.0)
+        pubsub = listener.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe("t:changes")
+            async with asyncio.timeout(10):
+                while True:  # published until the subscription has it (it may lag)
+                    await publisher.publish("t:changes", b"v1")
+                    message = await pubsub.get_message(timeout=0.2)
+                    if message is not None:
+                        return message["data"]
+        finally:
+            await pubsub.aclose()
+            await publisher.aclose()
+            await listener.aclose()
+
+    assert asyncio.run(main()) == b"v1"

@@ -6,7 +6,6 @@ with ``schema_mismatch`` (``make run`` shows the same)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 
 from gateway.simulator import SHAPES, STRUCTURED_SCHEMA
 from tests.conftest import ServerThread
-from tests.integration.helpers import annotation, gateway_for
+from tests.integration.helpers import annotation
 
 #: The schema of the simulator's scripted tool call's arguments.
 WEATHER = {
@@ -122,7 +121,7 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     base = f"http://127.0.0.1:{simulator.port}"
     routes = [
         {
@@ -137,8 +136,7 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
             ("ollama", "/ollama", ""),
         )
     ]
-    with gateway_for("", routes=routes) as server:
-        yield server
+    return {"routes": routes}
 
 
 @pytest.mark.parametrize("protocol", list(REQUESTS))

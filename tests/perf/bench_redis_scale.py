@@ -131,10 +131,35 @@ def _measure(upstream: str, redis: str, burst: int, streams: int) -> dict[str, f
     }
 
 
+def _single(upstream: str, burst: int, streams: int) -> dict[str, float]:
+    single = RedisServer().start()
+    try:
+        return _measure(upstream, f'redis_url = "{single.url}"', burst, streams)
+    finally:
+        single.stop()
+
+
+def _cluster(upstream: str, burst: int, streams: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as directory:
+        cluster = ClusterSet(Path(directory))
+        try:
+            cluster.start()
+            settings = (
+                f'redis_url = "{cluster.url}"\nredis_mode = "cluster"\n'
+                f"redis_nodes = {json.dumps(cluster.nodes)}"
+            )
+            return _measure(upstream, settings, burst, streams)
+        finally:
+            cluster.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument(
+        "--cluster-first", action="store_true", help="measure the cluster first (order effects)"
+    )
     args = parser.parse_args()
     sim_port = free_port()
     simulator = subprocess.Popen(
@@ -145,24 +170,11 @@ def main() -> int:
     upstream = f"http://127.0.0.1:{sim_port}/v1"
     results: dict[str, dict[str, float]] = {}
     try:
-        single = RedisServer().start()
-        try:
-            results["one Redis"] = _measure(
-                upstream, f'redis_url = "{single.url}"', args.burst, args.streams
-            )
-        finally:
-            single.stop()
-        with tempfile.TemporaryDirectory() as directory:
-            cluster = ClusterSet(Path(directory))
-            try:
-                cluster.start()
-                settings = (
-                    f'redis_url = "{cluster.url}"\nredis_mode = "cluster"\n'
-                    f"redis_nodes = {json.dumps(cluster.nodes)}"
-                )
-                results["3-master cluster"] = _measure(upstream, settings, args.burst, args.streams)
-            finally:
-                cluster.stop()
+        for deployment in ("cluster", "single") if args.cluster_first else ("single", "cluster"):
+            if deployment == "single":
+                results["one Redis"] = _single(upstream, args.burst, args.streams)
+            else:
+                results["3-master cluster"] = _cluster(upstream, args.burst, args.streams)
     finally:
         simulator.terminate()
         simulator.wait(10)

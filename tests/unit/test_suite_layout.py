@@ -38,3 +38,20 @@ def test_a_contract_test_defines_no_copy_of_the_shared_helpers(path: Path) -> No
         node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     assert defined & _SHARED == set()
+
+
+def test_an_integration_module_configures_its_gateway_and_defines_none() -> None:
+    """The integration ``gateway`` fixtures live in tests/integration/conftest.py; a module
+    gives its settings (``gateway_settings``), never a ``gateway`` fixture of its own."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "integration"
+    own = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(folder.glob("test_*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name in {"gateway", "strict_gateway"}
+    ]
+    assert not own, own
