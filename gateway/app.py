@@ -67,6 +67,7 @@ from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
+from gateway.proxy.partial import PartialEvents
 from gateway.proxy.relay import Relay
 from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
@@ -401,6 +402,9 @@ class _Gateway:
             admission=admission,
             bodies=bodies,
             forwarding=self.forwarding,
+            partial=PartialEvents(
+                settings.limits.max_partial_event_bytes, metrics.partial_event_refused
+            ),
             tracer=self.tracing,
             stages=self._stages(Rewriter(bodies, admission), admission, spend, resumes, cache),
         )

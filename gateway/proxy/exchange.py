@@ -21,6 +21,7 @@ from gateway.observe import RequestRecord
 from gateway.policy.routing import Route, Target
 from gateway.protocols import ANY_PATH, ProtocolSpec
 from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
+from gateway.proxy.partial import PartialEvents
 from gateway.settings import Timeouts
 
 #: What a stage hands the relay to be told that a guarded stream's head is about to go
@@ -77,6 +78,10 @@ class Exchange:
     #: request turns out not free after all (the cached answer expired before it was
     #: served); False: the request was refused (answered), it goes no further.
     not_free: Callable[[], Awaitable[bool]] | None = None
+    #: The worker's bound on unfinished events' bytes (``gateway.proxy.partial``).
+    partial: PartialEvents | None = None
+    #: This stream's bytes of an unfinished event, as held against ``partial``.
+    partial_held: int = 0
     #: Words the stages add to the stream's trailer comment (``key=value``), each asked
     #: once the verdict is known, just before the trailer is written.
     trailer_words: list[Callable[[], str]] = field(default_factory=list)

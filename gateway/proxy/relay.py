@@ -94,6 +94,7 @@ from gateway.proxy.headers import (
     with_credential,
     without_key,
 )
+from gateway.proxy.partial import PartialEvents
 from gateway.proxy.refusal import send_refusal
 from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
@@ -138,6 +139,7 @@ class Relay:
         admission: Admission,
         bodies: BodyParser,
         forwarding: Forwarding,
+        partial: PartialEvents,
         tracer: TraceHook | None = None,
         stages: Sequence[Stage] = (),
     ) -> None:
@@ -151,6 +153,8 @@ class Relay:
         self.bodies = bodies
         self.rewriter = Rewriter(bodies, admission)
         self.forwarding = forwarding
+        #: What all streams may hold of events not yet whole (gateway.proxy.partial).
+        self.partial = partial
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
@@ -180,6 +184,7 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
+        exchange.partial = self.partial
         # Known from the path before admission: its refusals speak the protocol too.
         exchange.spec = route.spec_for(scope["path"][len(route.config.prefix) :])
         watcher: asyncio.Task[None] | None = None
