@@ -143,6 +143,8 @@ class Resumes:
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
             meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
+            if exchange.withhold_usage:  # the gateway asked for usage: not the client's
+                meta["withhold_usage"] = "1"
         try:
             writer = await self.store.open(
                 owner_of(exchange),

@@ -85,6 +85,7 @@ async def _logged_guard(
         ContractOptions(
             require_finish_reason=route.config.require_finish_reason,
             end_on_finish=route.config.termination == "finish",
+            withhold_usage=info.meta.get("withhold_usage") == "1",
         )
     )
     if route.config.continue_after_cut and hasattr(contract, "keep_text"):
@@ -180,6 +181,8 @@ async def _continue(
     exchange = Exchange(task, route, scope, _nowhere, record)
     exchange.events.add(writer)
     exchange.spec = spec
+    # The usage chunk the gateway asked for on the client's behalf stays withheld.
+    exchange.withhold_usage = meta.get("withhold_usage") == "1"
     exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
     # What the continuation asks of the cut: a reason that blames the upstream's side.
     guard.abort(Reason.UPSTREAM_DISCONNECT)

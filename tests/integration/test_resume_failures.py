@@ -365,3 +365,40 @@ def test_one_cursor_rule_for_every_ending_and_ids_only_where_events_have_them(
     assert logged, out[-1500:]
     assert {(line["stream"], line["outcome"]) for line in logged} >= {(True, "complete")}
     assert all(line["stream"] and line["outcome"] for line in logged)
+
+
+def test_a_takeovers_continuation_withholds_the_usage_the_gateway_asked_for(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """inject_include_usage on a continuing route: the owner SIGKILLed mid-stream, the
+    takeover's continuation keeps withholding the usage chunk the client never asked
+    for (the log's meta says the gateway asked), as the owner would have."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+redis_url = "{redis.url}"
+stream_lease_seconds = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+resume = true
+continue_after_cut = true
+inject_include_usage = true
+[[routes.upstreams]]
+name = "sim"
+url = "{simulator.url}/v1"
+continuation = "assistant_prefill"
+""")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    headers = {"x-sim-tokens": "200", "x-sim-tps": "40", "x-sim-seed": "8"}
+    with two_gateways(path) as (a, b):
+        whole = web.post(b.url + CHAT, json=body, headers=headers, timeout=60).content
+        stream_id, _, head = cut_after(a.url + CHAT, body, headers, 5)
+        time.sleep(0.5)  # a few more events reach the log
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait(30)
+        rest = resume(b.url + "/v1", stream_id, 5, headers={})
+    assert b'"choices":[]' not in whole.replace(b" ", b"")  # withheld by a live relay
+    got = head + rest.content
+    assert annotation(got).get("continued") == "1"
+    assert b'"choices":[]' not in got.replace(b" ", b"")
