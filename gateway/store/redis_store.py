@@ -566,6 +566,9 @@ class RedisStore:
                 if now - writer.written_at >= writer.renew_every:
                     self.dirty(writer)
 
+    async def available(self) -> None:
+        await self._back.wait()
+
     async def prepare(self) -> None:
         try:
             async with asyncio.timeout(self.timeout):

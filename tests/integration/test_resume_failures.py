@@ -402,3 +402,47 @@ continuation = "assistant_prefill"
     got = head + rest.content
     assert annotation(got).get("continued") == "1"
     assert b'"choices":[]' not in got.replace(b" ", b"")
+
+
+def test_a_redis_pause_under_a_cached_leader_never_cuts_its_followers(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """A cache route on two gateways: the leader's answer on A, an identical request
+    following it on B, Redis SIGSTOPped for 5 s meanwhile: the follower gets the
+    leader's whole answer and ending once Redis is back (before: cut, no ending)."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+redis_url = "{redis.url}"
+stream_store_timeout = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+upstream = "{simulator.url}/v1"
+cache = true
+""")
+    headers = {"x-sim-tokens": "80", "x-sim-tps": "10", "x-sim-seed": "6"}
+    with two_gateways(path) as (a, b):
+        answers: dict[str, Any] = {}
+
+        def ask(name: str, url: str) -> None:
+            answers[name] = web.post(url + CHAT, json=BODY, headers=headers, timeout=120)
+
+        leader = threading.Thread(target=ask, args=("leader", a.url))
+        leader.start()
+        time.sleep(1.0)  # the leader's log is there (a MISS takes the name at once)
+        follower = threading.Thread(target=ask, args=("follower", b.url))
+        follower.start()
+        time.sleep(1.0)  # the follower reads the live log
+        with paused(redis):
+            time.sleep(5)
+        leader.join(120)
+        follower.join(120)
+    lead, follow_ = answers["leader"], answers["follower"]
+    assert lead.headers["x-gateway-cache"] == "MISS"
+    assert follow_.headers["x-gateway-cache"] == "HIT"
+    assert annotation(lead.content)["outcome"] == "complete"
+    assert b": gateway outcome=complete reason=stop" in follow_.content
+    done = b"data: [DONE]\n\n"
+    assert follow_.content.split(done)[0] == lead.content.split(done)[0]
+    assert follow_.content.count(done) == 1
