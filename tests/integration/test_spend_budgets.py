@@ -383,3 +383,23 @@ def test_a_receipt_carries_the_schema_verdict() -> None:
         assert Decimal(receipt["cost"]["usd"]) == expected
 
     asyncio.run(test())
+
+
+def test_a_whole_stream_whose_upstream_sent_no_usage_is_charged_its_estimate_labelled(
+    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """boss has no limits: its stream is not asked for usage, and none comes. It is
+    charged the estimate of its input and of what was relayed, labelled estimated."""
+    answer = _post(gw, "boss", "no-usage-1", "/v1/chat/completions", {**CHAT, "stream": True})
+    assert answer.status_code == 200
+    assert b'"usage":{' not in answer.content
+    line = access_log_line(capsys, "no-usage-1")
+    assert line["outcome"] == "complete"
+    assert line["usage"] is None
+    assert line["spend"]["evidence"] == "estimated"
+    charged = line["charged"]
+    expected = _table(
+        "gpt-4o", "openai", input_tokens=charged["input"], output_tokens=charged["output"]
+    )
+    assert expected > 0
+    assert abs(_priced(line) - expected) < TOLERANCE
