@@ -1,6 +1,7 @@
 """The response cache: one request's way through it, and what decides an entry.
 
-For a request on a route with ``cache = true`` the relay asks, in order:
+For a request on a route with ``cache = true`` its stages (``gateway.cache.stage``)
+ask, in order:
 
 - ``plan``: the request's key (``gateway.cache.key``; a body over the body
   parser's bound is hashed in its helper process, never on the loop) and its
@@ -241,18 +242,16 @@ class ResponseCache:
     # -- hit, follow, or lead ------------------------------------------------------------
 
     async def peek(self, plan: Plan) -> bool:
-        """Whether a whole entry would answer the request (kept for ``serve``): a named
-        client's limits then count the request and no tokens."""
+        """Whether a whole entry would answer the request (what is found is kept for
+        ``serve``): the limits then count the request and no tokens."""
         if plan.key is None or not plan.controls.reads:
             return False
         try:
             source = await self._find(entry_name(plan.key), plan.controls, plan.ttl)
         except StoreError:
             return False
-        if source is None or source.info.end is None:
-            return False
-        plan.source = source
-        return True
+        plan.source = source  # serve starts from it (no second look-up)
+        return source is not None and source.info.end is not None
 
     async def serve(self, exchange: Exchange, plan: Plan) -> bool:
         """Answer from the cache (True), or make ready to go upstream (False): the

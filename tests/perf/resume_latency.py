@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from gateway.resume.events import Splitter
+from tests.client_events import Splitter
 from tests.conftest import running
 from tests.integration.helpers import gateway_for
 from tests.integration.redis_server import redis_server
