@@ -38,6 +38,8 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway import __version__
+from gateway.cache import ResponseCache, build_cache
+from gateway.cache.stage import CacheStages
 from gateway.capture.writer import CaptureWriter
 from gateway.keys.api import KeysApi
 from gateway.keys.registry import Registry
@@ -45,6 +47,7 @@ from gateway.keys.setup import build_store
 from gateway.keys.stage import KeyModels
 from gateway.keys.store import StoreUnavailable
 from gateway.lifecycle import Lifecycle
+from gateway.limits import Limiter, build_limiter
 from gateway.limits.status import client_use
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observer, Observers, TracingHook
 from gateway.observe.accesslog import QUEUE_LINES
@@ -57,27 +60,54 @@ from gateway.observe.status_share import StatusShare
 from gateway.policy.routing import Route as ProxyRoute
 from gateway.policy.routing import match_route
 from gateway.protocols import ANY_PATH, REGISTRY, detect
+from gateway.proxy.admission import Admission, warn_uncredentialed
+from gateway.proxy.ask_usage import AskUsage
+from gateway.proxy.client_limits import ClientLimits
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers, send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import Forwarding, get_header, request_id_of
+from gateway.proxy.partial import PartialEvents
 from gateway.proxy.relay import Relay
+from gateway.proxy.request_body import BodyParser
+from gateway.proxy.rewrite import Rewriter
 from gateway.proxy.schema_stage import SchemaStage
+from gateway.proxy.slots import StreamSlots
 from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
+from gateway.resume import Resumes, build_resumes
+from gateway.resume.stage import ResumeStage
 from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
-from gateway.settings import RouteConfig, Settings
-from gateway.spend import build_stage
+from gateway.settings import ISSUED_AWS_KEYS, RouteConfig, Settings
+from gateway.spend import Spend, build_spend, build_stage
 from gateway.spend.stage import SpendStage, status_rows
-from gateway.store import StoreError
+from gateway.store import StoreError, StreamStore
+from gateway.store import build_store as build_stream_store
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("gateway")
+
+
+def _never(client: str) -> bool:
+    """No client is charged what the provider reports (no client has limits)."""
+    return False
+
+
+def stream_store(settings: Settings) -> StreamStore | None:
+    """The configured stream store when a route resumes or caches; else None."""
+    if not any(route.resume or route.cache for route in settings.effective_routes()):
+        return None
+    return build_stream_store(
+        settings.stream_store,
+        max_bytes=settings.stream_store_max_bytes,
+        redis=settings.redis_target(),
+        timeout=settings.stream_store_timeout,
+    )
 
 
 class GatewayApp(Starlette):
@@ -186,6 +216,11 @@ class _Gateway:
         self.access_log.on_error = self.observers.failed
         self.model_labels = ModelLabels(settings.model_labels, settings.max_model_labels)
         self.relay: Relay | None = None
+        #: Built with the relay (``_open_relay``): the named clients' limits and the
+        #: stream store, each None when nothing uses it.
+        self.limiter: Limiter | None = None
+        self.store: StreamStore | None = None
+        self.cache: ResponseCache | None = None
         #: Keys issued at run time (``keys.store``): the admin API and this process's copy.
         self.keys_api: KeysApi | None = None
         self.key_registry: Registry | None = None
@@ -297,36 +332,41 @@ class _Gateway:
         self._owns(stack, "access_log", close_access_log)
 
     async def _open_relay(self, stack: contextlib.AsyncExitStack) -> None:
+        """The relay and every part it and its stages are handed, each one's close
+        registered the moment it exists (the one place they are built)."""
+        settings, metrics = self.settings, self.metrics
         upstream = (
             create_upstream(
-                self.settings.upstream_transport,
-                self.settings.upstream_max_connections,
-                self.settings.timeouts.connect,
+                settings.upstream_transport,
+                settings.upstream_max_connections,
+                settings.timeouts.connect,
             )
             if self.transport is None
-            else Upstream(self.transport, self.settings.timeouts.connect)
+            else Upstream(self.transport, settings.timeouts.connect)
         )
         self._owns(stack, "upstream", upstream.aclose)
-        self.spend_stage = build_stage(self.settings)
+        self.spend_stage = build_stage(settings)
         if self.spend_stage is not None:
             self._owns(stack, "receipts", self.spend_stage.close)
-        relay = Relay(
-            settings=self.settings,
-            upstream=upstream,
-            metrics=self.metrics,
-            observers=self.observers,
-            model_labels=self.model_labels,
-            lifecycle=self.lifecycle,
-            tracer=self.tracing,
-            stages=self._stages(),
+        admission = Admission(
+            settings.limits,
+            settings.client_key_sha256,
+            settings.effective_routes(),
+            settings.clients,
+            settings.credentials.get(ISSUED_AWS_KEYS),
         )
-        self.relay = relay
-        self._owns(stack, "bodies", relay.bodies.close)  # the body parser's helper process
-        limiter = relay.limiter
+        warn_uncredentialed(settings, admission)
+        bodies = BodyParser(count_input=bool(settings.clients))
+        self._owns(stack, "bodies", bodies.close)  # the body parser's helper process
+        #: The named clients' limits; None when no client has any (nothing to ask).
+        self.limiter = limiter = build_limiter(
+            settings, metrics.limit_backend_failed, metrics.budget
+        )
         if limiter is not None:
             self._owns(stack, "limiter", limiter.close)  # before its start, which may fail
             await limiter.start()
-        store = relay.store
+        #: The stream store, shared by resumable streams and the response cache.
+        self.store = store = stream_store(settings)
         if store is not None:
             self._owns(stack, "stream_store", store.close)
             try:
@@ -337,21 +377,41 @@ class _Gateway:
                     "resume and answers uncached until it answers",
                     exc,
                 )
-        cache = relay.cache
+        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
+        spend = build_spend(settings)
+        resumes = build_resumes(settings, metrics, upstream, store)
+        self.cache = cache = build_cache(settings, metrics, bodies, store)
         if cache is not None:
             self._owns(stack, "cache", cache.close)
         log.info(
             "limits: backend %s, stream store %s, %d named clients (%d limited)",
-            self.settings.limits_backend
+            settings.limits_backend
             + ("" if limiter is not None else " (unused: no client has limits)"),
-            self.settings.stream_store
+            settings.stream_store
             + ("" if store is not None else " (unused: no route resumes or caches)"),
-            len(self.settings.clients),
+            len(settings.clients),
             len(limiter.clients()) if limiter is not None else 0,
         )
+        relay = Relay(
+            settings=settings,
+            upstream=upstream,
+            metrics=metrics,
+            observers=self.observers,
+            model_labels=self.model_labels,
+            lifecycle=self.lifecycle,
+            admission=admission,
+            bodies=bodies,
+            forwarding=self.forwarding,
+            partial=PartialEvents(
+                settings.limits.max_partial_event_bytes, metrics.partial_event_refused
+            ),
+            tracer=self.tracing,
+            stages=self._stages(Rewriter(bodies, admission), admission, spend, resumes, cache),
+        )
+        self.relay = relay
         self.ws_relay = WebSocketRelay(
             settings=self.settings,
-            admission=relay.admission,
+            admission=admission,
             metrics=self.metrics,
             observers=self.observers,
             access_log=self.access_log,
@@ -359,7 +419,7 @@ class _Gateway:
             lifecycle=self.lifecycle,
             forwarding=self.forwarding,
             limiter=limiter,
-            spend=relay.spend,
+            spend=spend,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:
@@ -373,7 +433,7 @@ class _Gateway:
 
         configured = frozenset(c.name for c in self.settings.clients)
         registry.configured = configured
-        registry.on_change = limiter_follows(relay.limiter, configured)
+        registry.on_change = limiter_follows(self.limiter, configured)
         self._owns(stack, "keys", registry.close)
         try:
             await registry.load()
@@ -385,14 +445,36 @@ class _Gateway:
         admins = frozenset(c.name for c in self.settings.clients if c.keys_admin)
         self.keys_api = KeysApi(service, relay.admission, admins)
 
-    def _stages(self) -> list[Stage]:
+    def _stages(
+        self,
+        rewriter: Rewriter,
+        admission: Admission,
+        spend: Spend,
+        resumes: Resumes | None,
+        cache: ResponseCache | None,
+    ) -> list[Stage]:
         """The optional features on a request's way, outermost first (gateway.proxy.stages):
-        the one place their order is written."""
+        the one place their order is written. The rules it keeps: a resume is answered
+        before the cache is asked; the cache looks a request up before the limits (a
+        whole cached answer spends no tokens, but is counted as a request) and answers
+        it after them and the stream slot; the limits settle last of all that."""
+        settings, metrics, limiter = self.settings, self.metrics, self.limiter
         stages: list[Stage] = []
         if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
             stages.append(self.spend_stage)
         if self.key_registry is not None:  # an issued key's models
             stages.append(KeyModels(self.key_registry))
+        if resumes is not None:
+            stages.append(ResumeStage(resumes))
+        cached = CacheStages(cache) if cache is not None else None
+        if cached is not None:
+            stages.append(cached.lookup)
+        stages.append(AskUsage(rewriter, limiter.limited if limiter is not None else _never))
+        if settings.clients:
+            stages.append(ClientLimits(limiter, spend, rewriter, metrics))
+        stages.append(StreamSlots(admission, metrics))
+        if cached is not None:
+            stages.append(cached.serve)
         # innermost: it reads the answer as relayed (a route's schema_check says what a
         # fault does); a request without a schema passes with one substring search
         stages.append(SchemaStage())
@@ -492,7 +574,7 @@ class _Gateway:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(self, request: Request) -> Response:
-        limiter = self.relay.limiter if self.relay is not None else None
+        limiter = self.limiter
         if self.lifecycle.ready and limiter is not None and not limiter.ready:
             # Ready means limited: not before the limits backend has answered once.
             return JSONResponse({"status": "limits_backend_unavailable"}, status_code=503)
@@ -501,7 +583,7 @@ class _Gateway:
             # streams are served all the same (without resume, uncached; limited ones as
             # on_backend_error says), by every replica alike.
             body: dict[str, object] = {"status": "ready"}
-            store = self.relay.store if self.relay is not None else None
+            store = self.store
             if store is not None and store.down_since is not None:
                 down = round(time.monotonic() - store.down_since, 1)
                 body |= {"stream_store": "unavailable", "stream_store_down_seconds": down}
@@ -541,8 +623,8 @@ class _Gateway:
         if refusal is not None:
             return refusal
         view = dataclasses.replace(self._status_view(board), services=self._services(relay))
-        if relay.limiter is not None:
-            view = dataclasses.replace(view, clients=await client_use(relay.limiter))
+        if self.limiter is not None:
+            view = dataclasses.replace(view, clients=await client_use(self.limiter))
         if self.spend_stage is not None:
             spend = await status_rows(self.spend_stage.ledger, time.time())
             view = dataclasses.replace(view, spend=spend)
@@ -577,7 +659,7 @@ class _Gateway:
             names = [r.name for r in self.routes if getattr(r.config, flag)]
             return "on for routes " + ", ".join(names) if names else "off (no route)"
 
-        store, limiter = relay.store, relay.limiter
+        store, limiter = self.store, self.limiter
         held = (
             f"{store.size / 2**20:.1f} MiB of {settings.stream_store_max_bytes / 2**20:.0f} MiB "
             "held (this process's account)"

@@ -218,6 +218,12 @@ class GatewayLimits(_Strict):
     max_event_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="Largest SSE event data (an event stream frame)."
     )
+    max_partial_event_bytes: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="What all streams of a worker may hold of events not yet whole, together "
+        "(a stream that would pass it ends limit_exceeded).",
+    )
     max_concurrent_streams: int | None = Field(
         None, gt=0, description="Global cap on concurrent streams (503 beyond)."
     )

@@ -5,8 +5,8 @@ what an entry's log holds; ``recorder`` tees the leader's sends into its log;
 ``judge`` decides whether an answer becomes an entry; ``admin`` answers the
 DELETE of an entry; ``cache`` is a request's way through it all (hit, follow
 a leader live, or lead and record) over the stream store (``gateway.store``).
-The relay calls ``plan``, ``peek`` (for a named client's limits), ``serve``
-and ``settle``.
+Its two stages (``stage``: ``lookup`` before the limits, ``serve`` after them)
+call ``plan``, ``peek``, ``serve`` and ``settle``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The response cache: one request's way through it, and what decides an entry.
 
-For a request on a route with ``cache = true`` the relay asks, in order:
+For a request on a route with ``cache = true`` its stages (``gateway.cache.stage``)
+ask, in order:
 
 - ``plan``: the request's key (``gateway.cache.key``; a body over the body
   parser's bound is hashed in its helper process, never on the loop) and its
@@ -87,6 +88,9 @@ _LEASE_SECONDS = 10.0
 _REFUSED_GRACE_SECONDS = 60.0
 #: A follower looks at its leader this often while no event comes.
 _FOLLOW_WAIT = 1.0
+#: How long a follower waits on a leader whose lease lapsed (a writer cut off from a
+#: store that was away takes it back within a second of its return) before it gives up.
+_ORPHAN_GRACE_SECONDS = 3 * _FOLLOW_WAIT
 _REASONS = frozenset(str(reason) for reason in Reason)
 
 
@@ -238,18 +242,16 @@ class ResponseCache:
     # -- hit, follow, or lead ------------------------------------------------------------
 
     async def peek(self, plan: Plan) -> bool:
-        """Whether a whole entry would answer the request (kept for ``serve``): a named
-        client's limits then count the request and no tokens."""
+        """Whether a whole entry would answer the request (what is found is kept for
+        ``serve``): the limits then count the request and no tokens."""
         if plan.key is None or not plan.controls.reads:
             return False
         try:
             source = await self._find(entry_name(plan.key), plan.controls, plan.ttl)
         except StoreError:
             return False
-        if source is None or source.info.end is None:
-            return False
-        plan.source = source
-        return True
+        plan.source = source  # serve starts from it (no second look-up)
+        return source is not None and source.info.end is not None
 
     async def serve(self, exchange: Exchange, plan: Plan) -> bool:
         """Answer from the cache (True), or make ready to go upstream (False): the
@@ -440,36 +442,57 @@ class ResponseCache:
         """Send the log's head and events, then its ending; False when it had no head
         (nothing was sent: the request goes upstream). Each send is bounded by the
         client-send timeout (a client that stops reading is dropped), all of it by the
-        route's total."""
+        route's total. A store that goes away under a follower is waited for (its
+        leader's writer logs what it relayed meanwhile once the store is back), as is
+        a leader whose lease lapsed, a moment (``_ORPHAN_GRACE_SECONDS``)."""
         record = exchange.record
         send = _Sends(exchange)
         started = False
+        after = 0  # the log's events read so far (the head's included)
+        orphaned_at: float | None = None
         try:
-            async for batch in follow(self.store, source.stream_id, 0, wait=_FOLLOW_WAIT):
-                events = batch.events
-                if events and not started:
-                    status, headers = decode_head(events[0])
-                    headers = with_request_id(headers, record.request_id)
-                    headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
-                    await send(
-                        {"type": "http.response.start", "status": status, "headers": headers}
-                    )
-                    record.status = status
-                    record.time_to_first_byte = time.monotonic() - record.started
-                    started = True
-                    events = events[1:]
-                for event in events:
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
-                    record.bytes_out += len(event)
-                if batch.end is not None:
+            while True:
+                try:
+                    async for batch in follow(
+                        self.store, source.stream_id, after, wait=_FOLLOW_WAIT
+                    ):
+                        after += len(batch.events)
+                        events = batch.events
+                        if events and not started:
+                            status, headers = decode_head(events[0])
+                            headers = with_request_id(headers, record.request_id)
+                            headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
+                            await send(
+                                {"type": "http.response.start", "status": status,
+                                 "headers": headers}
+                            )  # fmt: skip
+                            record.status = status
+                            record.time_to_first_byte = time.monotonic() - record.started
+                            started = True
+                            events = events[1:]
+                        for event in events:
+                            await send(
+                                {"type": "http.response.body", "body": event, "more_body": True}
+                            )
+                            record.bytes_out += len(event)
+                        if batch.end is not None:
+                            if not started:
+                                return False
+                            await self._end(exchange, batch.end, age, send)
+                            return True
+                        if batch.events:
+                            orphaned_at = None
+                        elif not await self._alive(source.stream_id):
+                            if not started:
+                                return False
+                            now = time.monotonic()
+                            orphaned_at = orphaned_at or now
+                            if now - orphaned_at > _ORPHAN_GRACE_SECONDS:
+                                raise AbortConnection
+                except StoreError:
                     if not started:
                         return False
-                    await self._end(exchange, batch.end, age, send)
-                    return True
-                if not batch.events and not await self._alive(source.stream_id):
-                    if not started:
-                        return False
-                    raise AbortConnection
+                    await self.store.available()
         except (Vanished, StoreError, Gone, BeyondEnd):
             # expired, deleted, unreachable, or stopped at its byte bound (an answer
             # longer than cache_max_entry_bytes): nothing more can be read of it

@@ -404,6 +404,13 @@ class Metrics:
         "Upstream comment lines that began with the annotation's prefix, never relayed.",
         ("route",),
     )
+    partial_event_refusals = Declared(
+        "gateway_partial_event_refusals_total",
+        Counter,
+        "Streams ended because all streams together held limits.max_partial_event_bytes "
+        "of unfinished events.",
+        ("route",),
+    )
     captures_written = Declared(
         "gateway_captures_written_total",
         Counter,
@@ -552,6 +559,9 @@ class Metrics:
 
     def forged_annotations_dropped(self, route: str, count: int) -> None:
         self._child(self.forged_annotations, route).inc(count)
+
+    def partial_event_refused(self, route: str) -> None:
+        self._child(self.partial_event_refusals, route).inc()
 
     def capture_written(self, route: str) -> None:
         self._child(self.captures_written, route).inc()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ from gateway.policy.routing import PathRejected, Route, Target, request_target, 
 from gateway.protocols.credentials import CredentialStyle, presented_key
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
-from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig
+from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig, Settings
+
+log = logging.getLogger("gateway")
 
 __all__ = [
     "ANONYMOUS_CALLER",
@@ -61,6 +64,7 @@ __all__ = [
     "Refused",
     "body_weight",
     "presented_key",
+    "warn_uncredentialed",
 ]
 
 
@@ -445,3 +449,16 @@ def _too_large(limit: int) -> Refused:
         f"Request body exceeds the gateway limit of {limit} bytes.",
         "invalid_request_error",
     )
+
+
+def warn_uncredentialed(settings: Settings, admission: Admission) -> None:
+    """Say at start which routes take client keys but send the upstream no credential."""
+    for route in settings.effective_routes():
+        bare = [u.name for u in route.pool() if not u.credential_env and u.aws is None]
+        if bare and admission.takes_keys(route.name):
+            log.warning(
+                "route %s: clients authenticate with gateway keys, which are not forwarded, "
+                "and upstream(s) %s have no credential_env: they get no credential",
+                route.name,
+                ", ".join(bare),
+            )

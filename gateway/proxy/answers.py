@@ -165,6 +165,29 @@ def _stream_reader(exchange: Exchange, response: httpx.Response) -> ReadChunk:
     return read
 
 
+#: Bytes of whole events let through that are held against the bound until sent (a
+#: chunk's worth below it is not worth a second account).
+_UNSENT_COUNTED = 64 * 1024
+
+
+def _fed(exchange: Exchange, guard: StreamGuard, unsent: int = 0) -> None:
+    """After a feed: the stream's unfinished event, and the ``unsent`` bytes it let
+    through until they are sent, held against the worker's bound
+    (``gateway.proxy.partial``); past it, ``guard`` ends ``limit_exceeded``."""
+    partial = exchange.partial
+    if partial is not None:
+        exchange.partial_held = partial.fed(
+            guard, exchange.partial_held, exchange.route.name, unsent
+        )
+
+
+def _unfed(exchange: Exchange) -> None:
+    """The stream holds no unfinished event against the bound any more."""
+    if exchange.partial is not None:
+        exchange.partial.hold(exchange.partial_held, 0)
+    exchange.partial_held = 0
+
+
 async def hold_stream(exchange: Exchange, response: httpx.Response, guard: StreamGuard) -> Held:
     """Read a 2xx event stream into ``guard`` until its first event, its end or a failure.
 
@@ -194,6 +217,7 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
                 break
             got = True
             data = guard.feed(chunk)
+            _fed(exchange, guard)
             if data:
                 out.append(data)
                 size += len(data)
@@ -209,6 +233,8 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
         guard.abort(Reason.INVALID_SHAPE, "the upstream's content encoding is broken")
     except httpx.TransportError:
         guard.abort(Reason.UPSTREAM_DISCONNECT)
+    finally:
+        _unfed(exchange)  # counted again by the relay's first read, if it relays it
     verdict = guard.verdict
     failure = verdict.reason if verdict is not None and not verdict.complete else None
     return Held(b"".join(out), failure, read=read)
@@ -561,12 +587,15 @@ async def relay_stream(
             else:
                 watchdog.first_chunk()
             out = guard.feed(chunk)
+            _fed(exchange, guard, len(out))
             if contract.content_events != timing.seen:
                 timing.content(contract.content_events)
             if out:
                 if record.time_to_first_byte is None:
                     timing.first_byte()
                 await sender.body(out)
+                if len(out) > _UNSENT_COUNTED:
+                    _fed(exchange, guard)  # sent: only its unfinished event is held
             if contract.verdict is not None:
                 break
     except httpx.DecodingError:
@@ -582,6 +611,7 @@ async def relay_stream(
         guard.abort(exchange.stop_reason, force=watchdog.sending)
     finally:
         watchdog.cancel()
+        _unfed(exchange)
     rescued = None
     verdict = guard.verdict
     if rescue is not None and verdict is not None and not verdict.complete:

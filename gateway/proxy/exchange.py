@@ -10,20 +10,27 @@ catches the cancellation asks ``claim_stop()`` whether it was that stop
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Scope, Send
 
-from gateway.guard import Outcome, Reason, Verdict, WholeEvents
+from gateway.guard import Outcome, Reason, StreamGuard, Verdict, WholeEvents
 from gateway.observe import RequestRecord
 from gateway.policy.routing import Route, Target
 from gateway.protocols import ANY_PATH, ProtocolSpec
 from gateway.proxy.admission import ANONYMOUS_CALLER, Caller
+from gateway.proxy.partial import PartialEvents
 from gateway.settings import Timeouts
 
-__all__ = ["AbortConnection", "Exchange", "bare_verdict"]
+#: What a stage hands the relay to be told that a guarded stream's head is about to go
+#: out (its guard, its content type, and the ``gateway.proxy.continuation.Rescuer`` of a
+#: route that continues cut streams, or None); it returns what the relay awaits once
+#: the stream ended.
+StreamOpener = Callable[[StreamGuard, str, Any], Awaitable[Callable[[], Awaitable[None]] | None]]
+
+__all__ = ["AbortConnection", "Exchange", "StreamOpener", "bare_verdict"]
 
 
 class AbortConnection(Exception):
@@ -62,6 +69,19 @@ class Exchange:
     #: The readers of the answer's whole events (``gateway.guard.whole``): the stages
     #: register them (log writers, checks); every guard of the answer hands them events.
     events: WholeEvents = field(default_factory=WholeEvents)
+    #: The stages told when a guarded stream starts (a resume's log).
+    on_stream: list[StreamOpener] = field(default_factory=list)
+    #: An earlier stage knows the answer costs no tokens (a whole cached answer will
+    #: serve it): the limits count it as a request that reserves none.
+    free: bool = False
+    #: Set by the stage that took ``free`` at its word: what a later stage calls when the
+    #: request turns out not free after all (the cached answer expired before it was
+    #: served); False: the request was refused (answered), it goes no further.
+    not_free: Callable[[], Awaitable[bool]] | None = None
+    #: The worker's bound on unfinished events' bytes (``gateway.proxy.partial``).
+    partial: PartialEvents | None = None
+    #: This stream's bytes of an unfinished event, as held against ``partial``.
+    partial_held: int = 0
     #: Words the stages add to the stream's trailer comment (``key=value``), each asked
     #: once the verdict is known, just before the trailer is written.
     trailer_words: list[Callable[[], str]] = field(default_factory=list)

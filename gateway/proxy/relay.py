@@ -40,10 +40,8 @@ from typing import Any, NamedTuple
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.cache import Plan, build_cache
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
-from gateway.limits import LimitRefused, Reservation, Uncapped, build_limiter
 from gateway.logsetup import LogGate
 from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
@@ -61,7 +59,6 @@ from gateway.policy.failover import (
     retry_after_seconds,
 )
 from gateway.policy.pool import Change, Health, Lease
-from gateway.policy.quota import NOTHING
 from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
@@ -97,15 +94,14 @@ from gateway.proxy.headers import (
     with_credential,
     without_key,
 )
-from gateway.proxy.limited import cost_of_record, send_limited, with_headers
-from gateway.proxy.request_body import BodyParser, input_estimate, strict_input
+from gateway.proxy.partial import PartialEvents
+from gateway.proxy.refusal import send_refusal
+from gateway.proxy.request_body import BodyParser
+from gateway.proxy.rewrite import Rewriter
 from gateway.proxy.stages import Stage, chain
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream, close_quietly
-from gateway.resume import build_resumes
-from gateway.settings import ANONYMOUS, ISSUED_AWS_KEYS, Settings
-from gateway.spend import build_spend
-from gateway.store import StreamStore, build_store
+from gateway.settings import Settings
 
 __all__ = ["Relay"]
 
@@ -140,6 +136,10 @@ class Relay:
         observers: Observers,
         model_labels: ModelLabels,
         lifecycle: Lifecycle,
+        admission: Admission,
+        bodies: BodyParser,
+        forwarding: Forwarding,
+        partial: PartialEvents,
         tracer: TraceHook | None = None,
         stages: Sequence[Stage] = (),
     ) -> None:
@@ -149,33 +149,19 @@ class Relay:
         self.observers = observers
         self.model_labels = model_labels
         self.lifecycle = lifecycle
-        self.admission = Admission(
-            settings.limits,
-            settings.client_key_sha256,
-            settings.effective_routes(),
-            settings.clients,
-            settings.credentials.get(ISSUED_AWS_KEYS),
-        )
-        self.bodies = BodyParser(count_input=bool(settings.clients))
-        warn_uncredentialed(settings, self.admission)
-        #: The named clients' limits; None when no client has any (nothing to ask).
-        self.limiter = build_limiter(settings, metrics.limit_backend_failed, metrics.budget)
-        #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
-        self.spend = build_spend(settings)
-        #: The stream store (``stream_store``), shared by resumable streams and the response
-        #: cache; None when no route resumes or caches. The app opens and closes it.
-        self.store = _stream_store(settings)
-        #: Resumable streams (gateway.resume); None when no route has resume on.
-        self.resumes = build_resumes(settings, metrics, upstream, self.store)
-        #: The response cache; None when no route caches (``gateway.cache``).
-        self.cache = build_cache(settings, metrics, self.bodies, self.store)
-        self.forwarding = Forwarding(settings.trusted_proxies)
+        self.admission = admission
+        self.bodies = bodies
+        self.rewriter = Rewriter(bodies, admission)
+        self.forwarding = forwarding
+        #: What all streams may hold of events not yet whole (gateway.proxy.partial).
+        self.partial = partial
         self.tracer = tracer
         # With a trace hook, the client's trace headers give way to the hook's own.
         self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
         self._forged_log = LogGate()
-        #: The app's stages around the relay's own way (gateway.proxy.stages).
-        self._stages = chain(stages, self._features)
+        #: The app's stages around the relay's own way (gateway.proxy.stages), outermost first.
+        self.stages = tuple(stages)
+        self._stages = chain(self.stages, self._last)
 
     # -- the request's life -------------------------------------------------------------
 
@@ -198,6 +184,7 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         exchange = Exchange(task, route, scope, send, record)
+        exchange.partial = self.partial
         # Known from the path before admission: its refusals speak the protocol too.
         exchange.spec = route.spec_for(scope["path"][len(route.config.prefix) :])
         watcher: asyncio.Task[None] | None = None
@@ -276,162 +263,12 @@ class Relay:
         record.stream = spec.wants_stream(rest, request_json)
         await self._stages(exchange)
 
-    async def _features(self, exchange: Exchange) -> None:
-        route, record = exchange.route, exchange.record
-        target, rest, request_json = exchange.target, exchange.rest, exchange.request_json
+    async def _last(self, exchange: Exchange) -> None:
+        """The relay's own last step, inside every stage: the attempts."""
+        target = exchange.target
         assert target is not None
-        spec = exchange.spec
-        resumes = self.resumes if route.config.resume else None
-        if resumes is not None and resumes.owns(exchange) and await resumes.serve(exchange):
-            return  # a resume, a cancel, a Responses retrieve from the log
-        limiter = self.limiter
-        limited = limiter is not None and limiter.limited(record.client_name)
-        plan = None  # the response cache's, keyed on the client's body before any rewrite
-        if self.cache is not None and route.config.cache:
-            plan = await self.cache.plan(exchange, rest, request_json)
-            if plan.answered:
-                return
-        if (
-            record.stream
-            and request_json is not None
-            # a limited client's stream is charged what the provider reports
-            and (route.config.inject_include_usage or limited)
-            and spec.ask_for_usage is not None
-            and spec.ask_for_usage(request_json)
-        ):
-            changes = {"stream_options": request_json["stream_options"]}
-            rewritten = await self.bodies.rewrite(exchange.body, changes)
-            if rewritten is not None:
-                # The client's bytes are let go: only the rewritten ones are held (the
-                # body counts body_weight times in the budget already; only growth
-                # beyond that).
-                self._hold(exchange, len(rewritten) - body_weight(route) * len(exchange.body))
-                exchange.body = rewritten
-                exchange.withhold_usage = True
-        reservation = None
-        hit = False
-        if limiter is not None and limited:
-            # A cache hit is counted as a request that spends no tokens.
-            hit = plan is not None and self.cache is not None and await self.cache.peek(plan)
-            try:
-                reservation = await self._reserve(exchange, hit)
-            except LimitRefused as refused:
-                await self._limited(exchange, refused)
-                return
-            if reservation.headers:
-                exchange.send = with_headers(exchange.send, reservation.headers)
         body, exchange.body = exchange.body, b""
-        if record.stream:
-            try:
-                self.admission.start_stream(route)
-            except Refused as refused:
-                if reservation is not None and limiter is not None:
-                    await limiter.settle(reservation, NOTHING, served=False)
-                await self._refuse(exchange, refused)
-                return
-            exchange.counted = True
-            self.metrics.stream_started(route.name)
-        try:
-            if plan is None or not await self._cached(exchange, plan):
-                if hit and reservation is not None and limiter is not None:
-                    # The predicted hit's entry expired before it was served: the request
-                    # goes upstream, on the reservation that costs (strict's bound too).
-                    await limiter.settle(reservation, NOTHING, served=False)
-                    reservation, exchange.body = None, body
-                    try:
-                        reservation = await self._reserve(exchange, False)
-                    except LimitRefused as refused:
-                        await self._limited(exchange, refused)
-                        return
-                    finally:
-                        body, exchange.body = exchange.body, b""
-                await self._send(exchange, target, body, request_json)
-        finally:
-            # What needs no wait first: a cancel during an await below (the client gone,
-            # the drain) must never leave the stream slot taken.
-            if exchange.counted:
-                self.admission.end_stream(route)
-                self.metrics.stream_ended(route.name)
-            cost = NOTHING
-            if record.client_name != ANONYMOUS:
-                # What a named client's request cost: its tokens metric, its limits.
-                cost = cost_of_record(record, input_estimate(request_json, len(body)))
-                cost = self.spend.price(exchange, cost)
-                record.charge = cost
-            try:
-                if plan is not None and self.cache is not None:
-                    await self.cache.settle(exchange, plan)
-            finally:
-                if reservation is not None and self.limiter is not None:
-                    # refused by the gateway itself (a late stream over the cap): not served
-                    served = record.rejected is None
-                    await self.limiter.settle(reservation, cost, served=served)
-                    record.budgets = reservation.left
-
-    async def _reserve(self, exchange: Exchange, hit: bool) -> Reservation:
-        """A named client's reservation for the request (a predicted cache hit's: no
-        tokens), its output capped in its body under ``strict``; LimitRefused."""
-        limiter, route, record = self.limiter, exchange.route, exchange.record
-        assert limiter is not None
-        request_json, spec = exchange.request_json, exchange.spec
-        strict = limiter.strict(record.client_name)
-        # The output the request allows itself, by its protocol's own fields.
-        output = spec.requested_output(request_json, route.config.default_output_reservation)
-        reservation = await limiter.reserve(
-            record.client_name,
-            route.name,
-            record.model,
-            0 if hit else input_estimate(request_json, len(exchange.body)),
-            0 if hit else output,
-            record.stream,
-            record.request_id,
-            route.timeouts.total,
-            strict_input(request_json, len(exchange.body)) if strict and not hit else None,
-            None if hit else self.spend.quote(exchange),
-        )
-        if reservation.output_cap is not None and not hit:  # a hit is never sent upstream
-            try:
-                await self._cap_output(exchange, request_json, reservation.output_cap)
-            except LimitRefused:
-                await limiter.settle(reservation, NOTHING, served=False)
-                raise
-        return reservation
-
-    async def _cap_output(
-        self, exchange: Exchange, request_json: dict[str, Any] | None, cap: int
-    ) -> None:
-        """``budget_enforcement = "strict"``: the request's own output limit lowered to the
-        tokens its client has left, so that the provider stops there (``length``); a body
-        too complex to rewrite is refused (``Uncapped``), never sent uncapped."""
-        spec = exchange.spec
-        if request_json is None and exchange.body and spec.output_limit:
-            # not JSON to the gateway (too complex to parse within the body parser's
-            # budget): its output limit cannot be read, nor capped
-            raise Uncapped(cap)
-        changes = spec.capped_output(request_json, cap)
-        if not changes:
-            return
-        rewritten = await self.bodies.rewrite(exchange.body, changes)
-        if rewritten is None:
-            raise Uncapped(cap)
-        self._hold(exchange, len(rewritten) - len(exchange.body))
-        exchange.body = rewritten
-
-    async def _cached(self, exchange: Exchange, plan: Plan) -> bool:
-        """Answered from the response cache (else the answer is recorded for it)."""
-        return self.cache is not None and await self.cache.serve(exchange, plan)
-
-    async def _limited(self, exchange: Exchange, refused: LimitRefused) -> None:
-        """Answer a request its client's limits refuse (429, or 503 with the backend down)."""
-        record = exchange.record
-        record.rejected = refused.rejected
-        record.status = refused.status
-        # Counted apart from gateway_rejected_requests_total: a team at its limit is no
-        # sign of an overloaded gateway.
-        self.metrics.limited(record.client_name, refused.label)
-        record.bytes_out += await send_limited(
-            exchange.send, str(exchange.spec.name), refused, record.request_id
-        )
+        await self._send(exchange, target, body, exchange.request_json)
 
     # -- the policy around attempts -------------------------------------------------------
 
@@ -797,10 +634,12 @@ class Relay:
             )
             return
         record.stream = True
-        recorder = None
-        if exchange.route.config.resume and self.resumes is not None:
+        closers = []
+        for opener in exchange.on_stream:  # the stages that follow a stream (its log)
             content_type = response.headers.get("content-type", "")
-            recorder = await self.resumes.record(exchange, guard, content_type, rescuer)
+            closer = await opener(guard, content_type, rescuer)
+            if closer is not None:
+                closers.append(closer)
         try:
             await relay_stream(
                 exchange,
@@ -812,8 +651,8 @@ class Relay:
                 rescue=rescuer.rescue if rescuer is not None else None,
             )
         finally:
-            if recorder is not None:
-                await recorder.close()
+            for close in closers:
+                await close()
             if guard.forged_comments:
                 self._forged(exchange, guard.forged_comments)
 
@@ -868,16 +707,8 @@ class Relay:
         if rewritten is None:
             return body
         # Beside the body the other upstreams get, which counts twice in the budget already.
-        self._hold(exchange, len(rewritten) - len(body))
+        self.rewriter.hold(exchange, len(rewritten) - len(body))
         return rewritten
-
-    def _hold(self, exchange: Exchange, size: int) -> None:
-        """``size`` more bytes of the request's body are held (a rewritten copy): they
-        count in the buffered-body budget until the request ends (never refused here:
-        the request is admitted already)."""
-        if size > 0:
-            self.admission.charge(size)
-            exchange.held_copies += size
 
     # -- errors of our own ----------------------------------------------------------------
 
@@ -909,16 +740,7 @@ class Relay:
 
     async def _refuse(self, exchange: Exchange, refused: Refused) -> None:
         """Answer a request refused before any upstream, and count it."""
-        exchange.record.rejected = refused.label
-        self.metrics.reject(refused.label)
-        await self._send_error(
-            exchange,
-            refused.status,
-            refused.message,
-            refused.type_,
-            refused.label,
-            refused.headers,
-        )
+        await send_refusal(exchange, refused, self.metrics)
 
     async def _fail_before_response(self, exchange: Exchange, failure: AttemptFailure) -> None:
         record = exchange.record
@@ -1006,32 +828,6 @@ class _Tally:
     def stopped(self) -> None:
         self.answered = False
         self.cancelled = True
-
-
-def _stream_store(settings: Settings) -> StreamStore | None:
-    """The configured stream store when a route resumes or caches; else None."""
-    routes = settings.effective_routes()
-    if not any(route.resume or route.cache for route in routes):
-        return None
-    return build_store(
-        settings.stream_store,
-        max_bytes=settings.stream_store_max_bytes,
-        redis=settings.redis_target(),
-        timeout=settings.stream_store_timeout,
-    )
-
-
-def warn_uncredentialed(settings: Settings, admission: Admission) -> None:
-    """Say at start which routes take client keys but send the upstream no credential."""
-    for route in settings.effective_routes():
-        bare = [u.name for u in route.pool() if not u.credential_env and u.aws is None]
-        if bare and admission.takes_keys(route.name):
-            log.warning(
-                "route %s: clients authenticate with gateway keys, which are not forwarded, "
-                "and upstream(s) %s have no credential_env: they get no credential",
-                route.name,
-                ", ".join(bare),
-            )
 
 
 def _mapped(route: Route, model: str | None) -> bool:

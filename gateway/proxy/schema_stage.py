@@ -29,7 +29,16 @@ from gateway.guard import Event, Reason, Refusal
 from gateway.protocols.structured import Structured
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
-from gateway.schema import Bounds, Part, SchemaVerdict, StreamCheck, worst
+from gateway.schema import (
+    Bounds,
+    Kind,
+    Part,
+    Result,
+    Schemas,
+    SchemaVerdict,
+    StreamCheck,
+    worst,
+)
 
 __all__ = ["OFF_HEADER", "SchemaStage"]
 
@@ -48,7 +57,8 @@ class SchemaStage:
         if (
             route.schema_check == "off"
             or structured is None
-            or not exchange.record.stream
+            # a plain answer is not checked; a body the relay could not read may stream
+            or not (exchange.record.stream or exchange.request_json is None)
             or not any(marker in exchange.body for marker in structured.markers)
             or _turned_off(exchange)
         ):
@@ -77,19 +87,27 @@ def _turned_off(exchange: Exchange) -> bool:
 async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Reader | None:
     body = exchange.body
     if len(body) > MAX_BODY_BYTES:
-        return None
+        return _Reader.unchecked(f"the request body is over {MAX_BODY_BYTES} bytes")
     try:
         document: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+    except orjson.JSONDecodeError as exc:
+        words = str(exc).lower()
+        if "depth" in words or "recursion" in words:  # nested past the parser: too deep
+            return _Reader.unchecked("the request's schema is nested too deeply to read")
+        return None  # not JSON: no schema asked for
     if not isinstance(document, dict):
         return None
     schemas = structured.schemas(document)
     if not schemas:
         return None
     check = StreamCheck(schemas, Bounds(max_answer_bytes=most))
-    await asyncio.to_thread(check.prepare)
+    if not check.prepare(cached_only=True):  # a schema seen before costs no thread
+        await asyncio.to_thread(check.prepare)
     return _Reader(check, structured, ends=exchange.route.config.schema_check == "end")
+
+
+def _no_parts(data: str) -> list[Part]:
+    return []
 
 
 class _Reader:
@@ -97,12 +115,20 @@ class _Reader:
 
     __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts")
 
-    def __init__(self, check: StreamCheck, structured: Structured, *, ends: bool) -> None:
+    def __init__(self, check: StreamCheck, structured: Structured | None, *, ends: bool) -> None:
         self._check = check
-        self._parts = structured.parts
+        self._parts = structured.parts if structured is not None else _no_parts
         self._ends = ends
         self._index = 0
         self._verdicts: list[SchemaVerdict] | None = None
+
+    @classmethod
+    def unchecked(cls, reason: str) -> _Reader:
+        """A reader of a request whose schemas cannot be read: its verdict is
+        ``unchecked`` with ``reason``, whatever the answer."""
+        reader = cls(StreamCheck(Schemas()), None, ends=False)
+        reader._verdicts = [SchemaVerdict(Result.UNCHECKED, Kind.ANSWER, detail=reason)]
+        return reader
 
     def check(self, piece: bytes, event: Event) -> Refusal | None:
         index = self._index
@@ -121,9 +147,10 @@ class _Reader:
         pass
 
     def verdicts(self) -> list[SchemaVerdict]:
-        """Each judged part's verdict (the stream's end: computed once)."""
+        """Each judged part's verdict (the stream's end: computed once); none when no
+        event came (a plain answer, an error before the stream)."""
         if self._verdicts is None:
-            self._verdicts = self._check.finish()
+            self._verdicts = self._check.finish() if self._index else []
         return self._verdicts
 
     def words(self) -> str:

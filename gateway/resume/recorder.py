@@ -6,9 +6,11 @@ nothing). On the way to the client it
 
 - adds ``X-Gateway-Stream-Id`` to the response head;
 - reads the stream's whole events from its guard (``Exchange.events``,
-  ``gateway.guard.whole``) and appends them to the log *before* the client gets
-  them (so that whatever a client counted can be resumed), without any I/O of its
-  own (the store writes in batches);
+  ``gateway.guard.whole``), appends them to the log and waits until the store
+  wrote them (``Writer.flush``: one batch for every stream of the process)
+  *before* the client gets them, so that whatever a client counted can be
+  resumed, even from another replica after this one died; a failing store does
+  not hold the client up (its writer logs them once it is back);
 - keeps the last send, the trailer, for the log's end.
 
 Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
@@ -66,6 +68,8 @@ class Recorder:
         self.metrics = metrics
         self.detachment = Detachment(exchange, metrics)
         self._trailer: bytes | None = None
+        #: Events were appended that the next send must wait for (logged first).
+        self._unlogged = False
         self._send: Send = exchange.send
         exchange.send = self.send
         exchange.events.add(self)
@@ -77,6 +81,7 @@ class Recorder:
     def take(self, piece: bytes, event: Event | None) -> None:
         """One whole event of the stream: into the log before the client gets it."""
         self.writer.append(piece)
+        self._unlogged = True
         if self.on_response_id is not None:
             self._find_response_id([piece])
 
@@ -93,6 +98,12 @@ class Recorder:
                 self.exchange.detach = self.detach
         if self.detachment.skip(message):
             return
+        if self._unlogged:
+            # Logged before sent: a client never holds an event its log lacks (a
+            # cursor it got is always one the log can serve, whoever dies).
+            self._unlogged = False
+            with contextlib.suppress(StoreError):
+                await self.writer.flush()
         try:
             await self._send(message)
         except asyncio.CancelledError:

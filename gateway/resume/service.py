@@ -33,7 +33,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import Outcome, Reason, StreamGuard, Verdict
+from gateway.guard.verdict import COMPLETE_REASONS
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
 from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
@@ -50,6 +51,7 @@ from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
 from gateway.resume.takeover import continuation_meta, end_orphan
 from gateway.settings import Settings
 from gateway.store import (
+    Batch,
     BeyondEnd,
     End,
     Gone,
@@ -80,6 +82,7 @@ def _retrieved_as(retrieval: Retrieval, stream_id: str) -> str:
 
 
 _OPT_OUT = b"x-gateway-resume"
+_REASONS = frozenset(str(reason) for reason in Reason)
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
@@ -140,6 +143,8 @@ class Resumes:
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
             meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
+            if exchange.withhold_usage:  # the gateway asked for usage: not the client's
+                meta["withhold_usage"] = "1"
         try:
             writer = await self.store.open(
                 owner_of(exchange),
@@ -230,7 +235,7 @@ class Resumes:
             if exchange.record.status == 0:
                 exchange.record.status = 499
 
-    def _ask(self, exchange: Exchange, stream_id: str) -> _Ask:
+    def _ask(self, exchange: Exchange, stream_id: str, info: StreamInfo) -> _Ask:
         query = parse_qs(
             exchange.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
         )
@@ -274,17 +279,31 @@ class Resumes:
             self.metrics.resumed(route, found)
             return
         try:
-            ask = self._ask(exchange, stream_id)
+            ask = self._ask(exchange, stream_id, found)
             if found.stopped and found.end is None and ask.after >= found.kept:
                 # A live log that stopped at its cap: Redis's count of its events
                 # lags (written with kept events only), so past the kept part is gone.
                 raise Gone
             if ask.after > found.total:
                 found = await self._caught_up(stream_id, found, ask.after)
-            if ask.after > found.total:
-                raise BadCursor
             if found.stopped and ask.after >= found.kept:
                 raise Gone
+            if ask.after > found.total and found.end is not None:
+                ending = self._ending(exchange, found, found.end)
+                if ask.after <= found.total + len(ending):
+                    # The client holds some of the ending (the error event, the trailer
+                    # comment): it gets the rest of it, maybe nothing.
+                    await self._head(exchange, found, stream_id)
+                    await self._body(exchange, b"".join(ending[ask.after - found.total :]),
+                                     more=False)  # fmt: skip
+                    self._judged(exchange, found.end)
+                    self.metrics.resumed(route, "ok")
+                    return
+                if found.end.fields.get("heir") != "1":
+                    raise BadCursor
+            # Past the log's events: only where its writer could not log what its client
+            # got (Redis away) and died, or is catching up. The client gets what follows
+            # its cursor, and the end.
         except BadCursor:
             self.metrics.resumed(route, "bad_cursor")
             await self.error(exchange, 400, "The cursor is not a count of events the "
@@ -357,8 +376,16 @@ class Resumes:
         await self._head(exchange, info, ask.stream_id)
         number = ask.after
         result = "ok"
+        # A cursor past the log's events (see ``_resume``): what the client holds
+        # beyond the log is skipped as it arrives, or never sent.
+        start = min(ask.after, info.total)
+        skip = ask.after - start
         try:
-            async for batch in follow(self.store, ask.stream_id, ask.after, wait=self.wait):
+            async for batch in follow(self.store, ask.stream_id, start, wait=self.wait):
+                if skip and batch.events:
+                    dropped = min(skip, len(batch.events))
+                    skip -= dropped
+                    batch = Batch(batch.after + dropped, batch.events[dropped:], batch.end)
                 if batch.events and keep is not None:
                     kept = [event for event in batch.events if keep(event)]
                     if kept:
@@ -379,6 +406,7 @@ class Resumes:
                     result = await self.orphaned(exchange.route, ask.stream_id) or result
                 if batch.end is not None:
                     await self._body(exchange, batch.end.trailer, more=False)
+                    self._judged(exchange, batch.end)
                     return result
         except (Vanished, StoreError) as exc:
             # The log vanished or the store is away under the reader: its writer is
@@ -390,6 +418,30 @@ class Resumes:
         # The log stopped at its byte cap under the reader: cut.
         abort_connection(exchange.scope)
         raise AbortConnection
+
+    def _ending(self, exchange: Exchange, info: StreamInfo, end: End) -> list[bytes]:
+        """The ending as a client counts it: its whole events (where the framing's
+        decoder says each ends), and a last line (the trailer comment) as one more."""
+        framing = exchange.route.spec_for(info.meta.get("path", "")).framing
+        decoder = framing.new_decoder(len(end.trailer) + 1, len(end.trailer) + 1)
+        pieces, start = [], 0
+        for event in decoder.feed(end.trailer):
+            pieces.append(end.trailer[start : event.end])
+            start = event.end
+        return [*pieces, end.trailer[start:]] if end.trailer[start:] else pieces
+
+    @staticmethod
+    def _judged(exchange: Exchange, end: End) -> None:
+        """The access log's facts of a replayed stream: a stream, with its log's verdict."""
+        record = exchange.record
+        record.stream = True
+        reason = end.fields.get("reason", "")
+        if reason in _REASONS:
+            outcome = end.fields.get("outcome", "")
+            complete = outcome == str(Outcome.COMPLETE) or Reason(reason) in COMPLETE_REASONS
+            record.verdict = Verdict(
+                Outcome.COMPLETE if complete else Outcome.INCOMPLETE, Reason(reason)
+            )
 
     async def orphaned(self, route: Route, stream_id: str) -> str | None:
         """Take over a stream whose writer is gone (lease run out, no end) and write its

@@ -85,6 +85,7 @@ async def _logged_guard(
         ContractOptions(
             require_finish_reason=route.config.require_finish_reason,
             end_on_finish=route.config.termination == "finish",
+            withhold_usage=info.meta.get("withhold_usage") == "1",
         )
     )
     if route.config.continue_after_cut and hasattr(contract, "keep_text"):
@@ -132,8 +133,10 @@ async def end_orphan(
         result = "owner_lost"
     verdict = verdict_guard.verdict
     assert verdict is not None
+    # ``heir``: the ending is a takeover's, not the owner's (a client may hold events
+    # its owner relayed but could not log: ``service`` answers its cursor all the same).
     await writer.finish(End(trailer, {"outcome": str(verdict.outcome),
-                                      "reason": str(verdict.reason)}))  # fmt: skip
+                                      "reason": str(verdict.reason), "heir": "1"}))  # fmt: skip
     return result
 
 
@@ -178,6 +181,8 @@ async def _continue(
     exchange = Exchange(task, route, scope, _nowhere, record)
     exchange.events.add(writer)
     exchange.spec = spec
+    # The usage chunk the gateway asked for on the client's behalf stays withheld.
+    exchange.withhold_usage = meta.get("withhold_usage") == "1"
     exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
     # What the continuation asks of the cut: a reason that blames the upstream's side.
     guard.abort(Reason.UPSTREAM_DISCONNECT)

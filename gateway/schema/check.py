@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.schema.bounds import Bounds, admit
-from gateway.schema.final import EndCheck, Unusable, end_check
+from gateway.schema.final import EndCheck, Unusable, cached, end_check
 from gateway.schema.incremental import Fault, Incremental
 from gateway.schema.parts import Part, PartKind, Schemas
 from gateway.schema.verdict import Kind, Result, SchemaVerdict, worst
@@ -66,10 +66,11 @@ class StreamCheck:
         #: Each schema's end check, compiled by ``prepare`` (by the schema's id).
         self._ends: dict[int, EndCheck | str] = {}
 
-    def prepare(self) -> None:
+    def prepare(self, *, cached_only: bool = False) -> bool:
         """Judge each schema's bounds and compile its end check now (the validator's
         compile is slow: about 0.35 ms a schema node; a caller with a loop runs this in
-        a thread, before the stream)."""
+        a thread, before the stream). ``cached_only``: only what is known already
+        (cheap, on the loop); False when a compile is still needed."""
         schemas = [self.schemas.answer, *self.schemas.tools.values()]
         for schema in schemas:
             if schema is None or id(schema) in self._ends:
@@ -78,10 +79,17 @@ class StreamCheck:
             if reason is not None:
                 self._ends[id(schema)] = reason
                 continue
+            if cached_only:
+                known = cached(schema)
+                if known is None:
+                    return False
+                self._ends[id(schema)] = known
+                continue
             try:
                 self._ends[id(schema)] = end_check(schema)
             except Unusable as exc:
                 self._ends[id(schema)] = str(exc)
+        return True
 
     def _doc(self, kind: Kind, tool: str, schema: Any) -> _Doc:
         return _Doc(kind, tool, schema, self.bounds, self._ends.get(id(schema)))

@@ -12,6 +12,7 @@ that could make it or the check run long.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,9 @@ Validator = Callable[[Any], Any]
 
 _CACHE: OrderedDict[bytes, Validator | str] = OrderedDict()
 _CACHE_SIZE = 256
+#: One compile at a time: streams that ask for the same new schema at once wait for the
+#: first one's compile instead of each doing its own (threads blocked here hold no GIL).
+_COMPILING = threading.Lock()
 
 
 def _refuse(uri: str) -> Any:
@@ -59,29 +63,49 @@ class EndCheck:
         return None
 
 
+def cached(schema: Any) -> EndCheck | str | None:
+    """The end check of ``schema`` if it was compiled already (the reason it cannot be,
+    if that is known), else None: cheap, for a caller on the event loop."""
+    found = _CACHE.get(_key(schema))
+    return EndCheck(found) if found is not None and not isinstance(found, str) else found
+
+
+def _key(schema: Any) -> bytes:
+    return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+
+
 def end_check(schema: Any) -> EndCheck:
     """The compiled end check of ``schema`` (cached by its text); raises ``Unusable``."""
-    key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    key = _key(schema)
     found = _CACHE.get(key)
     if found is None:
-        try:
-            found = fastjsonschema.compile(
-                schema, handlers=_NO_FETCH, use_default=False, use_formats=False
-            )
-        except Unusable as exc:
-            found = str(exc)
-        except (fastjsonschema.JsonSchemaDefinitionException, RecursionError) as exc:
-            found = f"the validator cannot compile the schema ({_short(exc)})"
-        except Exception as exc:  # its generated code: anything it raises is the schema's
-            found = f"the validator cannot compile the schema ({type(exc).__name__})"
-        _CACHE[key] = found
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+        with _COMPILING:
+            found = _CACHE.get(key)
+            if found is None:
+                found = _compile(schema, key)
     else:
         _CACHE.move_to_end(key)
     if isinstance(found, str):
         raise Unusable(found)
     return EndCheck(found)
+
+
+def _compile(schema: Any, key: bytes) -> Validator | str:
+    found: Validator | str
+    try:
+        found = fastjsonschema.compile(
+            schema, handlers=_NO_FETCH, use_default=False, use_formats=False
+        )
+    except Unusable as exc:
+        found = str(exc)
+    except (fastjsonschema.JsonSchemaDefinitionException, RecursionError) as exc:
+        found = f"the validator cannot compile the schema ({_short(exc)})"
+    except Exception as exc:  # its generated code: anything it raises is the schema's
+        found = f"the validator cannot compile the schema ({type(exc).__name__})"
+    _CACHE[key] = found
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return found
 
 
 def _short(exc: BaseException) -> str:

@@ -197,6 +197,10 @@ class StreamStore(Protocol):
         """Get ready before the first request (connect, load scripts); may raise."""
         ...
 
+    async def available(self) -> None:
+        """Return once the store answers again (at once unless its breaker is open)."""
+        ...
+
     async def close(self) -> None: ...
 
     async def open(

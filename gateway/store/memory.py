@@ -151,6 +151,9 @@ class MemoryStore:
     def size(self) -> int:
         return self.budget.used
 
+    async def available(self) -> None:
+        return None
+
     async def prepare(self) -> None:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())

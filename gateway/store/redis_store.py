@@ -54,7 +54,7 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redisconn import RedisTarget, as_target
-from gateway.redisconn.clients import async_client
+from gateway.redisconn.clients import async_client, sync_client
 from gateway.store.api import (
     READ_LIMIT,
     Batch,
@@ -77,9 +77,10 @@ MAX_CONNECTIONS = 4096
 #: How long one shared blocking read waits before it looks again for readers.
 TAIL_BLOCK_SECONDS = 1.0
 
-#: The most an event waits before it is written (the events of every stream in this
-#: process that came meanwhile go in the same pipeline).
-FLUSH_SECONDS = 0.02
+#: How long the flusher waits for more before it writes (the events of every stream in
+#: this process that came meanwhile go in the same pipeline; more come while a pipeline
+#: is in flight). Short: a resumable stream's client waits for its events' write.
+FLUSH_SECONDS = 0.002
 #: How often the writers' leases are looked at for a renewal.
 RENEW_TICK_SECONDS = 0.1
 #: While Redis is away, how often one PING asks whether it is back.
@@ -351,7 +352,9 @@ class RedisStore:
     def __init__(
         self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
     ) -> None:
-        target = as_target(redis)
+        target = self._target = as_target(redis)
+        #: The probe's own blocking client (made in its thread, when first needed).
+        self._pinger: Any = None
         #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
         self._cluster = target.mode == "cluster"
         self._ping_to: dict[str, str] = {"target_nodes": "primaries"} if self._cluster else {}
@@ -384,6 +387,8 @@ class RedisStore:
         self._back = asyncio.Event()
         self._back.set()
         self._prober: asyncio.Task[None] | None = None
+        #: Resolved once the probe's first PING said whether Redis is away.
+        self._confirming: asyncio.Future[None] | None = None
 
     @property
     def size(self) -> int:
@@ -397,36 +402,53 @@ class RedisStore:
             raise StoreError("Redis is unavailable")
 
     def _trip(self, exc: BaseException) -> StoreError:
-        """A call failed: one PING (bounded by the timeout) confirms that Redis is
-        away before the breaker opens (a deadline kept on a busy event loop can fire
-        with the answer already on the socket); the StoreError for the caller."""
+        """A call failed: one PING (``_ping``) confirms that Redis is away before the
+        breaker opens (a deadline kept on a busy event loop can fire with the answer
+        already on the socket); the StoreError for the caller."""
         self._failures += 1
         if self.down_since is None and self._prober is None:
-            self._prober = asyncio.get_running_loop().create_task(self._probe(exc))
+            loop = asyncio.get_running_loop()
+            self._confirming = loop.create_future()
+            self._prober = loop.create_task(self._probe(exc))
         written, self._written = self._written, None  # a flush waiting on it looks again
         if written is not None and not written.done():
             written.set_result(None)
         return StoreError(type(exc).__name__)
 
+    def _blocking_ping(self) -> None:
+        if self._pinger is None:
+            self._pinger = sync_client(self._target, timeout=self.timeout)
+        # a cluster's PING goes to every node, a failed one too: ask its masters
+        self._pinger.ping(**self._ping_to)
+
     async def _ping(self) -> bool:
-        with contextlib.suppress(*FAILURES):
-            async with asyncio.timeout(self.timeout):
-                # a cluster's PING goes to every node, a failed one too: ask its masters
-                await self._redis.execute_command("PING", **self._ping_to)
-            return True
-        return False
+        """One PING from a thread, its deadline the socket's own: it measures Redis,
+        not this event loop (a burst of streams keeps the loop busy for longer than
+        the timeout, and a deadline kept on it would call a healthy Redis away)."""
+        try:
+            await asyncio.to_thread(self._blocking_ping)
+        except FAILURES:
+            return False
+        return True
 
     async def _probe(self, exc: BaseException) -> None:
         """Confirm an outage (then the breaker opens, logged once), and PING every
         ``RETRY_SECONDS`` (never on a request's way) until Redis answers; then the
         breaker closes (logged with the outage's length) and what waits is written."""
-        if await self._ping():
+        up = await self._ping()
+        confirming, self._confirming = self._confirming, None
+        if up:
             self._prober = None
             self._failures = 0
             self._wake.set()
+        else:
+            self.down_since = time.monotonic()
+            self._back.clear()
+        if confirming is not None and not confirming.done():
+            confirming.set_result(None)
+        if up:
             return
-        self.down_since = time.monotonic()
-        self._back.clear()
+        since = time.monotonic()
         log.warning(
             "stream store: Redis unavailable (%s): new streams go without resume and "
             "answers uncached, and the logs being written wait in memory, until it "
@@ -441,7 +463,7 @@ class RedisStore:
         log.warning(
             "stream store: Redis answers again after %.1f s (%d calls failed or refused "
             "meanwhile); %d logs being written catch up",
-            time.monotonic() - self.down_since,
+            time.monotonic() - since,
             self._failures,
             behind,
         )
@@ -564,6 +586,9 @@ class RedisStore:
                 if now - writer.written_at >= writer.renew_every:
                     self.dirty(writer)
 
+    async def available(self) -> None:
+        await self._back.wait()
+
     async def prepare(self) -> None:
         try:
             async with asyncio.timeout(self.timeout):
@@ -579,6 +604,8 @@ class RedisStore:
                 await task
         self._tasks = []
         await self._redis.aclose()
+        if self._pinger is not None:
+            self._pinger.close()
 
     def _k(self, stream_id: str, kind: str) -> str:
         return _key(self.prefix, stream_id, kind)
@@ -614,13 +641,20 @@ class RedisStore:
         # The log is made (meta and lease, by the next pipeline: a burst of new streams
         # shares one round trip) before its id is handed out: an id the store has not
         # taken is never given to a client.
-        self.dirty(writer)
-        await self.next_write()
-        if writer.creating:  # its pipeline failed: one bounded wait, then none
-            writer.closed = True
-            self.live.discard(writer)
-            self._dirty.pop(writer, None)
-            raise StoreError("the log could not be made")
+        # A failed pipeline is tried again until the probe confirmed an outage (at
+        # most about twice the timeout; a busy loop's false timeout costs nothing).
+        while writer.creating and not writer.lost:
+            if self._confirming is not None:  # a failure is being looked at: its verdict
+                await asyncio.shield(self._confirming)
+            try:
+                self.check()
+            except StoreError:
+                writer.closed = True
+                self.live.discard(writer)
+                self._dirty.pop(writer, None)
+                raise
+            self.dirty(writer)
+            await self.next_write()
         return None if writer.lost else writer
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:

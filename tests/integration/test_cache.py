@@ -243,7 +243,7 @@ class Clock:
 
     def __init__(self, gw: ServerThread) -> None:
         self.now = time.time()
-        gw.server.config.app.gateway.relay.cache._clock = lambda: self.now
+        gw.server.config.app.gateway.cache._clock = lambda: self.now
 
 
 def test_request_controls(sim: ServerThread) -> None:
@@ -1028,7 +1028,7 @@ def test_a_predicted_hit_that_expires_before_it_is_served_reserves_what_it_costs
     ]
     caching = routes(sim, default_output_reservation=100)
     with gateway_for("", routes=caching, clients=clients) as gw:
-        cache = gw.server.config.app.gateway.relay.cache
+        cache = gw.server.config.app.gateway.cache
         peek = cache.peek
 
         async def peek_then_expire(plan: Any) -> bool:

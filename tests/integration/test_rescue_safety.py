@@ -85,7 +85,7 @@ STEPS: list[tuple[Any, str]] = [
     (Rescuer, "_hold"),
     (Rescuer, "_read"),
     (continuation, "JointCheck"),  # (its methods are the compiled guard's: not patched)
-    (Joint, "rewrite"),
+    (Joint, "rewrite_events"),
     (Rescuer, "_relaying"),
     (Rescuer, "_send"),
 ]

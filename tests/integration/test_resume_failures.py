@@ -33,7 +33,7 @@ from gateway.resume.ids import new_id
 from tests import web
 from tests.client_events import Splitter
 from tests.conftest import GatewayProcess, ServerThread, gateway_process
-from tests.integration.helpers import annotation, metric_value
+from tests.integration.helpers import access_log_lines, annotation, metric_value
 from tests.integration.redis_server import RedisServer, redis_server
 from tests.integration.test_resume_streams import REQUEST_ID, cut_after, resume
 
@@ -164,7 +164,8 @@ def _first_byte(url: str) -> tuple[float, dict[str, str], bytes]:
 def test_a_redis_pause_costs_new_streams_one_bounded_wait(
     tmp_path: Path, simulator: ServerThread, redis: RedisServer
 ) -> None:
-    """Redis SIGSTOPped: the first stream waits at most stream_store_timeout (2 s) and
+    """Redis SIGSTOPped: the first stream waits at most twice stream_store_timeout (2 s)
+    (a call, then the PING that confirms the outage) and
     goes without resume; once the outage is confirmed (one PING, one log line) the next
     ones do not wait on the store at all; no stream id is
     handed out that answers 404 once Redis is back; one log line at the outage's start,
@@ -187,7 +188,7 @@ def test_a_redis_pause_costs_new_streams_one_bounded_wait(
         _, err = a.stop()
     assert all(annotation(body)["outcome"] == "complete" for _, _, body in answers)
     assert [r.status_code for r in resumes] == [200] * len(resumes)
-    assert answers[0][0] < 2.0 + 1.5  # one bounded wait (the store's timeout)
+    assert answers[0][0] < 2 * 2.0 + 1.5  # one bounded wait (the timeout, then a PING's)
     assert [w < 1.0 for w, _, _ in answers[1:]] == [True] * 5  # then none at all
     assert {h.get("x-gateway-resume") for _, h, _ in answers[1:]} == {"off; reason=store_error"}
     assert ready.status_code == 200
@@ -260,3 +261,188 @@ def test_a_ttl_shorter_than_the_lease_keeps_a_dead_owners_stream(
     events = Splitter(False).feed(head + first.content)
     assert len(events) > 3
     assert re.search(rb"outcome=incomplete", first.content)
+
+
+def _held_then_kill(url: str, owner: GatewayProcess, k: int) -> tuple[str, list[bytes]]:
+    """Read a stream until ``k`` whole events came, SIGKILL its gateway at once, and
+    read what was still on the way: the stream id and every whole event the client got."""
+    headers = {"x-sim-tokens": "60", "x-sim-tps": "20", "x-sim-seed": "9"}
+    splitter = Splitter(False)
+    events: list[bytes] = []
+    with web.stream("POST", url + CHAT, json=BODY, headers=headers, timeout=60) as live:
+        stream_id = live.headers["x-gateway-stream-id"]
+        chunks = live.iter_raw()
+        with contextlib.suppress(Exception):  # the connection dies with its process
+            for chunk in chunks:
+                events += splitter.feed(chunk)
+                if len(events) >= k:
+                    os.kill(owner.proc.pid, signal.SIGKILL)
+                    owner.proc.wait(30)
+                    break
+            for chunk in chunks:
+                events += splitter.feed(chunk)
+    return stream_id, events
+
+
+@pytest.mark.parametrize("k", [3, 8, 17])
+def test_a_client_is_never_ahead_of_a_killed_owners_log(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer, k: int
+) -> None:
+    """The owner SIGKILLed at once after an event reached its client: the cursor of
+    every event the client holds resumes on the other gateway, at once and after the
+    lease, to the same owner_lost ending (before: 400 bad_cursor, one event ahead)."""
+    client = Redis.from_url(redis.url)
+    with two_gateways(_config(tmp_path, simulator, redis)) as (a, b):
+        stream_id, events = _held_then_kill(a.url, a, k)
+        logged = client.xlen(f"gateway:s:{{{stream_id}}}:log")
+        at_once = resume(b.url + "/v1", stream_id, len(events), headers={})
+        again = resume(b.url + "/v1", stream_id, len(events), headers={})
+        whole = resume(b.url + "/v1", stream_id, 0, headers={})
+    assert logged >= len(events)
+    for answer in (at_once, again):
+        assert answer.status_code == 200
+        note = annotation(b"".join(events) + answer.content)
+        assert (note["outcome"], note["reason"]) == ("incomplete", "owner_lost")
+    assert whole.content.startswith(b"".join(events))
+
+
+def _count(body: bytes, lines: bool = False) -> int:
+    return len(Splitter(lines).feed(body))
+
+
+def test_one_cursor_rule_for_every_ending_and_ids_only_where_events_have_them(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """A cursor counts whole events, the ending's included (the error event, the
+    trailer comment): up to the end it gets the rest (maybe nothing) and 200, past it
+    400, complete or not, SSE or NDJSON. ``?ids=1`` and ``Last-Event-ID`` on NDJSON
+    add nothing (every line stays JSON). A resume of a finished log is logged as a
+    stream with its outcome."""
+    sse = {"x-sim-tokens": "5", "x-sim-seed": "2"}
+    cut = {**sse, "x-sim-fault": "drop_before_done"}
+    ollama = ("/api/chat", {"model": "sim-model", "messages": []})
+    with two_gateways(_config(tmp_path, simulator, redis)) as (a, b):
+        complete = web.post(a.url + CHAT, json=BODY, headers=sse, timeout=30)
+        broken = web.post(a.url + CHAT, json=BODY, headers=cut, timeout=30)
+        lines = web.post(a.url + ollama[0], json=ollama[1], headers=sse, timeout=30)
+        got: dict[str, list[tuple[int, bytes]]] = {}
+        for name, answer, base, extra in (
+            ("complete", complete, "/v1", 3),
+            ("broken", broken, "/v1", 3),
+            ("ndjson", lines, "/api", 2),
+        ):
+            stream_id = answer.headers["x-gateway-stream-id"]
+            events = _count(answer.content, lines=base == "/api")
+            got[name] = []
+            for after in range(events - 1, events + extra):
+                again = resume(b.url + base, stream_id, after, headers={})
+                got[name].append((again.status_code, again.content))
+                if again.status_code == 200 and after <= events:
+                    held = Splitter(base == "/api").feed(answer.content)[:after]
+                    assert REQUEST_ID.sub(b"", b"".join(held) + again.content) == (
+                        REQUEST_ID.sub(b"", answer.content)
+                    ), (name, after)
+        ndjson_id = lines.headers["x-gateway-stream-id"]
+        with_ids = resume(b.url + "/api", ndjson_id, 0, headers={}, ids="1")
+        last_id = resume(b.url + "/api", ndjson_id, 0, headers={"last-event-id": "2"})
+        out, _ = b.stop()
+    assert [s for s, _ in got["complete"]] == [200, 200, 200, 400]  # N-1, N, N+1, N+2
+    assert got["complete"][2][1] == b""
+    # The error event is one the client counted, the trailer comment one more.
+    assert [s for s, _ in got["broken"]] == [200, 200, 200, 400]
+    assert [s for s, _ in got["ndjson"]] == [200, 200, 400]
+    for answer in (with_ids, last_id):
+        assert answer.status_code == 200
+        assert all(line.startswith(b"{") for line in answer.content.splitlines()), answer.content
+    assert with_ids.content == lines.content.replace(
+        lines.headers["x-request-id"].encode(), with_ids.headers["x-request-id"].encode()
+    ) or REQUEST_ID.sub(b"", with_ids.content) == REQUEST_ID.sub(b"", lines.content)
+    logged = [
+        line
+        for line in access_log_lines(out)
+        if line.get("path", "").startswith("/v1/gateway/streams/") and line["status"] == 200
+    ]
+    assert logged, out[-1500:]
+    assert {(line["stream"], line["outcome"]) for line in logged} >= {(True, "complete")}
+    assert all(line["stream"] and line["outcome"] for line in logged)
+
+
+def test_a_takeovers_continuation_withholds_the_usage_the_gateway_asked_for(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """inject_include_usage on a continuing route: the owner SIGKILLed mid-stream, the
+    takeover's continuation keeps withholding the usage chunk the client never asked
+    for (the log's meta says the gateway asked), as the owner would have."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+redis_url = "{redis.url}"
+stream_lease_seconds = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+resume = true
+continue_after_cut = true
+inject_include_usage = true
+[[routes.upstreams]]
+name = "sim"
+url = "{simulator.url}/v1"
+continuation = "assistant_prefill"
+""")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    headers = {"x-sim-tokens": "200", "x-sim-tps": "40", "x-sim-seed": "8"}
+    with two_gateways(path) as (a, b):
+        whole = web.post(b.url + CHAT, json=body, headers=headers, timeout=60).content
+        stream_id, _, head = cut_after(a.url + CHAT, body, headers, 5)
+        time.sleep(0.5)  # a few more events reach the log
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait(30)
+        rest = resume(b.url + "/v1", stream_id, 5, headers={})
+    assert b'"choices":[]' not in whole.replace(b" ", b"")  # withheld by a live relay
+    got = head + rest.content
+    assert annotation(got).get("continued") == "1"
+    assert b'"choices":[]' not in got.replace(b" ", b"")
+
+
+def test_a_redis_pause_under_a_cached_leader_never_cuts_its_followers(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """A cache route on two gateways: the leader's answer on A, an identical request
+    following it on B, Redis SIGSTOPped for 5 s meanwhile: the follower gets the
+    leader's whole answer and ending once Redis is back (before: cut, no ending)."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+redis_url = "{redis.url}"
+stream_store_timeout = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+upstream = "{simulator.url}/v1"
+cache = true
+""")
+    headers = {"x-sim-tokens": "80", "x-sim-tps": "10", "x-sim-seed": "6"}
+    with two_gateways(path) as (a, b):
+        answers: dict[str, Any] = {}
+
+        def ask(name: str, url: str) -> None:
+            answers[name] = web.post(url + CHAT, json=BODY, headers=headers, timeout=120)
+
+        leader = threading.Thread(target=ask, args=("leader", a.url))
+        leader.start()
+        time.sleep(1.0)  # the leader's log is there (a MISS takes the name at once)
+        follower = threading.Thread(target=ask, args=("follower", b.url))
+        follower.start()
+        time.sleep(1.0)  # the follower reads the live log
+        with paused(redis):
+            time.sleep(5)
+        leader.join(120)
+        follower.join(120)
+    lead, follow_ = answers["leader"], answers["follower"]
+    assert lead.headers["x-gateway-cache"] == "MISS"
+    assert follow_.headers["x-gateway-cache"] == "HIT"
+    assert annotation(lead.content)["outcome"] == "complete"
+    assert b": gateway outcome=complete reason=stop" in follow_.content
+    done = b"data: [DONE]\n\n"
+    assert follow_.content.split(done)[0] == lead.content.split(done)[0]
+    assert follow_.content.count(done) == 1

@@ -1,6 +1,7 @@
 """Structured outputs with the real SDKs against a real gateway (uvicorn) in front of a
-scripted upstream: on a route with ``schema_check = "end"`` openai-python and
-anthropic-python raise at the violating event (the events they yielded before it are
+scripted upstream or the simulator: on a route with ``schema_check = "end"``
+openai-python, anthropic-python, google-genai and ollama-python raise at the violating
+event (the events they yielded before it are
 counted); in ``record`` mode the client reads the upstream's bytes unchanged and the
 trailer says the verdict; a valid answer reads exactly as without the check."""
 
@@ -11,14 +12,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 from pydantic import BaseModel
 
+from gateway.simulator import STRUCTURED_SCHEMA
+from tests.conftest import ServerThread
 from tests.integration.helpers import annotation, gateway_for
 from tests.integration.raw_upstream import RawRequest, RawUpstream, chunk, raw_upstream, sse_head
+from tests.sdk import anthropic, genai, genai_errors, genai_types, ollama, openai
 
 
 class Person(BaseModel):
@@ -203,3 +205,79 @@ def test_anthropic_raises_at_a_tool_call_off_its_schema(
         with pytest.raises(anthropic.APIError, match="schema"):
             consume()
         assert seen.count("input_json") == 1
+
+
+@pytest.fixture(scope="module")
+def sim_gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+    """A gateway with ``schema_check = "end"`` in front of the simulator's Gemini and
+    Ollama APIs."""
+    routes = [
+        {
+            "name": "gemini",
+            "prefix": "/v1beta",
+            "upstreams": [{"name": "sim", "url": simulator.url + "/v1beta"}],
+            "schema_check": "end",
+        },
+        {
+            "name": "ollama",
+            "prefix": "/api",
+            "protocol": "ollama",
+            "upstreams": [{"name": "sim", "url": simulator.url + "/api"}],
+            "schema_check": "end",
+        },
+    ]
+    with gateway_for("", routes=routes) as server:
+        yield server
+
+
+def _gemini(server: ServerThread, shape: str) -> Any:
+    options = genai_types.HttpOptions(
+        base_url=server.url, api_version="v1beta", headers={"x-sim-structured": shape}
+    )
+    return genai.Client(api_key="fake-key", http_options=options)
+
+
+def test_google_genai_raises_at_the_violating_event_and_reads_a_valid_answer(
+    sim_gateway: ServerThread,
+) -> None:
+    config = genai_types.GenerateContentConfig(
+        response_mime_type="application/json", response_json_schema=STRUCTURED_SCHEMA
+    )
+    texts: list[str] = []
+
+    def consume(shape: str) -> None:
+        client = _gemini(sim_gateway, shape)  # held: its stream needs it open
+        for piece in client.models.generate_content_stream(
+            model="gemini-2.5-flash", contents="Invent a person.", config=config
+        ):
+            texts.append(piece.text or "")
+
+    consume("valid")
+    assert json.loads("".join(texts)) == {"name": "Ada Lovelace", "age": 36, "role": "admin"}
+    texts.clear()
+    with pytest.raises(genai_errors.APIError, match="schema_mismatch"):
+        consume("enum")
+    # the event that closes "root" (outside the enum) never reached the client
+    assert '"root"' not in "".join(texts)
+
+
+def test_ollama_raises_at_the_violating_event(sim_gateway: ServerThread) -> None:
+    texts: list[str] = []
+
+    def consume(shape: str) -> None:
+        client = ollama.Client(host=sim_gateway.url, headers={"x-sim-structured": shape})
+        for part in client.chat(
+            model="sim-model",
+            messages=[{"role": "user", "content": "Invent a person."}],
+            format=STRUCTURED_SCHEMA,
+            stream=True,
+        ):
+            texts.append(part.message.content or "")
+
+    consume("valid")
+    assert json.loads("".join(texts))["role"] == "admin"
+    texts.clear()
+    with pytest.raises(ollama.ResponseError, match="schema_mismatch"):
+        consume("wrong_type")
+    # a string's type shows when it closes: the delta that closes "thirty-six" is withheld
+    assert '"thirty-six"' not in "".join(texts)

@@ -1772,6 +1772,7 @@ TARGETS = (
     "gateway-aiohttp",
     "gateway-httpx",
     "gateway-pool",
+    "gateway-features",
     "litellm",
 )
 
@@ -1854,6 +1855,14 @@ def _make_proxy(
         url = f"http://127.0.0.1:{upstream_port}/v1"
         pool = [{"name": name, "url": url} for name in ("a", "b")]
         route = {"name": "default", "prefix": "/v1", "upstreams": pool}
+        env["GATEWAY_ROUTES"] = json.dumps([route])
+        return GatewayProxy(upstream_port, workdir, args, env, target)
+    if target == "gateway-features":
+        # Resume and the cache on (the memory store): what the features cost a stream
+        # that uses them (each request leads: the bench's streams are never cached).
+        url = f"http://127.0.0.1:{upstream_port}/v1"
+        route = {"name": "default", "prefix": "/v1", "upstream": url, "resume": True}
+        route |= {"cache": True, "cache_max_entry_bytes": 1024}
         env["GATEWAY_ROUTES"] = json.dumps([route])
         return GatewayProxy(upstream_port, workdir, args, env, target)
     if target.startswith("gateway-"):
