@@ -133,7 +133,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
             "evidence": record.spend.evidence.value,
             "table": record.spend.table or None,
         },
-        "schema": None if not record.schema else _schema(record),
+        "schema": schema_fields(record),
         "upstream_request_id": record.upstream_request_id,
         "upstream": record.upstream,
         "attempts": [_attempt(a) for a in record.attempts],
@@ -151,10 +151,12 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     return fields
 
 
-def _schema(record: RequestRecord) -> dict[str, Any]:
-    """The schema verdict: the one that speaks for the request, and each part's result."""
+def schema_fields(record: RequestRecord) -> dict[str, Any] | None:
+    """The schema verdict: the one that speaks for the request, and each part's result
+    (None: nothing was checked). The access log's and the receipt's."""
     verdict = record.schema_verdict
-    assert verdict is not None
+    if verdict is None:
+        return None
     out: dict[str, Any] = {"verdict": str(verdict.result), "kind": str(verdict.kind)}
     if verdict.pointer or verdict.event >= 0:
         out["pointer"] = verdict.pointer

@@ -24,10 +24,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from gateway.redisconn import RedisTarget, as_target
-from gateway.redisconn.clients import async_client
+if TYPE_CHECKING:
+    from gateway.redisconn import RedisTarget
 
 __all__ = ["Ledger", "MemoryLedger", "RedisLedger", "Row", "Total"]
 
@@ -154,6 +154,10 @@ class RedisLedger:
         retention_days: int,
         prefix: str = "gateway",
     ) -> None:
+        # imported here: the redis client (and what it imports) only where Redis is used
+        from gateway.redisconn import as_target
+        from gateway.redisconn.clients import async_client
+
         self._redis: Any = async_client(
             as_target(redis), socket_timeout=timeout, connect_timeout=timeout, max_connections=256
         )

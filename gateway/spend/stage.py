@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from gateway.observe.accesslog import schema_fields
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
@@ -204,7 +205,7 @@ def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
         "verdict": None
         if verdict is None
         else {"outcome": verdict.outcome.value, "reason": verdict.reason.value},
-        "schema": getattr(record, "schema", None),
+        "schema": schema_fields(record),
         "rejected": record.rejected,
         "cache": record.cache,
         "continued": record.continued,

@@ -337,3 +337,69 @@ def test_the_status_page_shows_spend_per_client_and_team(gw: ServerThread) -> No
     assert "<td>solo</td>" in spend
     assert "<td>team:eng</td>" in spend
     assert "$0.01" in page.partition('id="clients"')[2]  # tight's usd_per_day, in dollars
+
+
+def test_a_receipt_carries_the_schema_verdict() -> None:
+    """A named client's structured answer, judged by the schema stage: its receipt says
+    the schema verdict beside the stream's, and what it cost."""
+    import asyncio
+    import json as jsonlib
+
+    from tests.integration.test_relay_inprocess import SSE, Upstream, answer, in_process
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    body = {
+        "model": "gpt-4o",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    }
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": '{"name": "a"}'}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5}},
+    ]
+    stream = b"".join(b"data: " + jsonlib.dumps(e).encode() + b"\n\n" for e in events)
+    upstream = Upstream(lambda r: answer(200, stream + b"data: [DONE]\n\n", **SSE))
+    auth = {"authorization": f"Bearer {KEYS['solo']}"}
+
+    async def test() -> None:
+        async with in_process(upstream, clients=CLIENTS[:1]) as client:
+            sent = await client.post(
+                "/v1/chat/completions", json=body, headers={**auth, "x-request-id": "schema-1"}
+            )
+            assert sent.status_code == 200
+            for _ in range(100):  # written by a task: poll, bounded
+                found = await client.get("/v1/gateway/receipts/schema-1", headers=auth)
+                if found.status_code == 200:
+                    break
+                await asyncio.sleep(0)
+        receipt = found.json()
+        assert receipt["schema"]["verdict"] == "valid"
+        assert receipt["verdict"] == {"outcome": "complete", "reason": "stop"}
+        assert receipt["usage"] == {"input": 12, "output": 5}
+        expected = _table("gpt-4o", "openai", input_tokens=12, output_tokens=5)
+        assert Decimal(receipt["cost"]["usd"]) == expected
+
+    asyncio.run(test())
+
+
+def test_a_whole_stream_whose_upstream_sent_no_usage_is_charged_its_estimate_labelled(
+    gw: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """boss has no limits: its stream is not asked for usage, and none comes. It is
+    charged the estimate of its input and of what was relayed, labelled estimated."""
+    answer = _post(gw, "boss", "no-usage-1", "/v1/chat/completions", {**CHAT, "stream": True})
+    assert answer.status_code == 200
+    assert b'"usage":{' not in answer.content
+    line = access_log_line(capsys, "no-usage-1")
+    assert line["outcome"] == "complete"
+    assert line["usage"] is None
+    assert line["spend"]["evidence"] == "estimated"
+    charged = line["charged"]
+    expected = _table(
+        "gpt-4o", "openai", input_tokens=charged["input"], output_tokens=charged["output"]
+    )
+    assert expected > 0
+    assert abs(_priced(line) - expected) < TOLERANCE

@@ -227,7 +227,10 @@ def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
         assert before > 0
         redis.stop()
         during = [web.post(url, json=body, headers=headers) for _ in range(4)]
-        text = web.get(gw.url + "/metrics").text
+        for _ in range(200):  # a request is counted just after its answer's last byte: poll
+            text = web.get(gw.url + "/metrics").text
+            if metric_value(text, "gateway_requests_total", client="strict") == 5:
+                break
         spent_during = metric_value(text, "gateway_spend_usd_total", client="strict")
         redis.start()  # empty: what it holds now is what was settled since
         if policy == "allow":
