@@ -28,6 +28,7 @@ from gateway import __version__
 from gateway.capture.fileformat import SUFFIX, Capture, dumps
 from gateway.capture.redact import Redactor
 from gateway.capture.replay import RELAY_SIDE_REASONS
+from gateway.capture.tap import Tap
 from gateway.logsetup import LogGate
 from gateway.observe.accesslog import bounded
 from gateway.observe.record import RequestRecord
@@ -96,7 +97,7 @@ class CaptureWriter:
 
     def observe(self, record: RequestRecord) -> None:
         tap = record.tap
-        if tap is None:
+        if not isinstance(tap, Tap):
             return
         route = self._routes.get(record.route)
         verdict = record.verdict

@@ -10,7 +10,6 @@ from gateway.policy.errors import RequestError
 from gateway.schema.verdict import SchemaVerdict, worst
 
 if TYPE_CHECKING:
-    from gateway.capture.tap import Tap
     from gateway.policy.quota import Cost
     from gateway.spend.charge import Charge
 
@@ -86,7 +85,10 @@ class RequestRecord:
     detached: bool = False
     #: On a caching route: hit, follow, miss, refused or bypass (``gateway.cache``).
     cache: str | None = None
-    tap: Tap | None = None  # the upstream's chunks, on a route that captures its streams
+    #: The upstream's chunks, on a route that captures its streams: a
+    #: ``gateway.capture.tap.Tap``, which only the capture writer reads (observe is below
+    #: capture, so the record does not name it).
+    tap: object = None
     protocol: str | None = None  # the registry's name of the request's protocol, once known
     transport: str = "http"  # "websocket": one response (or the end) of a WebSocket connection
     #: WebSocket facts: the connection's id, and at its end its responses and close codes.

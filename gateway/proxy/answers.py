@@ -155,13 +155,13 @@ def _stream_reader(exchange: Exchange, response: httpx.Response) -> ReadChunk:
     config = exchange.route.config
     if config.capture != "off":  # once per stream: a route without captures pays nothing more
         record = exchange.record
-        record.tap = Tap(
+        record.tap = tap = Tap(
             record.started,
             config.capture_max_bytes,
             exchange.spec.name,
             response.headers.get("content-type", ""),
         )
-        read = record.tap.wrap(read)
+        read = tap.wrap(read)
     return read
 
 

@@ -5,8 +5,10 @@ For one client request, in layers, each with one job (like httpx's
 
 - ``handle``: the request's life: admission (path, key, body, budget), the
   disconnect watcher, the drain, and the record handed to the observers.
-- ``_proxy``: what the request is: its protocol (from the registry), whether
-  it asks for a stream (then the concurrency caps apply), usage injection.
+- ``_proxy``: what the request is: its protocol (from the registry), model,
+  stream flag and body summary; then the app's stages (``gateway.proxy.stages``:
+  resume, the cache, usage, a client's limits, the stream slot, ...) around the
+  relay's own last step. The relay names no feature.
 - ``_send``: the policy around attempts (``_attempt`` each): which upstream
   of the route's pool (``gateway.policy.pool``), failover to another one while
   nothing has reached the client (``gateway.policy.failover``), passive health;
@@ -24,9 +26,10 @@ retried, its head is held until that event whenever a retry is possible
 When every attempt fails, the client gets the last one's answer or error.
 
 The I/O and the clocks of the layers live in their own modules: one attempt
-(``attempt``, ``upstream``), the answer's relay and deadlines (``answers``,
-``deadlines``), a continuation (``continuation``); a resumable stream's log and
-its detached life are ``gateway.resume``'s, the logs ``gateway.store``'s.
+(``attempt``, ``upstream``) and its account (``tally``), the answer's relay and
+deadlines (``answers``, ``deadlines``), a continuation (``continuation``), the
+gateway's own errors before an answer (``own_errors``). A stage that follows a
+stream registers on the exchange (``Exchange.on_stream``, ``Exchange.events``).
 """
 
 from __future__ import annotations
@@ -43,23 +46,19 @@ from starlette.types import Receive, Scope, Send
 from gateway.guard import Reason, StreamGuard
 from gateway.lifecycle import Lifecycle
 from gateway.logsetup import LogGate
-from gateway.observe import Attempt, Metrics, ModelLabels, Observers, RequestRecord, TraceHook
+from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
     BROKE_ANSWER,
     AttemptFailure,
     Result,
-    health_of,
     is_context_length,
-    result_of_answer,
     result_of_failure,
     result_of_held,
     result_of_status,
-    retry_after_ms,
-    retry_after_seconds,
 )
-from gateway.policy.pool import Change, Health, Lease
-from gateway.policy.retry import BACKOFF_CAP_SECONDS, Retry, next_attempt
+from gateway.policy.pool import Health, Lease
+from gateway.policy.retry import Retry, next_attempt
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols import UPSTREAM_REQUEST_ID_HEADERS
 from gateway.protocols.continuation import ContinuationStyle
@@ -80,9 +79,8 @@ from gateway.proxy.answers import (
     relay_stream,
 )
 from gateway.proxy.attempt import attempt
-from gateway.proxy.connection import edge_refusal, peer_of, watch_connection
+from gateway.proxy.connection import peer_of, watch_connection
 from gateway.proxy.continuation import Rescuer
-from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange, bare_verdict
 from gateway.proxy.headers import (
     REQUEST_DROP,
@@ -94,12 +92,14 @@ from gateway.proxy.headers import (
     with_credential,
     without_key,
 )
+from gateway.proxy.own_errors import client_left, fail_before_response, stopped_before_response
 from gateway.proxy.partial import PartialEvents
 from gateway.proxy.refusal import send_refusal
 from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
 from gateway.proxy.stages import Stage, chain
 from gateway.proxy.stream_guard import stream_guard
+from gateway.proxy.tally import Tally, attempt_done, cool_down, may_hold, settle
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
 
@@ -107,12 +107,6 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("gateway")
 
-_FAILURE_MESSAGES = {
-    Reason.UPSTREAM_UNAVAILABLE: "The upstream could not be reached.",
-    Reason.UPSTREAM_DISCONNECT: "The upstream did not send a valid answer.",
-    Reason.FIRST_BYTE_TIMEOUT: "The upstream did not answer in time (first byte).",
-    Reason.TOTAL_TIMEOUT: "The upstream did not answer before the total deadline.",
-}
 #: A held plain answer that broke before its first byte, with no retry left: the
 #: client has nothing of it yet, so it gets the gateway's own error.
 _HELD_PLAIN_FAILURES = {
@@ -202,12 +196,12 @@ class Relay:
                 await self._refuse(exchange, refused)
                 return
             except ClientGone:
-                _client_left(record, scope)
+                client_left(record, scope)
                 return
             except asyncio.CancelledError:
                 if not exchange.claim_stop():
                     raise
-                await self._stopped_before_response(exchange)
+                await stopped_before_response(exchange)
                 return
             held = body_weight(route) * len(body)
             # A lost client connection stops the exchange: told by the edge when the
@@ -299,7 +293,7 @@ class Relay:
             if not exchange.claim_stop():
                 raise
             # stopped by a client disconnect or by the drain before any response byte
-            await self._stopped_before_response(exchange)
+            await stopped_before_response(exchange)
 
     async def _wait(self, exchange: Exchange, retry: Retry) -> None:
         """A retry's backoff or Retry-After, holding its claim on the upstream."""
@@ -325,12 +319,12 @@ class Relay:
         route = exchange.route
         endpoint = route.endpoints[lease.index]
         exchange.timeouts = endpoint.timeouts
-        content = await self._body_for(exchange, endpoint, body, request_json)
+        content = await self.rewriter.for_endpoint(exchange, endpoint.models, body, request_json)
         exchange.record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
         # uvloop's loop.time() counts whole milliseconds; the position keeps the access
         # log's attempts in the order they started (a continuation's ends first).
-        tally = _Tally(time.monotonic(), len(exchange.record.attempts), endpoint, lease)
+        tally = Tally(time.monotonic(), len(exchange.record.attempts), endpoint, lease)
         try:
             outgoing = _Outgoing(target, headers, body, request_json)
             return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
@@ -338,14 +332,14 @@ class Relay:
             tally.stopped()
             raise
         finally:
-            self._settle(exchange, tally)
+            settle(exchange, tally, self.metrics)
 
     async def _exchange(
         self,
         exchange: Exchange,
         endpoint: Endpoint,
         tried: list[int],
-        tally: _Tally,
+        tally: Tally,
         outgoing: _Outgoing,
         content: bytes,
     ) -> Retry | None:
@@ -370,7 +364,7 @@ class Relay:
             silent = outcome.error is RequestError.CONNECT_TIMEOUT
             retry = self._retry(exchange, tally, tried, silent=silent)
             if retry is None:
-                await self._fail_before_response(exchange, outcome)
+                await fail_before_response(exchange, outcome)
             return retry
         retry = None
         try:
@@ -389,7 +383,7 @@ class Relay:
         exchange: Exchange,
         endpoint: Endpoint,
         tried: list[int],
-        tally: _Tally,
+        tally: Tally,
         response: httpx.Response,
         outgoing: _Outgoing,
     ) -> Retry | None:
@@ -397,7 +391,7 @@ class Relay:
         tally.result = result = result_of_status(response.status_code)
         held: Held | None = None
         if result is Result.STATUS_429 or result is Result.STATUS_5XX:
-            wait = self._cool_down(exchange, tried[-1], response)
+            wait = cool_down(exchange, tried[-1], response)
             retry = self._retry(exchange, tally, tried, retry_after=wait)
             if retry is not None:
                 return retry
@@ -409,7 +403,7 @@ class Relay:
                 if retry is not None:
                     return retry
         guard = stream_guard(exchange, response, self.settings.limits)
-        if result is Result.OK and self._may_hold(exchange, tried):
+        if result is Result.OK and may_hold(exchange, tried):
             if guard is not None:
                 held = await hold_stream(exchange, response, guard)
             else:
@@ -423,7 +417,7 @@ class Relay:
                     return retry
                 if guard is None and not held.whole:  # a whole one: its 502 is relay_plain's
                     failure = _HELD_PLAIN_FAILURES.get(held.failure, _HELD_PLAIN_BROKEN)
-                    await self._fail_before_response(exchange, failure)
+                    await fail_before_response(exchange, failure)
                     return None
         if guard is not None and not await self._count_late_stream(exchange):
             return None  # refused: the stream cap is full (the upstream is closed)
@@ -441,7 +435,7 @@ class Relay:
             tally.result, tally.reason = Result.INCOMPLETE, rescuer.original
         return None
 
-    def _rescuer(self, exchange: Exchange, tally: _Tally, outgoing: _Outgoing) -> Rescuer | None:
+    def _rescuer(self, exchange: Exchange, tally: Tally, outgoing: _Outgoing) -> Rescuer | None:
         """A continuation helper for a route that continues cut streams, else None."""
         if not exchange.route.config.continue_after_cut:
             return None
@@ -449,12 +443,12 @@ class Relay:
         protocol = exchange.spec.protocol
 
         def done(endpoint: Endpoint, lease: Lease, health: Health) -> None:
-            self._attempt_done(route, endpoint, lease, health)
+            attempt_done(route, endpoint, lease, health, self.metrics)
 
-        def settle(reason: Reason) -> None:  # the cut attempt, before any candidate
+        def cut(reason: Reason) -> None:  # the cut attempt, before any candidate
             tally.answered = False
             tally.result, tally.reason = Result.INCOMPLETE, reason
-            self._settle(exchange, tally)
+            settle(exchange, tally, self.metrics)
 
         def build(
             style: ContinuationStyle, text: str, model: str | None
@@ -473,40 +467,14 @@ class Relay:
             body_size=len(outgoing.body),
             new_guard=lambda response: stream_guard(exchange, response, self.settings.limits),
             done=done,
-            settle=settle,
+            settle=cut,
             body=outgoing.body,
         )
-
-    def _settle(self, exchange: Exchange, tally: _Tally) -> None:
-        """Account for an attempt once: as soon as it failed (before its retry is chosen,
-        so that the retry sees its upstream's health), else when it ends."""
-        if not tally.settled:
-            tally.settled = True
-            self._account(exchange, tally.endpoint, tally.lease, tally)
-
-    def _account(self, exchange: Exchange, endpoint: Endpoint, lease: Lease, tally: _Tally) -> None:
-        """An attempt ended: its result (an answer's is read off the record), its
-        upstream's health, the access log's attempt, the pool and the metrics."""
-        record = exchange.record
-        result, reason = tally.result, tally.reason
-        if tally.answered:
-            verdict = record.verdict
-            result = result_of_answer(record.status, verdict, record.error)
-            reason = verdict.reason if verdict is not None else None
-        if tally.cancelled:
-            result, reason = Result.INCOMPLETE, exchange.stop_reason
-            health = Health.NEUTRAL  # cancelled: says nothing about the upstream
-        else:
-            health = health_of(result, reason, record.error)
-        cause = str(reason) if reason is not None and not tally.answered else None
-        entry = Attempt(endpoint.name, result, time.monotonic() - tally.started, cause)
-        record.attempts.insert(tally.position, entry)
-        self._attempt_done(exchange.route, endpoint, lease, health)
 
     def _retry(
         self,
         exchange: Exchange,
-        tally: _Tally,
+        tally: Tally,
         tried: list[int],
         *,
         retry_after: float | None = None,
@@ -517,7 +485,7 @@ class Relay:
         retried, else None (``gateway.policy.retry``). The failed attempt is accounted
         for first: a retry never goes to an upstream its failure just ejected."""
         route = exchange.route
-        self._settle(exchange, tally)
+        settle(exchange, tally, self.metrics)
         return next_attempt(
             route.pool,
             route.retry,
@@ -529,59 +497,6 @@ class Relay:
             silent=silent,
             broke=broke,
         )
-
-    def _may_hold(self, exchange: Exchange, tried: list[int]) -> bool:
-        """Whether an answer that breaks before it starts could still be retried: on
-        another upstream, or (an early end) on the same one once more."""
-        route = exchange.route
-        pool = route.pool
-        return (
-            len(pool) > 1
-            and len(tried) < route.config.max_attempts
-            and ("early_eof" in route.retry_on or "first_byte_timeout" in route.retry_on)
-            and asyncio.get_running_loop().time() < exchange.total_deadline
-            and (pool.available(tried, model=exchange.record.model) or tried.count(tried[-1]) < 2)
-        )
-
-    def _cool_down(self, exchange: Exchange, index: int, response: httpx.Response) -> float | None:
-        """A 429's or 503's (or another status the protocol says is overloaded)
-        Retry-After cools ``index`` down for the request's model (a 429
-        without one: its doubling backoff); returns the Retry-After in seconds, if any."""
-        if response.status_code not in exchange.spec.cool_down_statuses:
-            return None
-        route, model = exchange.route, exchange.record.model
-        ceiling = route.config.eject_max_seconds
-        headers = response.headers
-        seconds = retry_after_ms(headers.get("retry-after-ms"), ceiling)
-        if seconds is None:
-            seconds = retry_after_seconds(headers.get("retry-after"), time.time(), ceiling)
-        if seconds is not None:
-            route.pool.cool_down(index, seconds, model)
-        elif response.status_code == 429:
-            route.pool.throttle(index, model, route.retry.backoff_seconds, BACKOFF_CAP_SECONDS)
-        return seconds
-
-    def _attempt_done(self, route: Route, endpoint: Endpoint, lease: Lease, health: Health) -> None:
-        self.metrics.upstream_ended(route.name, endpoint.name)
-        change = route.pool.done(lease, health)
-        if change is Change.NONE:
-            return
-        ejected = change is Change.EJECTED
-        self.metrics.upstream_out(route.name, endpoint.name, ejected)
-        if ejected:
-            until = route.pool.out_until(lease.index) or 0.0
-            log.warning(
-                "route %s: upstream %s ejected for %.0f s (consecutive failures)",
-                route.name,
-                endpoint.name,
-                max(until - time.monotonic(), 0.0),
-            )
-        else:
-            log.info(
-                "route %s: upstream %s is back (it answered a request)",
-                route.name,
-                endpoint.name,
-            )
 
     def _upstream_headers(self, scope: Scope, record: RequestRecord, caller: Caller) -> RawHeaders:
         """The request's headers for any upstream (each one's credential is added later)."""
@@ -686,104 +601,11 @@ class Relay:
         exchange.counted = True
         return True
 
-    async def _body_for(
-        self,
-        exchange: Exchange,
-        endpoint: Endpoint,
-        body: bytes,
-        request_json: dict[str, Any] | None,
-    ) -> bytes:
-        """The body for ``endpoint``: with its name for the client's model when its
-        ``models`` map has one (or a ``"*"`` entry); otherwise ``body`` as it is, byte
-        for byte."""
-        if not endpoint.models or request_json is None:
-            return body
-        model = request_json.get("model")
-        models = endpoint.models
-        mapped = models.get(model, models.get("*")) if isinstance(model, str) else None
-        if mapped is None:
-            return body
-        rewritten = await self.bodies.rewrite(body, {"model": mapped})
-        if rewritten is None:
-            return body
-        # Beside the body the other upstreams get, which counts twice in the budget already.
-        self.rewriter.hold(exchange, len(rewritten) - len(body))
-        return rewritten
-
     # -- errors of our own ----------------------------------------------------------------
-
-    async def _stopped_before_response(self, exchange: Exchange) -> None:
-        """The exchange was stopped before any response byte: record it, and tell the
-        client why unless it is the one who left."""
-        record, reason = exchange.record, exchange.stop_reason
-        assert reason is not None
-        if record.stream and record.verdict is None:
-            record.verdict = bare_verdict(reason)
-        if record.status != 0:
-            return
-        if reason is Reason.CLIENT_DISCONNECT:
-            _client_left(record, exchange.scope)
-            return
-        message = (
-            "The gateway is shutting down; retry on another instance."
-            if reason is Reason.GATEWAY_SHUTDOWN
-            else "The request was stopped before the upstream answered."
-        )
-        await self._send_error(
-            exchange,
-            503,
-            message,
-            "service_unavailable",
-            str(reason),
-            [(b"retry-after", b"1"), (b"connection", b"close")],
-        )
 
     async def _refuse(self, exchange: Exchange, refused: Refused) -> None:
         """Answer a request refused before any upstream, and count it."""
         await send_refusal(exchange, refused, self.metrics)
-
-    async def _fail_before_response(self, exchange: Exchange, failure: AttemptFailure) -> None:
-        record = exchange.record
-        if failure.error is not None:
-            record.error = failure.error
-        if record.stream:
-            record.verdict = bare_verdict(failure.reason)
-        # OpenAI-shaped on every route (the wire contract's 502/504 before any response
-        # header); every SDK raises on the status.
-        await self._send_error(
-            exchange,
-            failure.status,
-            _FAILURE_MESSAGES.get(failure.reason, "Upstream failure."),
-            "upstream_error",
-            str(failure.reason),
-            openai_shaped=True,
-        )
-
-    async def _send_error(
-        self,
-        exchange: Exchange,
-        status: int,
-        message: str,
-        type_: str,
-        code: str,
-        extra: RawHeaders | None = None,
-        *,
-        openai_shaped: bool = False,
-    ) -> None:
-        """Send an error of the gateway's own, in the shape of the request's protocol
-        (OpenAI's whatever the protocol when ``openai_shaped``)."""
-        record = exchange.record
-        record.status = status
-        record.bytes_out += await send_error(
-            exchange.send,
-            None if openai_shaped else exchange.spec.name,
-            status,
-            message,
-            type_,
-            code,
-            record.request_id,
-            extra,
-        )
 
 
 class _Outgoing(NamedTuple):
@@ -795,53 +617,9 @@ class _Outgoing(NamedTuple):
     request_json: dict[str, Any] | None
 
 
-class _Tally:
-    """What one attempt came to, filled in as it goes and read once: when it failed (before
-    its retry is chosen) or at its end."""
-
-    __slots__ = (
-        "answered",
-        "cancelled",
-        "endpoint",
-        "lease",
-        "position",
-        "reason",
-        "result",
-        "settled",
-        "started",
-    )
-
-    def __init__(self, started: float, position: int, endpoint: Endpoint, lease: Lease) -> None:
-        self.started = started
-        self.position = position
-        self.endpoint = endpoint
-        self.lease = lease
-        #: Accounted for (``Relay._settle``): once, when it failed or when it ended.
-        self.settled = False
-        self.result = Result.OK
-        self.reason: Reason | None = None
-        #: The answer went to the client: its result is read off the record.
-        self.answered = False
-        #: Cancelled (the client left, the drain): says nothing about the upstream.
-        self.cancelled = False
-
-    def stopped(self) -> None:
-        self.answered = False
-        self.cancelled = True
-
-
 def _mapped(route: Route, model: str | None) -> bool:
     """Whether an upstream of ``route`` maps ``model`` (a configured, bounded name)."""
     return model is not None and any(model in endpoint.models for endpoint in route.endpoints)
-
-
-def _client_left(record: RequestRecord, scope: Scope) -> None:
-    """A client gone before any answer: 499, or the edge's refusal of its stalled body."""
-    refused = edge_refusal(scope)
-    if refused is None:
-        record.status = 499
-    else:
-        record.status, record.rejected = refused
 
 
 def _signed_for(

@@ -458,3 +458,29 @@ def test_a_signature_scoped_to_another_region_or_service_is_refused(
         message = refused.json()["message"]
         assert f"{region}/{service}" in message
         assert "us-east-1/bedrock" in message
+
+
+def test_a_bedrock_stream_is_cached_and_replayed_byte_for_byte(simulator: ServerThread) -> None:
+    """The cache's entry holds the guard's whole events, frames for a binary framing: a
+    second identical Bedrock stream is a hit, the same bytes frame for frame."""
+    route = {
+        "name": "bedrock",
+        "prefix": "/bedrock",
+        "upstream": simulator.url,
+        "protocol": "bedrock",
+        "aws": {"region": "us-east-1"},
+        "cache": True,
+    }
+    credentials = {"bedrock": {"bedrock": UPSTREAM_KEYS.packed()}}
+    url = f"/bedrock/model/{MODEL}/converse-stream"
+    body = {"messages": MESSAGES}
+    with gateway_for("", routes=[route], credentials=credentials) as gw:
+        first = web.post(gw.url + url, json=body, headers={"x-sim-tps": "0"})
+        again = web.post(gw.url + url, json=body, headers={"x-sim-tps": "0"})
+    assert first.status_code == again.status_code == 200
+    assert first.headers["x-gateway-cache"] == "MISS"
+    assert again.headers["x-gateway-cache"] == "HIT"
+    frames = _frames(first.content)
+    assert len(frames) > 3
+    assert _frames(again.content) == frames
+    assert again.content == first.content

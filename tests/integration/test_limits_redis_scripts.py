@@ -1,23 +1,31 @@
-"""The Redis backend's scripts against a real redis-server: each reservation's id makes
-a late reservation, a repeated settlement and a settlement without its reservation all
-come out at what was served; a stream that crossed a window is charged in full; strict
-reserves at most what is left; a refusal tells every counter."""
+"""The Redis backend's scripts against a real redis-server and a six-node cluster: each
+reservation's id makes a late reservation, a repeated settlement and a settlement
+without its reservation all come out at what was served; a stream that crossed a window
+is charged in full; strict reserves at most what is left; a refusal tells every counter."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import redis as redis_py
+import redis.cluster
 
 from gateway.limits import BackendError
 from gateway.limits.backend import Ask
 from gateway.limits.redis_backend import RedisBackend
 from gateway.policy.quota import Check, Limit, Rule, checks_for
-from tests.integration.redis_server import RedisServer, redis_server
+from gateway.redisconn import RedisTarget
+from tests.integration.redis_server import redis_server
+from tests.integration.redis_sets import (
+    cluster_target,
+    redis_cluster,  # noqa: F401 (a fixture)
+)
 
 #: 30 s into a minute an hour from now: the keys' expiries (EXPIREAT) lie in the future
 NOW = float(int(time.time()) // 60 * 60 + 3630)
@@ -31,18 +39,39 @@ RULE = Rule(
 )
 
 
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
+@dataclass
+class Where:
+    """A Redis for one test: its own server, or the shared cluster under a prefix of its
+    own (on a cluster, a script that touched two slots would fail: CROSSSLOT)."""
+
+    target: RedisTarget
+    prefix: str
+
+    def client(self) -> Any:
+        if self.target.mode == "cluster":
+            nodes = [redis_py.cluster.ClusterNode(h, p) for h, p in self.target.seeds()]
+            options = {k: v for k, v in self.target.options().items() if k != "db"}
+            return redis_py.cluster.RedisCluster(startup_nodes=nodes, **options)
+        return redis_py.Redis.from_url(self.target.url)
+
+
+@pytest.fixture(params=["server", "cluster"])
+def redis(request: pytest.FixtureRequest) -> Iterator[Where]:
+    if request.param == "cluster":
+        yield Where(
+            cluster_target(request.getfixturevalue("redis_cluster")), f"t{uuid.uuid4().hex}"
+        )
+        return
     with redis_server() as server:
-        yield server
+        yield Where(RedisTarget.build("standalone", server.url), "gateway")
 
 
-def _values(server: RedisServer, checks: list[Check]) -> list[int]:
-    client = redis_py.Redis(port=server.port)
+def _values(server: Where, checks: list[Check]) -> list[int]:
+    client = server.client()
     try:
         found = []
         for check in checks:
-            key = f"gateway:{{team}}:{check.key}"
+            key = f"{server.prefix}:{{team}}:{check.key}"
             if check.expires is None:
                 found.append(client.zcard(key))
             else:
@@ -52,9 +81,9 @@ def _values(server: RedisServer, checks: list[Check]) -> list[int]:
         client.close()
 
 
-def _run(server: RedisServer, work: Any) -> Any:
+def _run(server: Where, work: Any) -> Any:
     async def run() -> Any:
-        backend = RedisBackend(server.url, timeout=2.0)
+        backend = RedisBackend(server.target, timeout=2.0, prefix=server.prefix)
         try:
             await backend.prepare()
             return await work(backend)
@@ -69,7 +98,7 @@ def _ask(member: str, input_: int = 90, output: int = 10, strict: bool = False) 
 
 
 def test_a_reservation_and_its_settlement_replace_the_estimate_by_the_cost(
-    redis: RedisServer,
+    redis: Where,
 ) -> None:
     checks = checks_for([RULE], True, NOW)
 
@@ -86,7 +115,7 @@ def test_a_reservation_and_its_settlement_replace_the_estimate_by_the_cost(
     assert _values(redis, checks) == [1, 40, 0]
 
 
-def test_a_reservation_run_after_its_cancellation_counts_nothing(redis: RedisServer) -> None:
+def test_a_reservation_run_after_its_cancellation_counts_nothing(redis: Where) -> None:
     """The gateway gave up on a reservation and cancelled it; Redis ran the cancellation
     first (a paused Redis resuming runs what it holds in any order): the reservation,
     run late, finds its id closed and counts nothing."""
@@ -101,7 +130,7 @@ def test_a_reservation_run_after_its_cancellation_counts_nothing(redis: RedisSer
     assert _values(redis, checks) == [0, 0, 0]
 
 
-def test_a_cancellation_after_its_reservation_takes_all_of_it_back(redis: RedisServer) -> None:
+def test_a_cancellation_after_its_reservation_takes_all_of_it_back(redis: Where) -> None:
     checks = checks_for([RULE], True, NOW)
 
     async def work(backend: RedisBackend) -> None:
@@ -113,7 +142,7 @@ def test_a_cancellation_after_its_reservation_takes_all_of_it_back(redis: RedisS
 
 
 def test_a_settlement_whose_reservation_never_counted_charges_the_cost_only(
-    redis: RedisServer,
+    redis: Where,
 ) -> None:
     """Served unreserved (on_backend_error = "allow"): its settlement, sent when Redis is
     back, charges what it cost and subtracts nothing."""
@@ -127,7 +156,7 @@ def test_a_settlement_whose_reservation_never_counted_charges_the_cost_only(
     _run(redis, work)
 
 
-def test_a_stream_that_crossed_a_minute_is_charged_in_full(redis: RedisServer) -> None:
+def test_a_stream_that_crossed_a_minute_is_charged_in_full(redis: Where) -> None:
     before = checks_for([RULE], True, NOW)
     after = checks_for([RULE], True, NOW + 60)
 
@@ -141,7 +170,7 @@ def test_a_stream_that_crossed_a_minute_is_charged_in_full(redis: RedisServer) -
 
 
 def test_strict_reserves_what_is_left_and_a_refusal_tells_every_counter(
-    redis: RedisServer,
+    redis: Where,
 ) -> None:
     checks = checks_for([RULE], False, NOW)
 
@@ -158,7 +187,7 @@ def test_strict_reserves_what_is_left_and_a_refusal_tells_every_counter(
 
 
 def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over(
-    redis: RedisServer,
+    redis: Where,
 ) -> None:
     """A cache hit reserves no tokens: a client whose tokens are spent past the limit is
     still admitted, and counted in its requests, which still refuse it at theirs."""
@@ -185,7 +214,7 @@ def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over(
     assert _values(redis, checks) == [3, 400]
 
 
-def test_a_burst_of_reservations_shares_a_few_round_trips(redis: RedisServer) -> None:
+def test_a_burst_of_reservations_shares_a_few_round_trips(redis: Where) -> None:
     """200 reservations asked at once go in a few pipelines, not 200 round trips, and each
     gets its own answer: exactly the limit is admitted."""
     checks = checks_for([Rule("team", {Limit.REQUESTS_PER_MINUTE: 50})], False, NOW)
@@ -202,7 +231,7 @@ def test_a_burst_of_reservations_shares_a_few_round_trips(redis: RedisServer) ->
     assert trips < 20, trips
 
 
-def test_a_busy_event_loop_is_not_taken_for_a_slow_redis(redis: RedisServer) -> None:
+def test_a_busy_event_loop_is_not_taken_for_a_slow_redis(redis: Where) -> None:
     """limits_timeout 250 ms, and the loop busy for a second while the reservation is out:
     the deadline is the Redis socket's, kept by the link's thread, so the answer
     counts (an asyncio timeout on this loop would have fired)."""
@@ -219,7 +248,7 @@ def test_a_busy_event_loop_is_not_taken_for_a_slow_redis(redis: RedisServer) -> 
     async def run() -> None:
         # 250 ms rather than the 50 ms default: on a loaded two-core machine redis-server
         # itself may wait longer than 50 ms for a core (the burst tests do the same)
-        backend = RedisBackend(redis.url, timeout=0.25)
+        backend = RedisBackend(redis.target, timeout=0.25, prefix=redis.prefix)
         try:
             await backend.prepare()
             await work(backend)

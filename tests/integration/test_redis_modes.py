@@ -342,3 +342,40 @@ def test_pub_sub_through_the_factorys_client(request: pytest.FixtureRequest, mod
             await listener.aclose()
 
     assert asyncio.run(main()) == b"v1"
+
+
+@pytest.mark.parametrize("mode", ["cluster", "sentinel"])
+def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, mode: str) -> None:
+    """The spend ledger's transaction (a receipt and its day's totals, one hash tag) and
+    the issued keys' scripts run on the factory's client in each mode: a command that
+    touched two slots would fail on the cluster."""
+    from gateway.keys.redis_store import RedisKeyStore
+    from gateway.spend.ledger import RedisLedger, Row
+
+    target = _target(request, mode)
+    request_id = f"req-{time.monotonic_ns()}"
+    day = int(time.time()) // 86400
+
+    async def main() -> tuple[Any, Any, Any]:
+        ledger = RedisLedger(target, 2.0, 600, 30, prefix=f"modes{time.monotonic_ns()}")
+        keys = RedisKeyStore(target, 2.0)
+        try:
+            row = Row(day, "alice", "team", "sim-model", "v1", "reported")
+            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500)
+            found = None
+            for _ in range(200):  # written by the ledger's own task: polled, 10 s at most
+                found = await ledger.receipt(request_id)
+                if found is not None:
+                    break
+                await asyncio.sleep(0.05)
+            return found, await ledger.totals(day, day), await keys.load()
+        finally:
+            await ledger.close()
+            await keys._redis.aclose()
+
+    receipt, totals, loaded = asyncio.run(main())
+    assert receipt == ("alice", {"cost": 1})
+    assert [(t.row.client, t.nanos, t.requests) for t in totals] == [("alice", 1500, 1)]
+    version, issued = loaded
+    assert version >= 0
+    assert isinstance(issued, dict)

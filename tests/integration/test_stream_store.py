@@ -336,3 +336,34 @@ def test_redis_writes_are_batched(redis: RedisServer) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_log_that_lost_written_events_is_not_written_on(redis: RedisServer) -> None:
+    """A failover can lose a master's last writes: the log (and its count) on the promoted
+    replica ends before events its writer had written. The writer's next events would
+    leave a hole a resume would skip in silence: the writer stops instead, and the log
+    ends where it is (its readers get ``owner_lost``)."""
+    client = Redis.from_url(redis.url)
+
+    async def main() -> None:
+        store = RedisStore(redis.url, 5.0, 1 << 20, prefix="hole")
+        await store.prepare()
+        try:
+            writer = await _open(store)
+            for i in range(5):
+                writer.append(b"data: %d\n\n" % i)
+            await writer.flush()
+            log, meta = (f"hole:s:{{{writer.id}}}:{k}" for k in ("log", "meta"))
+            client.xdel(log, "0-4", "0-5")  # as if events 4 and 5 never replicated
+            client.hset(meta, "logged", 3)
+            writer.append(b"data: 5\n\n")
+            await writer.flush()
+            assert writer.lost
+            batch = await store.read(writer.id, 0)
+            assert batch is not None
+            assert batch.events == [b"data: %d\n\n" % i for i in range(3)]
+            assert batch.end is None  # no end: its readers end it owner_lost
+        finally:
+            await store.close()
+
+    asyncio.run(main())
