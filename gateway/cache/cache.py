@@ -340,7 +340,7 @@ class ResponseCache:
         detachment = None
         if writer is not None:
             # The leader's client leaving does not stop it at once: see ``_leader_left``.
-            detachment = Detachment(exchange, self.metrics)
+            detachment = Detachment.of(exchange, self.metrics)
             exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
         plan.recorder = Recorder(
             exchange.send, writer, extra, exchange.spec.framing, exchange.events, detachment

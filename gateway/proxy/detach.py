@@ -11,6 +11,10 @@ bytes that never reached the client are taken out of its ``bytes_out``;
 Two owners: a resumable stream (``gateway.resume.recorder``: the answer goes on
 into its log, for the client to resume) and a cache leader with followers
 (``gateway.cache``: the answer goes on into its log, for them and the entry).
+One exchange has **one** detachment, whoever starts it (``Detachment.of``): it
+is a gate in front of the client's own send, made by the first layer that
+records (the innermost), so every layer above it, both recorders on a route
+with resume and the cache, goes on seeing every send, the end included.
 """
 
 from __future__ import annotations
@@ -35,6 +39,23 @@ class Detachment:
         self.active = False
         self.unsent = 0  # bytes "sent" while detached: they never reached the client
         self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, exchange: Exchange, metrics: Metrics) -> Detachment:
+        """The exchange's one detachment; the first call puts its gate in front of the
+        send the exchange has now (call it before wrapping ``exchange.send``)."""
+        found = exchange.detachment
+        if isinstance(found, Detachment):
+            return found
+        detachment = exchange.detachment = cls(exchange, metrics)
+        client = exchange.send
+
+        async def gate(message: Message) -> None:
+            if not detachment.skip(message):
+                await client(message)
+
+        exchange.send = gate
+        return detachment
 
     def start(self, until: float) -> None:
         """The client left: read on without it until the loop time ``until`` at most."""

@@ -60,6 +60,9 @@ class Exchange:
     #: Set while a resumable stream is relayed: a client that leaves detaches it (the
     #: answer is read on into its log) instead of stopping the request.
     detach: Callable[[], None] | None = None
+    #: The exchange's one ``Detachment`` (``gateway.proxy.detach``), shared by every
+    #: layer that reads an answer on (resume, the cache), made by the first of them.
+    detachment: Any = None
     #: What the request is, known before the stages run: the path under the route's
     #: prefix, where the client's path asked to go, and the body's small top-level
     #: members (None when it is not a JSON object or was not read).

@@ -66,7 +66,7 @@ class Recorder:
         self.writer = writer
         self.guard = guard
         self.metrics = metrics
-        self.detachment = Detachment(exchange, metrics)
+        self.detachment = Detachment.of(exchange, metrics)  # its gate, before the wrap
         self._trailer: bytes | None = None
         #: Events were appended that the next send must wait for (logged first).
         self._unlogged = False
@@ -96,9 +96,7 @@ class Recorder:
             if self.exchange.route.config.detaches:
                 # From now on the client knows the stream's id: leaving, it detaches.
                 self.exchange.detach = self.detach
-        if self.detachment.skip(message):
-            return
-        if self._unlogged:
+        if self._unlogged and not self.detachment.active:
             # Logged before sent: a client never holds an event its log lacks (a
             # cursor it got is always one the log can serve, whoever dies).
             self._unlogged = False

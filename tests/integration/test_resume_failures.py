@@ -446,3 +446,38 @@ cache = true
     done = b"data: [DONE]\n\n"
     assert follow_.content.split(done)[0] == lead.content.split(done)[0]
     assert follow_.content.count(done) == 1
+
+
+def test_resume_and_the_cache_on_one_route_share_one_detachment(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    """A route with resume and the cache: the leader's client leaves after three
+    events while a follower on the other gateway reads its answer; the answer is read
+    on once, into both logs: the follower gets it whole and ended, and the leader's
+    client resumes it (before: resume's read-on hid the answer's end from the cache's
+    recorder and the follower was cut)."""
+    path = _config(tmp_path, simulator, redis, cache=True)  # resume and the cache on v1
+    headers = {"x-sim-tokens": "60", "x-sim-tps": "20", "x-sim-seed": "12"}
+    with two_gateways(path) as (a, b):
+        answers: dict[str, Any] = {}
+        started = threading.Event()
+
+        def lead() -> None:
+            answers["lead"] = cut_after(a.url + CHAT, BODY, headers, 3)
+            started.set()
+
+        leader = threading.Thread(target=lead)
+        leader.start()
+        time.sleep(0.3)  # the leader's log is named before the follower asks
+        follower = web.post(b.url + CHAT, json=BODY, headers=headers, timeout=120)
+        leader.join(60)
+        stream_id, _, head = answers["lead"]
+        rest = resume(a.url + "/v1", stream_id, 3, headers={})
+    assert follower.headers["x-gateway-cache"] == "HIT"
+    assert b": gateway outcome=complete reason=stop" in follower.content
+    assert follower.content.count(b"data: [DONE]\n\n") == 1
+    assert rest.status_code == 200
+    whole = head + rest.content
+    assert annotation(whole)["outcome"] == "complete"
+    done = b"data: [DONE]\n\n"
+    assert whole.split(done)[0] == follower.content.split(done)[0]
