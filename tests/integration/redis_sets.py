@@ -62,11 +62,12 @@ def _cli() -> str:
     return found
 
 
-def _ask(port: int, *command: str, password: str | None = None) -> str:
+def _ask(port: int, *command: str, password: str | None = None, ca: Path | None = None) -> str:
     """One command through redis-cli, its reply as text ("" when the node is away)."""
     auth = ["--no-auth-warning", "-a", password] if password else []
+    tls = ["--tls", "--cacert", str(ca)] if ca else []
     done = subprocess.run(
-        [_cli(), "-h", "127.0.0.1", "-p", str(port), *auth, *command],
+        [_cli(), "-h", "127.0.0.1", "-p", str(port), *auth, *tls, *command],
         capture_output=True,
         timeout=10,
         check=False,
@@ -229,8 +230,11 @@ class SentinelSet:
 class ClusterSet:
     """Six nodes, three masters with a replica each (``redis-cli --cluster create``)."""
 
-    def __init__(self, directory: Path, password: str | None = None) -> None:
+    def __init__(self, directory: Path, password: str | None = None, tls: bool = False) -> None:
         self.password = password
+        #: With ``tls``, every node (clients, replication, the bus) speaks TLS only, with a
+        #: self-signed certificate for 127.0.0.1 (``ca``), and ``url`` is ``rediss://``.
+        self.ca: Path | None = None
         options = _data_options(password) | {
             "cluster-enabled": "yes",
             "cluster-config-file": "nodes.conf",
@@ -242,6 +246,26 @@ class ClusterSet:
             _Node(directory, f"node{i}", options | {"cluster-port": str(free_port())})
             for i in range(6)
         ]
+        if tls:
+            self.ca = directory / "cert.pem"
+            key = directory / "key.pem"
+            subprocess.run(
+                [*("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                 *("-keyout", str(key), "-out", str(self.ca), "-subj", "/CN=127.0.0.1"),
+                 *("-addext", "subjectAltName=IP:127.0.0.1")],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            for node in self.nodes_:
+                node.options |= {
+                    "port": "0",
+                    "tls-port": str(node.port),
+                    "tls-cert-file": str(self.ca),
+                    "tls-key-file": str(key),
+                    "tls-ca-cert-file": str(self.ca),
+                    "tls-auth-clients": "no",
+                    "tls-cluster": "yes",
+                    "tls-replication": "yes",
+                }
 
     @property
     def nodes(self) -> list[str]:
@@ -250,10 +274,12 @@ class ClusterSet:
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.ca is not None:
+            return f"rediss://{auth}127.0.0.1:{self.nodes_[0].port}/0?ssl_ca_certs={self.ca}"
         return f"redis://{auth}127.0.0.1:{self.nodes_[0].port}/0"
 
     def ask(self, node: _Node, *command: str) -> str:
-        return _ask(node.port, *command, password=self.password)
+        return _ask(node.port, *command, password=self.password, ca=self.ca)
 
     def start(self) -> ClusterSet:
         for node in self.nodes_:
@@ -261,6 +287,8 @@ class ClusterSet:
         for node in self.nodes_:
             node.wait_listening()
         auth = ["--no-auth-warning", "-a", self.password] if self.password else []
+        if self.ca is not None:
+            auth += ["--tls", "--cacert", str(self.ca)]
         subprocess.run(
             [_cli(), *auth, "--cluster", "create", *self.nodes, "--cluster-replicas", "1",
              "--cluster-yes"],
@@ -327,8 +355,10 @@ def sentinel_set(directory: Path, password: str | None = None) -> Iterator[Senti
 
 
 @contextlib.contextmanager
-def cluster_set(directory: Path, password: str | None = None) -> Iterator[ClusterSet]:
-    deployment = ClusterSet(directory, password)
+def cluster_set(
+    directory: Path, password: str | None = None, tls: bool = False
+) -> Iterator[ClusterSet]:
+    deployment = ClusterSet(directory, password, tls)
     try:
         yield deployment.start()
     finally:

@@ -379,3 +379,41 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
     version, issued = loaded
     assert version >= 0
     assert isinstance(issued, dict)
+
+
+def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
+    """rediss:// on a cluster whose nodes speak TLS only (clients, replication, bus): the
+    start-up question, the limits' scripts and a stream log go through it."""
+    from gateway.store import End
+    from gateway.store.redis_store import RedisStore
+    from tests.integration.redis_sets import cluster_set
+
+    with cluster_set(tmp_path, password=PASSWORD, tls=True) as deployment:
+        target = RedisTarget.build("cluster", deployment.url, deployment.nodes)
+        assert target.tls
+        found = asyncio.run(inspect(target))
+        assert found.startswith("redis: cluster, masters")
+        rule = Rule("tls", {Limit.REQUESTS_PER_MINUTE: 1})
+        checks = checks_for([rule], True, NOW)
+
+        async def main() -> tuple[Any, Any, Any]:
+            backend = RedisBackend(target, timeout=2.0, prefix="tls")
+            store = RedisStore(target, 5.0, 1 << 20, prefix="tls")
+            try:
+                await backend.prepare()
+                first = await backend.reserve(checks, Ask("a", 1, 1, False, 60.0), NOW)
+                second = await backend.reserve(checks, Ask("b", 1, 1, False, 60.0), NOW)
+                await store.prepare()
+                writer = await store.open("alice", {}, max_bytes=1 << 16, ttl=30, lease=3)
+                assert writer is not None
+                writer.append(b"data: 1\n\n")
+                await writer.finish(End(b": end\n\n"))
+                return first, second, await store.read(writer.id, 0)
+            finally:
+                await backend.close()
+                await store.close()
+
+        first, second, batch = asyncio.run(main())
+        assert first.refused is None
+        assert second.refused == 0  # the limit of one held, over TLS
+        assert batch.events == [b"data: 1\n\n"]
