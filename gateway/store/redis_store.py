@@ -45,15 +45,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.exceptions import (
-    ClusterError,
-    ConnectionError,
     NoScriptError,
     RedisClusterException,
     RedisError,
 )
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.redisconn import RedisTarget, as_target
+from gateway.redisconn.away import is_away
 from gateway.redisconn.clients import async_client, sync_client
 from gateway.store.api import (
     READ_LIMIT,
@@ -89,10 +87,9 @@ RETRY_SECONDS = 1.0
 #: Every way a call can fail (a cluster client's own errors are no RedisError).
 FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 #: A call's errors that say its node is away (a cluster's pipeline answers them per
-#: call: a failing master, or CLUSTERDOWN while its slots fail over), not that the
-#: script refused: the call is sent again, its events kept.
-AWAY = (ConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError,
-        TimeoutError)  # fmt: skip
+#: call: a failing master, or CLUSTERDOWN while its slots fail over; a master with
+#: min-replicas-to-write and no replica answers NOREPLICAS), not that the script
+#: refused: the call is sent again, its events kept (``gateway.redisconn.away``).
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -415,9 +412,12 @@ class RedisStore:
             written.set_result(None)
         return StoreError(type(exc).__name__)
 
-    def _blocking_ping(self) -> None:
+    def _make_pinger(self) -> None:
         if self._pinger is None:
             self._pinger = sync_client(self._target, timeout=self.timeout)
+
+    def _blocking_ping(self) -> None:
+        self._make_pinger()
         # a cluster's PING goes to every node, a failed one too: ask its masters
         self._pinger.ping(**self._ping_to)
 
@@ -536,7 +536,7 @@ class RedisStore:
                 if any(isinstance(answer, NoScriptError) for answer in answers):
                     await self._reload()  # a promoted replica: scripts are not replicated
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    if isinstance(answer, (*AWAY, NoScriptError)):  # sent again
+                    if is_away(answer) or isinstance(answer, NoScriptError):  # again
                         writer.behind = True
                         self._dirty[writer] = None
                     else:
@@ -563,9 +563,9 @@ class RedisStore:
             try:
                 async with asyncio.timeout(self.timeout):
                     return await self.write(keys=writer.keys, args=args)
-            except AWAY:
-                return None  # its node is away: behind
-            except RedisError as exc:
+            except FAILURES as exc:
+                if is_away(exc):
+                    return None  # its node is away: behind
                 return exc  # the script's own error: written() says what it means
 
         answers = await asyncio.gather(*(one(w, args) for w, _, args, _ in calls))
@@ -596,6 +596,11 @@ class RedisStore:
                     script.sha = await self._redis.script_load(script.script)
         except FAILURES as exc:
             raise self._trip(exc) from None
+        # The probe's client built while Redis answers: a cluster client asks its seeds as
+        # it is built, each for up to the timeout, which at an outage's first failure
+        # would add one wait a seed to the request that met it.
+        with contextlib.suppress(*FAILURES):
+            await asyncio.to_thread(self._make_pinger)
 
     async def close(self) -> None:
         for task in [*self._tasks, *([self._prober] if self._prober else [])]:
