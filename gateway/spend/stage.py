@@ -26,10 +26,10 @@ from gateway.observe.accesslog import schema_fields
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
-from gateway.resume.ids import owner_of
 from gateway.settings import ANONYMOUS
 from gateway.spend.ledger import Ledger, Row, Total
 from gateway.spend.prices import nanos_to_usd
+from gateway.streamlog import owner_of
 
 __all__ = ["RECEIPTS_PATH", "SPEND_PATH", "SpendStage"]
 
