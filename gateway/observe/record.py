@@ -75,6 +75,9 @@ class RequestRecord:
     #: The schema check's verdict of each judged part (answer, tool calls), when the
     #: request asked for a schema (``gateway.schema``); empty: nothing was checked.
     schema: list[SchemaVerdict] = field(default_factory=list)
+    #: On a route with ``schema_check = "hold"``: what each held answer came to
+    #: (``released``, ``retried``, ``failed``, ``over_bytes``, ``over_time``).
+    schema_holds: list[str] = field(default_factory=list)
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
     #: A continued stream that ended without a whole continuation: what all its attempts
     #: were billed, estimated (no reported usage covers them).
