@@ -420,6 +420,7 @@ class _Gateway:
             forwarding=self.forwarding,
             limiter=limiter,
             spend=spend,
+            receipts=self.spend_stage,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:

@@ -52,6 +52,7 @@ from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.proxy.limited import with_headers
+from gateway.proxy.owner import owner_of
 from gateway.proxy.request_body import BodyParser
 from gateway.settings import ClientConfig
 from gateway.store import (
@@ -64,7 +65,7 @@ from gateway.store import (
     Vanished,
     Writer,
 )
-from gateway.streamlog import LogReader, Recorder, owner_of
+from gateway.streamlog import LogReader, Recorder
 
 __all__ = ["Plan", "ResponseCache"]
 

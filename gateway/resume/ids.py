@@ -3,7 +3,7 @@
 An id is 160 random bits (URL-safe base64) and the second it was made (hex),
 so an id whose log can only have expired is told apart from one that never
 was without the store keeping anything once the TTL passed. (A stream's owner is any
-log's: ``gateway.streamlog.owner``.)
+log's: ``gateway.proxy.owner``.)
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import STREAM_HEADERS, RawHeaders, get_header
 from gateway.proxy.limited import with_headers
+from gateway.proxy.owner import owner_of
 from gateway.proxy.upstream import Upstream
 from gateway.resume.ids import STREAM_ID, made_at, new_id
 from gateway.resume.recorder import STREAM_ID_HEADER, StreamLog
@@ -60,7 +61,7 @@ from gateway.store import (
     Vanished,
     follow,
 )
-from gateway.streamlog import LogReader, owner_of, send_within
+from gateway.streamlog import LogReader, send_within
 from gateway.streamlog.head import HEAD_EVENTS
 
 __all__ = ["Resumes", "build_resumes"]

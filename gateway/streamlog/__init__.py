@@ -8,7 +8,7 @@ A log (``gateway.store``) holds, for one answer:
   (``gateway.guard.whole``), a plain answer's body sends one event each;
 - its ``End``: the trailer the client got after the last event, and fields.
 
-``owner`` says whose a log is; ``recorder`` stands in the exchange's ``send``
+A log belongs to ``gateway.proxy.owner.owner_of``; ``recorder`` stands in the exchange's ``send``
 and writes the log as the answer goes to the client; ``reader`` sends a log to
 a client again, from a cursor, with its live tail, each send within the
 client-send bound. What the cache (``gateway.cache``) and resume
@@ -16,7 +16,6 @@ client-send bound. What the cache (``gateway.cache``) and resume
 """
 
 from gateway.streamlog.head import decode_head, encode_head
-from gateway.streamlog.owner import owner_of
 from gateway.streamlog.reader import ClientSends, LogReader, send_within
 from gateway.streamlog.recorder import Recorder
 
@@ -26,6 +25,5 @@ __all__ = [
     "Recorder",
     "decode_head",
     "encode_head",
-    "owner_of",
     "send_within",
 ]
