@@ -442,6 +442,7 @@ class _Gateway:
             forwarding=self.forwarding,
             limiter=limiter,
             spend=spend,
+            receipts=self.spend_stage,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:

@@ -17,7 +17,7 @@ from gateway.proxy.admission import presented_key
 from gateway.proxy.exchange import Exchange
 from gateway.settings import ANONYMOUS
 
-__all__ = ["STREAM_ID", "made_at", "new_id", "owner_of"]
+__all__ = ["STREAM_ID", "made_at", "new_id", "owner_from", "owner_of"]
 
 #: What a stream id looks like.
 STREAM_ID = re.compile(r"[A-Za-z0-9_-]{27}\.[0-9a-f]{1,12}")
@@ -34,8 +34,12 @@ def made_at(stream_id: str) -> int:
 
 def owner_of(exchange: Exchange) -> str:
     """Whose a stream is: the named client's, or the presented credential's."""
-    name = exchange.caller.name
+    return owner_from(exchange.caller.name, exchange.scope["headers"])
+
+
+def owner_from(name: str, headers: list[tuple[bytes, bytes]]) -> str:
+    """``owner_of`` a client's name and a request's headers (a WebSocket's handshake)."""
     if name != ANONYMOUS:
         return f"client:{name}"
-    key = presented_key(exchange.scope["headers"]) or b""
+    key = presented_key(headers) or b""
     return "key:" + hashlib.sha256(key).hexdigest()[:32]
