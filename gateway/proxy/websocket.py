@@ -53,7 +53,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
@@ -70,7 +70,7 @@ from gateway.policy.pool import Health
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.policy.routing import Route, Target
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
-from gateway.proxy.connection import peer_of
+from gateway.proxy.connection import WS_EXTENSION, peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
     HANDSHAKE_DROP,
@@ -83,6 +83,7 @@ from gateway.proxy.headers import (
     without_key,
 )
 from gateway.proxy.owner import owner_from
+from gateway.proxy.pricing import Pricing, Receipts
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.ws_upstream import (
     Opened,
@@ -91,12 +92,7 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
-from gateway.spend import Spend
-
-if TYPE_CHECKING:
-    from gateway.spend.stage import SpendStage
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
@@ -204,8 +200,8 @@ class WebSocketRelay:
         lifecycle: Lifecycle,
         forwarding: Forwarding,
         limiter: Limiter | None = None,
-        spend: Spend | None = None,
-        receipts: SpendStage | None = None,
+        spend: Pricing | None = None,
+        receipts: Receipts | None = None,
     ) -> None:
         self.settings = settings
         #: Keeps each response's receipt (under its request id and its ``resp_`` id)
