@@ -53,7 +53,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
@@ -83,6 +83,7 @@ from gateway.proxy.headers import (
     strip_hop_by_hop,
     without_key,
 )
+from gateway.proxy.owner import owner_from
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.ws_upstream import (
@@ -95,6 +96,9 @@ from gateway.proxy.ws_upstream import (
 from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
 from gateway.spend import Spend
+
+if TYPE_CHECKING:
+    from gateway.spend.stage import SpendStage
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
@@ -146,6 +150,7 @@ class _Response:
     record: RequestRecord
     guard: MessageGuard
     lane: str | None
+    contract: ResponsesContract
     last: float | None = None  # the upstream's last message of this response
     last_content: float | None = None
     #: The schema check's reader of a response that asked for a schema (None: none).
@@ -177,6 +182,10 @@ class _Connection:
     sending_since: float | None = None
     #: When the last send to the client finished: the upstream is read again from then.
     resumed: float = 0.0
+    #: Whose the responses' receipts are (``gateway.proxy.owner``), and the
+    #: team of the caller's issued key.
+    owner: str = ""
+    team: str | None = None
 
     @property
     def facts(self) -> dict[str, object]:
@@ -200,8 +209,12 @@ class WebSocketRelay:
         forwarding: Forwarding,
         limiter: Limiter | None = None,
         spend: Spend | None = None,
+        receipts: SpendStage | None = None,
     ) -> None:
         self.settings = settings
+        #: Keeps each response's receipt (under its request id and its ``resp_`` id)
+        #: and the handshake's (a refusal's, or the connection's end), as over HTTP.
+        self.receipts = receipts
         #: Prices each response of a named client, as over HTTP (``gateway.spend``).
         self.spend = spend
         #: Named clients' limits are settled per HTTP request: a limited client's
@@ -255,11 +268,14 @@ class WebSocketRelay:
         record.websocket = facts
         opened: Opened | None = None
         blamed = False  # a response the upstream broke: its health
+        team: str | None = None
+        message_type = ""
         try:
             message = await receive()
-            if message["type"] != "websocket.connect":
+            message_type = message["type"]
+            if message_type != "websocket.connect":
                 return
-            admitted = self._admit(route, scope)
+            admitted = self._admit(route, scope, record)
             if isinstance(admitted, Refused):
                 record.rejected = admitted.label
                 self.metrics.reject(admitted.label)
@@ -276,6 +292,7 @@ class WebSocketRelay:
                 return
             target, caller = admitted
             record.client_name = caller.name
+            team = caller.team
             capped = self._take_slot(caller.name)
             if capped is not None:
                 record.rejected = capped.label
@@ -315,6 +332,7 @@ class WebSocketRelay:
             self.ws_metrics.opened(route.name)
             conn = _Connection(route, scope, receive, send, opened, record, started)
             conn.last_activity = started
+            conn.owner, conn.team = owner_from(caller.name, scope["headers"]), team
             self._connections.add(conn)
             try:
                 end = await self._run(conn)
@@ -348,6 +366,15 @@ class WebSocketRelay:
             )
             record.duration = time.monotonic() - started
             self.access_log.write(record)
+            if self.receipts is not None and message_type == "websocket.connect":
+                # the handshake's own: a refusal's, or the connection's end (its
+                # responses, each on its own receipt, are what it cost)
+                self.receipts.keep(
+                    record,
+                    owner_from(record.client_name, scope["headers"]),
+                    team,
+                    counted=record.status != 101,
+                )
 
     def _take_slot(self, client: str) -> Refused | None:
         """Count a connection in, or Refused beyond ``max_websocket_connections`` (503 for
@@ -382,7 +409,9 @@ class WebSocketRelay:
         else:
             del self._open_by_client[client]
 
-    def _admit(self, route: Route, scope: Scope) -> tuple[Target, Caller] | Refused:
+    def _admit(
+        self, route: Route, scope: Scope, record: RequestRecord
+    ) -> tuple[Target, Caller] | Refused:
         if self.lifecycle.draining:
             return Refused(
                 503,
@@ -394,6 +423,7 @@ class WebSocketRelay:
             caller = self.admission.check_key(route, scope["headers"])
         except Refused as refused:
             return refused
+        record.client_name = caller.name  # a refusal from here on is the client's
         if self.limiter is not None and self.limiter.limited(caller.name):
             return Refused(
                 403,
@@ -630,7 +660,7 @@ class WebSocketRelay:
         contract = ResponsesContract()
         guard = MessageGuard(contract, max_message_bytes=self.settings.max_ws_message_bytes)
         schema = await self._schema_reader(conn, obj, text)
-        conn.responses[lane] = _Response(record, guard, lane, schema=schema)
+        conn.responses[lane] = _Response(record, guard, lane, contract, schema=schema)
         conn.count += 1
         conn.wake.set()
         return text
@@ -899,6 +929,9 @@ class WebSocketRelay:
         record.upstream_model = guard.contract.model
         if response.schema is not None:
             record.schema = response.schema.verdicts()
+        response_id = response.contract.response_id
+        if record.websocket is not None and response_id is not None:
+            record.websocket["response_id"] = response_id
         record.duration = time.monotonic() - record.started
         record.model_label = self.model_labels.label(record.model, record.upstream_model)
         conn.record.bytes_in += record.bytes_in
@@ -909,7 +942,7 @@ class WebSocketRelay:
                 rest = record.path[len(conn.route.config.prefix) :]
                 spec = conn.route.spec_for(rest)
                 record.charge = self.spend.price_record(
-                    record, spec, conn.route.config, record.charge
+                    record, spec, conn.route.config, record.charge, conn.team
                 )
         if not conn.responses and conn.counted:
             conn.counted = False
@@ -917,6 +950,10 @@ class WebSocketRelay:
             self.metrics.stream_ended(conn.route.name)
             self.lifecycle.unregister(conn)
         self.observers.observe(record)
+        if self.receipts is not None:
+            self.receipts.keep(
+                record, conn.owner, conn.team, (response_id,) if response_id is not None else ()
+            )
 
 
 def _charge(record: RequestRecord) -> Cost:

@@ -53,8 +53,6 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redisconn import RedisTarget, as_target
-from gateway.redisconn.clients import async_client, sync_client
 from gateway.store.api import (
     READ_LIMIT,
     Batch,
@@ -67,6 +65,7 @@ from gateway.store.api import (
     new_stream_id,
 )
 from gateway.store.budget import Budget
+from gateway.store.connection import RedisConnection
 
 __all__ = ["RedisStore"]
 
@@ -350,20 +349,18 @@ class RedisStore:
     remote = True
 
     def __init__(
-        self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
+        self, redis: RedisConnection, timeout: float, max_bytes: int, prefix: str = "gateway"
     ) -> None:
-        target = self._target = as_target(redis)
+        """``redis``: the clients, built by the store's owner (``gateway.app``) with the
+        one client factory; the asyncio one without a socket timeout (every call here
+        has its own bound, a blocking read a long one) and up to ``MAX_CONNECTIONS``."""
+        self._connection = redis
         #: The probe's own blocking client (made in its thread, when first needed).
         self._pinger: Any = None
         #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
-        self._cluster = target.mode == "cluster"
+        self._cluster = redis.cluster
         self._ping_to: dict[str, str] = {"target_nodes": "primaries"} if self._cluster else {}
-        self._redis: Any = async_client(
-            target,
-            socket_timeout=None,  # every call has its own bound (a blocking read is long)
-            connect_timeout=timeout,
-            max_connections=MAX_CONNECTIONS,
-        )
+        self._redis: Any = redis.client
         self._tails: dict[str, _Tail] = {}
         #: Writers with something to write, in the order they asked.
         self._dirty: dict[_RedisWriter, None] = {}
@@ -417,7 +414,7 @@ class RedisStore:
 
     def _blocking_ping(self) -> None:
         if self._pinger is None:
-            self._pinger = sync_client(self._target, timeout=self.timeout)
+            self._pinger = self._connection.blocking()
         # a cluster's PING goes to every node, a failed one too: ask its masters
         self._pinger.ping(**self._ping_to)
 

@@ -384,6 +384,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
 def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
     """rediss:// on a cluster whose nodes speak TLS only (clients, replication, bus): the
     start-up question, the limits' scripts and a stream log go through it."""
+    from gateway.app import store_connection
     from gateway.store import End
     from gateway.store.redis_store import RedisStore
     from tests.integration.redis_sets import cluster_set
@@ -398,7 +399,7 @@ def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
 
         async def main() -> tuple[Any, Any, Any]:
             backend = RedisBackend(target, timeout=2.0, prefix="tls")
-            store = RedisStore(target, 5.0, 1 << 20, prefix="tls")
+            store = RedisStore(store_connection(target, 5.0), 5.0, 1 << 20, prefix="tls")
             try:
                 await backend.prepare()
                 first = await backend.reserve(checks, Ask("a", 1, 1, False, 60.0), NOW)

@@ -109,7 +109,8 @@ def test_boto3_raises_at_the_violating_converse_event(gateway: ServerThread, sha
     answer = structured_answer(shape)
     # the deltas boto3 yielded are the answer's text up to the one that broke it: a
     # prefix of the document that the push parser could still take
-    assert "metadata" not in seen and "messageStop" not in seen
+    assert "metadata" not in seen
+    assert "messageStop" not in seen
     assert seen.count("contentBlockDelta") < len(answer)
 
 
@@ -126,7 +127,8 @@ def test_boto3_raises_at_a_tool_use_off_its_schema(gateway: ServerThread, shape:
 
 def test_a_valid_tool_use_passes(gateway: ServerThread) -> None:
     seen, _ = converse(gateway, "valid", toolConfig=TOOLS)
-    assert "contentBlockStop" in seen and seen[-1] == "metadata"
+    assert "contentBlockStop" in seen
+    assert seen[-1] == "metadata"
 
 
 # ------------------------------------------------------------ Responses over WebSocket
@@ -146,7 +148,7 @@ def ws_response(gateway: ServerThread, shape: str, **fields: Any) -> tuple[list[
                 seen.append(event)
                 if event.type in ("response.completed", "response.incomplete", "error"):
                     break
-    except Exception as exc:  # noqa: BLE001 - what the SDK raises is what is asserted
+    except Exception as exc:  # what the SDK raises is what is asserted
         return seen, exc
     return seen, None
 

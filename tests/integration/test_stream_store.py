@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from gateway.app import store_connection
 from gateway.redisconn import RedisTarget
 from gateway.store import BeyondEnd, End, Gone, MemoryStore, StreamStore, Writer, follow
 from gateway.store.redis_store import RedisStore
@@ -54,7 +55,7 @@ def make(request: pytest.FixtureRequest) -> Make:
     def build(max_bytes: int = 1 << 20) -> StreamStore:
         if where is None:
             return MemoryStore(max_bytes)
-        return RedisStore(where, 5.0, max_bytes, prefix=f"t{id(request)}")
+        return RedisStore(store_connection(where, 5.0), 5.0, max_bytes, prefix=f"t{id(request)}")
 
     return build
 
@@ -281,7 +282,7 @@ def test_nothing_is_left_after_the_ttl(redis: RedisServer) -> None:
         assert store.size == 0
 
     async def main() -> None:
-        store = RedisStore(redis.url, 5.0, 1 << 20, prefix="ttl")
+        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 20, prefix="ttl")
         await store.prepare()
         try:
             await body(store)
@@ -318,7 +319,7 @@ def test_redis_writes_are_batched(redis: RedisServer) -> None:
         return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
     async def main() -> None:
-        store = RedisStore(redis.url, 5.0, 1 << 24, prefix="batch")
+        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 24, prefix="batch")
         await store.prepare()
         try:
             before = calls()
@@ -346,7 +347,7 @@ def test_a_log_that_lost_written_events_is_not_written_on(redis: RedisServer) ->
     client = Redis.from_url(redis.url)
 
     async def main() -> None:
-        store = RedisStore(redis.url, 5.0, 1 << 20, prefix="hole")
+        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 20, prefix="hole")
         await store.prepare()
         try:
             writer = await _open(store)
