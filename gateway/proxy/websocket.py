@@ -82,6 +82,7 @@ from gateway.proxy.headers import (
     strip_hop_by_hop,
     without_key,
 )
+from gateway.proxy.owner import owner_from
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.ws_upstream import (
     Opened,
@@ -90,7 +91,6 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.resume.ids import owner_from
 from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
 from gateway.spend import Spend
@@ -178,7 +178,7 @@ class _Connection:
     sending_since: float | None = None
     #: When the last send to the client finished: the upstream is read again from then.
     resumed: float = 0.0
-    #: Whose the responses' receipts are (``gateway.resume.ids.owner_from``), and the
+    #: Whose the responses' receipts are (``gateway.proxy.owner``), and the
     #: team of the caller's issued key.
     owner: str = ""
     team: str | None = None
