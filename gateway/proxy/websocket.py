@@ -692,6 +692,24 @@ class WebSocketRelay:
             },
         }
         await self._to_client_bounded(conn, json.dumps(payload, separators=(",", ":")))
+        if self.receipts is not None:  # a refusal is a request too: it has its receipt
+            record = conn.record
+            refused = RequestRecord(
+                request_id=request_id,
+                route=record.route,
+                method="GET",
+                path=record.path,
+                started=time.monotonic(),
+                client=record.client,
+                client_name=record.client_name,
+                status=status,
+                rejected=code,
+                user_agent=record.user_agent,
+                protocol="responses",
+                transport="websocket",
+                websocket={"connection_id": record.request_id, "response": None},
+            )
+            self.receipts.keep(refused, conn.owner, conn.team)
 
     def _stop(self, conn: _Connection) -> None:
         """The drain's timeout: the responses in flight end with ``gateway_shutdown``."""
