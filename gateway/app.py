@@ -77,6 +77,7 @@ from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
+from gateway.redisconn import RedisTarget, as_target
 from gateway.resume import Resumes, build_resumes
 from gateway.resume.stage import ResumeStage
 from gateway.server.edge import EdgeRefusal, edge_state
@@ -85,7 +86,7 @@ from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import ISSUED_AWS_KEYS, RouteConfig, Settings
 from gateway.spend import Spend, build_spend, build_stage
 from gateway.spend.stage import SpendStage, status_rows
-from gateway.store import StoreError, StreamStore
+from gateway.store import RedisConnection, StoreError, StreamStore
 from gateway.store import build_store as build_stream_store
 
 __all__ = ["create_app"]
@@ -102,11 +103,32 @@ def stream_store(settings: Settings) -> StreamStore | None:
     """The configured stream store when a route resumes or caches; else None."""
     if not any(route.resume or route.cache for route in settings.effective_routes()):
         return None
+    target = settings.redis_target()
+    timeout = settings.stream_store_timeout
     return build_stream_store(
         settings.stream_store,
         max_bytes=settings.stream_store_max_bytes,
-        redis=settings.redis_target(),
-        timeout=settings.stream_store_timeout,
+        redis=store_connection(target, timeout) if settings.stream_store == "redis" and target
+        else None,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def store_connection(target: RedisTarget | str, timeout: float) -> RedisConnection:
+    """The Redis store's clients, from the one client factory (the store imports nothing
+    of the package: they are handed in)."""
+    from gateway.redisconn.clients import async_client, sync_client  # redis only when used
+    from gateway.store.redis_store import MAX_CONNECTIONS
+
+    where = as_target(target)
+    client = async_client(
+        where,
+        socket_timeout=None,  # every call has its own bound (a blocking read is long)
+        connect_timeout=timeout,
+        max_connections=MAX_CONNECTIONS,
+    )
+    return RedisConnection(
+        client, lambda: sync_client(where, timeout=timeout), where.mode == "cluster"
     )
 
 
@@ -420,6 +442,7 @@ class _Gateway:
             forwarding=self.forwarding,
             limiter=limiter,
             spend=spend,
+            receipts=self.spend_stage,
         )
 
     async def _open_keys(self, stack: contextlib.AsyncExitStack) -> None:

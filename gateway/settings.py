@@ -477,12 +477,26 @@ class RouteConfig(_Strict):
         "a longer one sends the retry to the next tier.",
     )
     # -- structured outputs (docs/structured-outputs.md) --
-    schema_check: Literal["off", "record", "end"] = Field(
+    schema_check: Literal["off", "record", "end", "hold"] = Field(
         "record",
         description="What a structured answer or tool call that breaks the request's schema "
         'does: "record" (the verdict in the trailer, the log and the metrics; bytes '
         'unchanged), "end" (the stream ends at the violating event with the protocol\'s '
-        'error event, reason schema_mismatch), "off".',
+        'error event, reason schema_mismatch), "hold" (nothing of the answer goes out '
+        'until it validated: a violation takes the next upstream, as a retry), "off".',
+    )
+    schema_hold_max_bytes: int = Field(
+        256 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description='With schema_check = "hold": the most of one answer held before it '
+        "validated; past it the stream ends with limit_exceeded.",
+    )
+    schema_hold_seconds: float = Field(
+        60.0,
+        gt=0,
+        description='With schema_check = "hold": the longest an answer is held before it '
+        "validated; past it the stream ends with limit_exceeded.",
     )
     schema_max_answer_bytes: int = Field(
         1024 * 1024,

@@ -138,6 +138,8 @@ class ResponsesContract(Contract):
         self._finished_items: set[int] = set()
         self._open_items: set[int] = set()  # added, and no output_item.done yet
         self._text: list[str] = []
+        #: The response's id, as its first event naming one says (``resp_...``).
+        self.response_id: str | None = None
 
     # -- results for callers that asked for them -----------------------------
 
@@ -166,7 +168,7 @@ class ResponsesContract(Contract):
         if event.data.strip() == "[DONE]":
             # Not this protocol's terminator: the stream ended without one.
             raise self._reject(Reason.MISSING_DONE, "[DONE] arrived before response.completed")
-        obj = parse_json_object(event.data)
+        obj = self.parsed = parse_json_object(event.data)
         kind = obj.get("type")
         if not isinstance(kind, str):
             raise self._reject(Reason.INVALID_SHAPE, "event has no string type")
@@ -177,10 +179,13 @@ class ResponsesContract(Contract):
             return self._upstream_error("the upstream sent response.failed")
         if event.event != "message" and event.event != kind:
             raise self._reject(Reason.INVALID_SHAPE, "event name and data type differ")
-        if self.model is None:
+        if self.model is None or self.response_id is None:
             response = obj.get("response")
             if isinstance(response, dict):
                 self._note_model(response.get("model"))
+                found = response.get("id")
+                if self.response_id is None and isinstance(found, str) and found:
+                    self.response_id = found
         sequence = self._sequence_of(obj)
         action = self._dispatch(kind, obj)
         if sequence is not None:

@@ -166,6 +166,8 @@ def schema_fields(record: RequestRecord) -> dict[str, Any] | None:
     if verdict.tool:
         out["tool"] = bounded(verdict.tool)
     out["parts"] = [f"{part.kind}:{part.result}" for part in record.schema]
+    if record.schema_holds:
+        out["holds"] = record.schema_holds
     return out
 
 

@@ -303,6 +303,13 @@ class Metrics:
         "valid, invalid, refused, unchecked).",
         ("route", "protocol", "kind", "verdict"),
     )
+    schema_holds = Declared(
+        "gateway_schema_holds_total",
+        Counter,
+        'Answers held until they validated (schema_check = "hold"), by what each came to: '
+        "released, retried, failed, over_bytes, over_time.",
+        ("route", "result"),
+    )
     limited_requests = Declared(
         "gateway_limited_requests_total",
         Counter,
@@ -635,6 +642,8 @@ class Metrics:
             )
         for part in record.schema:
             add(self.schema_verdicts, route, record.protocol or "none", part.kind, part.result)(1)
+        for result in record.schema_holds:
+            add(self.schema_holds, route, result)(1)
         if record.stream and verdict is not None:
             outcome, reason = verdict.outcome.value, verdict.reason.value
             add(self.streams, route, model, outcome, reason, client)(1)

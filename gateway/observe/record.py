@@ -10,10 +10,24 @@ from gateway.policy.errors import RequestError
 from gateway.schema.verdict import SchemaVerdict, worst
 
 if TYPE_CHECKING:
+    from gateway.money.charge import Charge
     from gateway.policy.quota import Cost
-    from gateway.spend.charge import Charge
 
-__all__ = ["Attempt", "RequestRecord"]
+__all__ = ["Attempt", "Part", "RequestRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One attempt's share of a rescued answer (``gateway.proxy.continuation``): the
+    upstream and model that relayed it, how it ended, and what it was billed."""
+
+    upstream: str
+    model: str | None
+    outcome: str  # "complete", or the reason the attempt was cut
+    usage: Usage
+    #: ``reported`` (the upstream reported its usage whole), else ``estimated`` (from
+    #: the request and what it relayed, its reported counts included)
+    evidence: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +75,18 @@ class RequestRecord:
     #: The schema check's verdict of each judged part (answer, tool calls), when the
     #: request asked for a schema (``gateway.schema``); empty: nothing was checked.
     schema: list[SchemaVerdict] = field(default_factory=list)
+    #: On a route with ``schema_check = "hold"``: what each held answer came to
+    #: (``released``, ``retried``, ``failed``, ``over_bytes``, ``over_time``).
+    schema_holds: list[str] = field(default_factory=list)
     usage: Usage | None = None  # reported usage (streamed or from a JSON body)
     #: A continued stream that ended without a whole continuation: what all its attempts
     #: were billed, estimated (no reported usage covers them).
     billed: Usage | None = None
+    #: A rescued answer's attempts that relayed part of it, in order: each is priced at
+    #: its own upstream's prices, and the answer costs their sum (``gateway.spend``).
+    parts: list[Part] = field(default_factory=list)
+    #: Each part's money (nano-dollars; None: unpriced), once priced.
+    part_nanos: list[int | None] = field(default_factory=list)
     upstream_request_id: str | None = None
     upstream: str | None = None  # the name of the upstream whose answer the client got
     attempts: list[Attempt] = field(default_factory=list)

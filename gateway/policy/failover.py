@@ -11,7 +11,9 @@ is. A 4xx other than 429 is the client's fault and travels back unchanged.
 ``early_eof``: connected, but the upstream closed or broke before a valid
 head, or a held answer ended, broke or failed before its first event (a
 stream) or first byte (any other body). ``incomplete``: an answer the
-client was already getting broke.
+client was already getting broke. ``schema_mismatch``: a held answer broke the
+request's schema before anything of it went out (a route with
+``schema_check = "hold"`` retries it); it says nothing of the upstream's health.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gateway.policy.pool import Health
 
 __all__ = [
     "BROKE_ANSWER",
+    "RETRY_ELSEWHERE",
     "AttemptFailure",
     "Result",
     "health_of",
@@ -63,6 +66,9 @@ class Result(enum.StrEnum):
     CONTEXT_LENGTH = "context_length"
     EARLY_EOF = "early_eof"
     INCOMPLETE = "incomplete"
+    #: a held answer broke the request's schema before anything of it went out
+    #: (``schema_check = "hold"``; retried whenever a route holds)
+    SCHEMA_MISMATCH = "schema_mismatch"
 
 
 #: Result -> the ``retry_on`` name that allows retrying it.
@@ -73,6 +79,7 @@ _CAUSES = {
     Result.STATUS_5XX: "5xx",
     Result.EARLY_EOF: "early_eof",
     Result.CONTEXT_LENGTH: "context_length",
+    Result.SCHEMA_MISMATCH: "schema_mismatch",
 }
 
 #: Incomplete reasons that say nothing about the upstream: the client, the gateway,
@@ -100,6 +107,11 @@ BROKE_ANSWER = frozenset(
         Reason.UPSTREAM_ERROR,
     }
 )
+
+
+#: Reasons a held answer failed for whose retry goes first to another upstream: the
+#: upstream broke it, or it broke the request's schema (the next upstream is asked).
+RETRY_ELSEWHERE = BROKE_ANSWER | {Reason.SCHEMA_MISMATCH}
 
 
 _CONNECT_ERRORS = frozenset({RequestError.CONNECT_ERROR, RequestError.CONNECT_TIMEOUT})
@@ -137,6 +149,8 @@ def result_of_status(status: int) -> Result:
 
 def result_of_held(reason: Reason) -> Result:
     """A held answer failed for ``reason`` before anything of it was sent."""
+    if reason is Reason.SCHEMA_MISMATCH:
+        return Result.SCHEMA_MISMATCH
     if reason in _TIMEOUTS:
         return Result.TIMEOUT
     if reason in _BLAMELESS:
@@ -165,6 +179,8 @@ def health_of(
     """What an attempt says about its upstream (``reason``: the stream's or the failure's)."""
     if result in (Result.OK, Result.STATUS_4XX, Result.CONTEXT_LENGTH):
         return Health.OK
+    if result is Result.SCHEMA_MISMATCH:  # the model's answer, not the upstream's health
+        return Health.NEUTRAL
     if reason is not None and reason in _BLAMELESS:
         return Health.NEUTRAL
     if result is Result.INCOMPLETE and reason is None and error is RequestError.CLIENT_STALLED:

@@ -250,7 +250,9 @@ class Route:
             ),
             tiers=[e.priority for e in self.endpoints],
         )
-        self.retry_on = frozenset(config.retry_on)
+        # A route that holds structured answers retries one that broke its schema.
+        held = {"schema_mismatch"} if config.schema_check == "hold" else set()
+        self.retry_on = frozenset(config.retry_on) | held
         self.retry = RetryPolicy(
             max_attempts=config.max_attempts,
             retry_on=self.retry_on,

@@ -195,19 +195,31 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
     head, later ones within ``idle`` (the watchdog's deadlines); comment
     lines alone do not start a stream, up to ``_HOLD_LIMIT`` bytes of them.
     A failure leaves the guard with its verdict.
+
+    A stage's ``HoldGate`` (``Exchange.hold_gate``) holds on past the first
+    event until it is settled, within its bounds (past them the stream ends
+    ``limit_exceeded``); an answer that fails while the gate holds it keeps
+    nothing to send: the client gets its error (or its retry's answer) only.
     """
     read = _stream_reader(exchange, response)
     exchange.events.hold()  # its whole events reach the readers once the head is out
+    gate = exchange.hold_gate
     loop = asyncio.get_running_loop()
     timeouts = exchange.timeouts
     total = exchange.total_deadline
-    limit = loop.time() + timeouts.first_byte
+    now = loop.time()
+    limit = now + timeouts.first_byte
+    if gate is not None:
+        gate.restart()
+        until, cap = now + gate.seconds, gate.max_bytes
+    else:
+        until, cap = total, _HOLD_LIMIT
     out: list[bytes] = []
     size = 0
     got = False
     try:
         while True:
-            async with asyncio.timeout_at(min(limit, total)):
+            async with asyncio.timeout_at(min(limit, total, until)):
                 chunk = await read()
             if not chunk:
                 guard.eof()
@@ -221,12 +233,19 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
             if data:
                 out.append(data)
                 size += len(data)
-            if guard.done or guard.contract.events or size > _HOLD_LIMIT:
+            if guard.done or (guard.contract.events and (gate is None or gate.settled())):
+                break
+            if size > cap:
+                if gate is not None:
+                    guard.abort(Reason.LIMIT_EXCEEDED, gate.gave_up("bytes"))
                 break
             limit = loop.time() + timeouts.idle
     except TimeoutError:
-        if loop.time() >= total:
+        now = loop.time()
+        if now >= total:
             guard.abort(Reason.TOTAL_TIMEOUT)
+        elif gate is not None and now >= until:
+            guard.abort(Reason.LIMIT_EXCEEDED, gate.gave_up("time"))
         else:
             guard.abort(Reason.IDLE_TIMEOUT if got else Reason.FIRST_BYTE_TIMEOUT)
     except httpx.DecodingError:
@@ -237,6 +256,9 @@ async def hold_stream(exchange: Exchange, response: httpx.Response, guard: Strea
         _unfed(exchange)  # counted again by the relay's first read, if it relays it
     verdict = guard.verdict
     failure = verdict.reason if verdict is not None and not verdict.complete else None
+    if gate is not None and failure is not None:
+        exchange.events.hold()  # nothing of a held answer that failed reaches anyone
+        out = []
     return Held(b"".join(out), failure, read=read)
 
 

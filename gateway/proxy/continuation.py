@@ -46,6 +46,7 @@ import httpx
 from gateway.guard import Reason, StreamGuard, Usage
 from gateway.guard.joint import Check, Joint, JointCheck
 from gateway.observe import Attempt, Metrics
+from gateway.observe.record import Part
 from gateway.policy.failover import (
     BROKE_ANSWER,
     AttemptFailure,
@@ -149,6 +150,8 @@ class Rescuer:
         #: with both.
         self._cut = Usage(input_tokens=0, output_tokens=0)
         self._live: StreamGuard | None = None
+        #: The upstream of the continuation being relayed, until its part is recorded.
+        self._live_upstream: str | None = None
         #: The cut answer had its finish (only its end was missing).
         self._finished = False
 
@@ -220,6 +223,7 @@ class Rescuer:
             self.settle(verdict.reason)
             self.settle = None
         cut = self._cut = _billed(guard, self.body_size, self._cut)
+        self._part(guard, cut_at)
         text = _text(guard)
         self._finished = bool(contract.finish_reasons)
         joint = contract.joint(cut)
@@ -251,6 +255,7 @@ class Rescuer:
             assert verdict is not None
             if verdict.complete:
                 self.metrics.continuation(route.name, name, ContinuationResult.OK)
+                self._part(guard, name)
                 usage = verdict.usage or Usage()
                 total = Usage(
                     input_tokens=(usage.input_tokens or 0) + (cut.input_tokens or 0),
@@ -268,6 +273,7 @@ class Rescuer:
             text += _text(guard)
             # Its tokens reached the client and were billed: the next usage counts them.
             cut = self._cut = _billed(guard, self.body_size, cut)
+            self._part(guard, name)
             self._live = None
             joint = _next_joint(joint, guard, cut)
             broke = index
@@ -294,7 +300,15 @@ class Rescuer:
         """What every attempt that reached the client was billed: the cut ones, and the
         continuation that was being relayed when the stream ended without a whole one."""
         live = self._live
+        if live is not None and self._live_upstream is not None:
+            self._part(live, self._live_upstream)
         return self._cut if live is None else _billed(live, self.body_size, self._cut)
+
+    def _part(self, guard: StreamGuard, upstream: str) -> None:
+        """Record an attempt's share of the answer, once (``RequestRecord.parts``)."""
+        if guard is self._live:
+            self._live_upstream = None
+        self.exchange.record.parts.append(_part_of(guard, upstream, self.body_size))
 
     # -- one continuation ---------------------------------------------------------------
 
@@ -444,6 +458,7 @@ class Rescuer:
         also when the drain or the client stops it before its end, and its answer is
         ``upstream``'s from here (the access log's ``upstream``)."""
         self._live = guard
+        self._live_upstream = upstream
         self.continued += 1
         self.exchange.record.continued = self.continued
         self.exchange.record.upstream = upstream
@@ -525,6 +540,22 @@ def _billed(guard: StreamGuard, body_size: int, before: Usage) -> Usage:
         output_tokens=(before.output_tokens or 0)
         + max(reported.output_tokens or 0, guard.contract.content_events),
     )
+
+
+def _part_of(guard: StreamGuard, upstream: str, body_size: int) -> Part:
+    """An attempt's part: its reported usage when it completed and reported it whole,
+    else what ``_billed`` bills it."""
+    verdict = guard.verdict
+    usage = verdict.usage if verdict is not None else None
+    outcome = (
+        "stopped" if verdict is None else "complete" if verdict.complete else str(verdict.reason)
+    )
+    whole = usage is not None and usage.input_tokens is not None and usage.output_tokens is not None
+    if whole and verdict is not None and verdict.complete:
+        assert usage is not None
+        return Part(upstream, guard.contract.model, outcome, usage, "reported")
+    billed = _billed(guard, body_size, Usage(input_tokens=0, output_tokens=0))
+    return Part(upstream, guard.contract.model, outcome, billed, "estimated")
 
 
 def _next_joint(joint: Joint, guard: StreamGuard, cut: Usage) -> Joint:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Scope, Send
 
@@ -30,7 +30,25 @@ from gateway.settings import Timeouts
 #: the stream ended.
 StreamOpener = Callable[[StreamGuard, str, Any], Awaitable[Callable[[], Awaitable[None]] | None]]
 
-__all__ = ["AbortConnection", "Exchange", "StreamOpener", "bare_verdict"]
+__all__ = ["AbortConnection", "Exchange", "HoldGate", "StreamOpener", "bare_verdict"]
+
+
+class HoldGate(Protocol):
+    """A stage's hold on a guarded stream's answer (``Exchange.hold_gate``): its head and
+    events go out only once ``settled()`` says so, or the stream ended whole. Bounded:
+    at most ``max_bytes`` held and ``seconds`` from the head; past either, ``gave_up``
+    (``"bytes"`` or ``"time"``) gives the detail the stream ends with (``limit_exceeded``).
+    An answer that fails while held goes out as nothing but its error (or its retry);
+    ``restart()`` is told each time an answer's hold begins (a retry's is a new one)."""
+
+    max_bytes: int
+    seconds: float
+
+    def restart(self) -> None: ...
+
+    def settled(self) -> bool: ...
+
+    def gave_up(self, why: str) -> str: ...
 
 
 class AbortConnection(Exception):
@@ -88,6 +106,8 @@ class Exchange:
     #: Words the stages add to the stream's trailer comment (``key=value``), each asked
     #: once the verdict is known, just before the trailer is written.
     trailer_words: list[Callable[[], str]] = field(default_factory=list)
+    #: A stage that holds a stream's answer until it says so (``HoldGate``), or None.
+    hold_gate: HoldGate | None = None
     #: The deadlines of the attempt being relayed: the route's, with its upstream's overrides.
     timeouts: Timeouts = field(init=False)
 

@@ -49,7 +49,7 @@ from gateway.logsetup import LogGate
 from gateway.observe import Metrics, ModelLabels, Observers, RequestRecord, TraceHook
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import (
-    BROKE_ANSWER,
+    RETRY_ELSEWHERE,
     AttemptFailure,
     Result,
     is_context_length,
@@ -403,7 +403,8 @@ class Relay:
                 if retry is not None:
                     return retry
         guard = stream_guard(exchange, response, self.settings.limits)
-        if result is Result.OK and may_hold(exchange, tried):
+        gated = guard is not None and exchange.hold_gate is not None  # a stage holds it
+        if result is Result.OK and (gated or may_hold(exchange, tried)):
             if guard is not None:
                 held = await hold_stream(exchange, response, guard)
             else:
@@ -412,7 +413,7 @@ class Relay:
                 )
             if held.failure is not None:
                 tally.result, tally.reason = result_of_held(held.failure), held.failure
-                retry = self._retry(exchange, tally, tried, broke=held.failure in BROKE_ANSWER)
+                retry = self._retry(exchange, tally, tried, broke=held.failure in RETRY_ELSEWHERE)
                 if retry is not None:
                     return retry
                 if guard is None and not held.whole:  # a whole one: its 502 is relay_plain's

@@ -12,7 +12,15 @@ that feeds each event's parts to it:
   ``gateway_schema_verdicts_total``;
 - ``end``: the event that carries a fault is refused: withheld, and the
   stream ends there with the protocol's error event and the reason
-  ``schema_mismatch``, so that the SDKs raise at that event.
+  ``schema_mismatch``, so that the SDKs raise at that event;
+- ``hold``: as ``end``, and the answer is held (``Exchange.hold_gate``: its head
+  and events wait) until it finished valid, within ``schema_hold_max_bytes``
+  and ``schema_hold_seconds`` (past them: ``limit_exceeded``). An answer that
+  breaks its schema while held is never sent: the relay retries it on the next
+  upstream (attempt result ``schema_mismatch``), and the client gets that
+  answer, or only the error when none is left. Each hold's end is on the
+  record (``schema_holds``: ``released``, ``retried``, ``failed``,
+  ``over_bytes``, ``over_time``).
 
 A request without a schema pays one substring search of its body; a request
 with the header ``x-gateway-schema-check: off`` is not checked.
@@ -25,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gateway.guard import Event, Reason, Refusal
+from gateway.guard import Event, Reason, Refusal, WholeEvents
 from gateway.protocols.structured import Structured
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
@@ -40,7 +48,7 @@ from gateway.schema import (
     worst,
 )
 
-__all__ = ["OFF_HEADER", "SchemaStage"]
+__all__ = ["OFF_HEADER", "SchemaStage", "reader_for", "turned_off"]
 
 #: A request sends ``x-gateway-schema-check: off`` to skip the check for itself.
 OFF_HEADER = b"x-gateway-schema-check"
@@ -68,20 +76,32 @@ class SchemaStage:
         if reader is None:
             await call_next(exchange)
             return
+        hold = None
+        if route.schema_check == "hold" and reader.judges():
+            hold = _Hold(reader, route.schema_hold_max_bytes, route.schema_hold_seconds)
+            exchange.hold_gate = hold
         exchange.events.add(reader)
         exchange.trailer_words.append(reader.words)
         try:
             await call_next(exchange)
         finally:
             exchange.events.remove(reader)
-            exchange.record.schema = reader.verdicts()
+            record = exchange.record
+            record.schema = reader.verdicts()
+            if hold is not None:
+                exchange.hold_gate = None
+                record.schema_holds = hold.ended(
+                    record.verdict is not None and record.verdict.complete
+                )
 
 
 def _turned_off(exchange: Exchange) -> bool:
-    for name, value in exchange.scope.get("headers", ()):
-        if name == OFF_HEADER and value.strip().lower() == b"off":
-            return True
-    return False
+    return turned_off(exchange.scope.get("headers", ()))
+
+
+def turned_off(headers: Any) -> bool:
+    """Whether a request's raw headers turn the check off for itself."""
+    return any(name == OFF_HEADER and value.strip().lower() == b"off" for name, value in headers)
 
 
 async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Reader | None:
@@ -97,30 +117,73 @@ async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Rea
         return None  # not JSON: no schema asked for
     if not isinstance(document, dict):
         return None
+    return await reader_for(
+        document, structured, exchange.route.config.schema_check, most, exchange.events
+    )
+
+
+async def reader_for(
+    document: dict[str, Any],
+    structured: Structured,
+    mode: str,
+    most: int,
+    whole: WholeEvents | None = None,
+) -> _Reader | None:
+    """The reader of one request's answer (``document``: its JSON body, or a WebSocket
+    ``response.create``) on a route whose ``schema_check`` is ``mode``; None when the
+    request asks for no schema. The validator's compile runs in a thread, once per
+    distinct schema."""
     schemas = structured.schemas(document)
     if not schemas:
         return None
     check = StreamCheck(schemas, Bounds(max_answer_bytes=most))
     if not check.prepare(cached_only=True):  # a schema seen before costs no thread
         await asyncio.to_thread(check.prepare)
-    return _Reader(check, structured, ends=exchange.route.config.schema_check == "end")
+    return _Reader(check, structured, ends=mode != "record", whole=whole)
 
 
-def _no_parts(data: str) -> list[Part]:
+def _no_parts(event: Event, parsed: Any) -> list[Part]:
     return []
 
 
 class _Reader:
     """A reader of the stream's whole events that feeds their parts to the check."""
 
-    __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts")
+    __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts", "_whole", "faulted")
 
-    def __init__(self, check: StreamCheck, structured: Structured | None, *, ends: bool) -> None:
+    def __init__(
+        self,
+        check: StreamCheck,
+        structured: Structured | None,
+        *,
+        ends: bool,
+        whole: WholeEvents | None = None,
+    ) -> None:
         self._check = check
+        #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
+        self._whole = whole
         self._parts = structured.parts if structured is not None else _no_parts
         self._ends = ends
         self._index = 0
         self._verdicts: list[SchemaVerdict] | None = None
+        #: A part broke its schema (the stream ends there, or a held answer is retried).
+        self.faulted = False
+
+    def restart(self) -> None:
+        """Another answer to the same request comes (a held answer's retry)."""
+        self._check = self._check.fresh()
+        self._index = 0
+        self._verdicts = None
+        self.faulted = False
+
+    def judges(self) -> bool:
+        """Whether the request's schemas can be judged at all (else: nothing to hold)."""
+        return self._verdicts is None and self._check.judges()
+
+    @property
+    def ended(self) -> bool:
+        """The answer finished, every part judged (and none broke its schema)."""
+        return self._check.ended and not self.faulted
 
     @classmethod
     def unchecked(cls, reason: str) -> _Reader:
@@ -131,13 +194,20 @@ class _Reader:
         return reader
 
     def check(self, piece: bytes, event: Event) -> Refusal | None:
+        whole = self._whole
+        return self.judge(event, whole.parsed if whole is not None else None)
+
+    def judge(self, event: Event, parsed: Any) -> Refusal | None:
+        """One event (``parsed``: its JSON value as its contract parsed it, or None): a
+        refusal when it breaks the schema on a route that ends or holds, else None."""
         index = self._index
         self._index = index + 1
-        parts: list[Part] = self._parts(event.data)
+        parts: list[Part] = self._parts(event, parsed)
         if not parts or self._verdicts is not None:
             return None
         fault = self._check.feed(parts, index)
         if fault is not None and self._ends:
+            self.faulted = True
             return Refusal(
                 Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
             )
@@ -158,3 +228,48 @@ class _Reader:
         it was judged, e.g. a request that declared tools and got text)."""
         verdict = worst(self.verdicts())
         return verdict.trailer() if verdict is not None else ""
+
+
+class _Hold:
+    """The hold of a route with ``schema_check = "hold"`` (a ``HoldGate``): an answer
+    goes out once it finished valid; what each hold came to is kept for the record."""
+
+    __slots__ = ("_holding", "_reader", "_results", "max_bytes", "seconds")
+
+    def __init__(self, reader: _Reader, max_bytes: int, seconds: float) -> None:
+        self._reader = reader
+        self.max_bytes = max_bytes
+        self.seconds = seconds
+        self._results: list[str] = []
+        self._holding = False  # an answer is held and its end is not yet known
+
+    def restart(self) -> None:
+        if self._holding and self._reader.faulted:
+            self._results.append("retried")  # asked again: the relay retries only then
+        self._holding = True
+        self._reader.restart()
+
+    def settled(self) -> bool:
+        if not self._reader.ended:
+            return False
+        self._results.append("released")
+        self._holding = False
+        return True
+
+    def gave_up(self, why: str) -> str:
+        self._results.append(f"over_{why}")
+        self._holding = False
+        if why == "bytes":
+            return (
+                f"the schema hold's bound: over {self.max_bytes} bytes before the answer validated"
+            )
+        return f"the schema hold's bound: {self.seconds:g} s before the answer validated"
+
+    def ended(self, complete: bool) -> list[str]:
+        """What each hold came to, the last one's end told by the stream's verdict."""
+        if self._holding:
+            if self._reader.faulted:
+                self._results.append("failed")
+            elif complete:  # it ended whole within the hold: released with its end
+                self._results.append("released")
+        return self._results

@@ -58,7 +58,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from gateway.guard import Action, Protocol, Reason, ResponsesContract
+from gateway.guard import Action, Event, Protocol, Reason, ResponsesContract
 from gateway.guard.jsonparse import loads
 from gateway.guard.wsmessage import MessageGuard
 from gateway.lifecycle import Lifecycle
@@ -69,8 +69,9 @@ from gateway.policy.failover import Result
 from gateway.policy.pool import Health
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.policy.routing import Route, Target
+from gateway.protocols import spec_for
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
-from gateway.proxy.connection import peer_of
+from gateway.proxy.connection import WS_EXTENSION, peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
     HANDSHAKE_DROP,
@@ -82,7 +83,10 @@ from gateway.proxy.headers import (
     strip_hop_by_hop,
     without_key,
 )
+from gateway.proxy.owner import owner_from
+from gateway.proxy.pricing import Pricing, Receipts
 from gateway.proxy.request_body import input_estimate
+from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.ws_upstream import (
     Opened,
     Refusal,
@@ -90,9 +94,7 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
-from gateway.spend import Spend
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
@@ -144,8 +146,11 @@ class _Response:
     record: RequestRecord
     guard: MessageGuard
     lane: str | None
+    contract: ResponsesContract
     last: float | None = None  # the upstream's last message of this response
     last_content: float | None = None
+    #: The schema check's reader of a response that asked for a schema (None: none).
+    schema: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -173,6 +178,10 @@ class _Connection:
     sending_since: float | None = None
     #: When the last send to the client finished: the upstream is read again from then.
     resumed: float = 0.0
+    #: Whose the responses' receipts are (``gateway.proxy.owner``), and the
+    #: team of the caller's issued key.
+    owner: str = ""
+    team: str | None = None
 
     @property
     def facts(self) -> dict[str, object]:
@@ -195,9 +204,13 @@ class WebSocketRelay:
         lifecycle: Lifecycle,
         forwarding: Forwarding,
         limiter: Limiter | None = None,
-        spend: Spend | None = None,
+        spend: Pricing | None = None,
+        receipts: Receipts | None = None,
     ) -> None:
         self.settings = settings
+        #: Keeps each response's receipt (under its request id and its ``resp_`` id)
+        #: and the handshake's (a refusal's, or the connection's end), as over HTTP.
+        self.receipts = receipts
         #: Prices each response of a named client, as over HTTP (``gateway.spend``).
         self.spend = spend
         #: Named clients' limits are settled per HTTP request: a limited client's
@@ -251,11 +264,14 @@ class WebSocketRelay:
         record.websocket = facts
         opened: Opened | None = None
         blamed = False  # a response the upstream broke: its health
+        team: str | None = None
+        message_type = ""
         try:
             message = await receive()
-            if message["type"] != "websocket.connect":
+            message_type = message["type"]
+            if message_type != "websocket.connect":
                 return
-            admitted = self._admit(route, scope)
+            admitted = self._admit(route, scope, record)
             if isinstance(admitted, Refused):
                 record.rejected = admitted.label
                 self.metrics.reject(admitted.label)
@@ -272,6 +288,7 @@ class WebSocketRelay:
                 return
             target, caller = admitted
             record.client_name = caller.name
+            team = caller.team
             capped = self._take_slot(caller.name)
             if capped is not None:
                 record.rejected = capped.label
@@ -311,6 +328,7 @@ class WebSocketRelay:
             self.ws_metrics.opened(route.name)
             conn = _Connection(route, scope, receive, send, opened, record, started)
             conn.last_activity = started
+            conn.owner, conn.team = owner_from(caller.name, scope["headers"]), team
             self._connections.add(conn)
             try:
                 end = await self._run(conn)
@@ -344,6 +362,15 @@ class WebSocketRelay:
             )
             record.duration = time.monotonic() - started
             self.access_log.write(record)
+            if self.receipts is not None and message_type == "websocket.connect":
+                # the handshake's own: a refusal's, or the connection's end (its
+                # responses, each on its own receipt, are what it cost)
+                self.receipts.keep(
+                    record,
+                    owner_from(record.client_name, scope["headers"]),
+                    team,
+                    counted=record.status != 101,
+                )
 
     def _take_slot(self, client: str) -> Refused | None:
         """Count a connection in, or Refused beyond ``max_websocket_connections`` (503 for
@@ -378,7 +405,9 @@ class WebSocketRelay:
         else:
             del self._open_by_client[client]
 
-    def _admit(self, route: Route, scope: Scope) -> tuple[Target, Caller] | Refused:
+    def _admit(
+        self, route: Route, scope: Scope, record: RequestRecord
+    ) -> tuple[Target, Caller] | Refused:
         if self.lifecycle.draining:
             return Refused(
                 503,
@@ -390,6 +419,7 @@ class WebSocketRelay:
             caller = self.admission.check_key(route, scope["headers"])
         except Refused as refused:
             return refused
+        record.client_name = caller.name  # a refusal from here on is the client's
         if self.limiter is not None and self.limiter.limited(caller.name):
             return Refused(
                 403,
@@ -625,10 +655,28 @@ class WebSocketRelay:
         )
         contract = ResponsesContract()
         guard = MessageGuard(contract, max_message_bytes=self.settings.max_ws_message_bytes)
-        conn.responses[lane] = _Response(record, guard, lane)
+        schema = await self._schema_reader(conn, obj, text)
+        conn.responses[lane] = _Response(record, guard, lane, contract, schema=schema)
         conn.count += 1
         conn.wake.set()
         return text
+
+    async def _schema_reader(self, conn: _Connection, obj: dict[str, Any], text: str) -> Any:
+        """The schema check of a ``response.create`` that asks for a schema (its
+        ``text.format`` or ``tools``, as the Responses body over HTTP), or None. A
+        WebSocket response has no head to hold: ``hold`` ends it as ``end`` does."""
+        config = conn.route.config
+        structured = spec_for("responses").structured
+        if (
+            config.schema_check == "off"
+            or structured is None
+            or not any(marker.decode() in text for marker in structured.markers)
+            or turned_off(conn.scope.get("headers", ()))
+        ):
+            return None
+        return await reader_for(
+            obj, structured, config.schema_check, config.schema_max_answer_bytes
+        )
 
     async def _refuse_response(
         self, conn: _Connection, request_id: str, status: int, code: str, message: str
@@ -644,6 +692,24 @@ class WebSocketRelay:
             },
         }
         await self._to_client_bounded(conn, json.dumps(payload, separators=(",", ":")))
+        if self.receipts is not None:  # a refusal is a request too: it has its receipt
+            record = conn.record
+            refused = RequestRecord(
+                request_id=request_id,
+                route=record.route,
+                method="GET",
+                path=record.path,
+                started=time.monotonic(),
+                client=record.client,
+                client_name=record.client_name,
+                status=status,
+                rejected=code,
+                user_agent=record.user_agent,
+                protocol="responses",
+                transport="websocket",
+                websocket={"connection_id": record.request_id, "response": None},
+            )
+            self.receipts.keep(refused, conn.owner, conn.team)
 
     def _stop(self, conn: _Connection) -> None:
         """The drain's timeout: the responses in flight end with ``gateway_shutdown``."""
@@ -691,6 +757,12 @@ class WebSocketRelay:
             before = guard.content_events
             action = guard.feed(text)
             response.last = now
+            if response.schema is not None and action is not Action.REJECT:
+                # a message names no event type; its JSON value is the contract's parse
+                refusal = response.schema.judge(Event(data=text), guard.contract.parsed)
+                if refusal is not None:  # the message is withheld: the response ends
+                    guard.abort(refusal.reason, refusal.detail, force=True)
+                    action = Action.REJECT
             if action is Action.REJECT:
                 return _End(
                     Close.INCOMPLETE,
@@ -869,6 +941,11 @@ class WebSocketRelay:
         record.verdict = verdict
         record.usage = verdict.usage
         record.upstream_model = guard.contract.model
+        if response.schema is not None:
+            record.schema = response.schema.verdicts()
+        response_id = response.contract.response_id
+        if record.websocket is not None and response_id is not None:
+            record.websocket["response_id"] = response_id
         record.duration = time.monotonic() - record.started
         record.model_label = self.model_labels.label(record.model, record.upstream_model)
         conn.record.bytes_in += record.bytes_in
@@ -879,7 +956,7 @@ class WebSocketRelay:
                 rest = record.path[len(conn.route.config.prefix) :]
                 spec = conn.route.spec_for(rest)
                 record.charge = self.spend.price_record(
-                    record, spec, conn.route.config, record.charge
+                    record, spec, conn.route.config, record.charge, conn.team
                 )
         if not conn.responses and conn.counted:
             conn.counted = False
@@ -887,6 +964,10 @@ class WebSocketRelay:
             self.metrics.stream_ended(conn.route.name)
             self.lifecycle.unregister(conn)
         self.observers.observe(record)
+        if self.receipts is not None:
+            self.receipts.keep(
+                record, conn.owner, conn.team, (response_id,) if response_id is not None else ()
+            )
 
 
 def _charge(record: RequestRecord) -> Cost:

@@ -63,6 +63,8 @@ class StreamCheck:
         self._closed: list[_Doc] = []
         self._refused = False
         self._last_event = -1
+        #: The answer finished (its END part came): every part it opened is judged.
+        self.ended = False
         #: Each schema's end check, compiled by ``prepare`` (by the schema's id).
         self._ends: dict[int, EndCheck | str] = {}
 
@@ -90,6 +92,17 @@ class StreamCheck:
             except Unusable as exc:
                 self._ends[id(schema)] = str(exc)
         return True
+
+    def fresh(self) -> StreamCheck:
+        """A check of another answer to the same request (a retry's): nothing judged yet,
+        the compiled end checks shared."""
+        check = StreamCheck(self.schemas, self.bounds)
+        check._ends = self._ends
+        return check
+
+    def judges(self) -> bool:
+        """Whether any schema can be judged (``prepare``d: one is in bounds and compiled)."""
+        return any(not isinstance(end, str) for end in self._ends.values())
 
     def _doc(self, kind: Kind, tool: str, schema: Any) -> _Doc:
         return _Doc(kind, tool, schema, self.bounds, self._ends.get(id(schema)))
@@ -129,6 +142,7 @@ class StreamCheck:
             self._refused = True
             return None
         if kind is PartKind.END:
+            self.ended = True
             fault = self._close_calls("", index)
             if self._answer is not None and not self._answer.done:
                 answer_fault = _close(self._answer, index)

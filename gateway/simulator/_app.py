@@ -21,7 +21,7 @@ from gateway.simulator._continuation import (
     continue_completion,
     continue_plan,
 )
-from gateway.simulator._knobs import FAULTS, KnobError, Knobs, read_knobs
+from gateway.simulator._knobs import FAULTS, SHAPES, KnobError, Knobs, read_knobs
 from gateway.simulator._ollama import ollama_tags_body
 from gateway.simulator._protocols import (
     ProtocolName,
@@ -82,8 +82,10 @@ class _Simulator:
         context_length: bool = False,
         continuation: str = "any",
         default_seed: int = 0,
+        default_structured: str = "",
     ) -> None:
         self.continuation = continuation
+        self.default_structured = default_structured
         self.default_seed = default_seed
         self.default_tps = default_tps
         self.fault_requests = fault_requests
@@ -169,6 +171,7 @@ class _Simulator:
                 default_fault=self._default_fault_now(),
                 default_status=self.default_status,
                 default_seed=self.default_seed,
+                default_structured=self.default_structured,
             )
         except KnobError as exc:
             return self._json(400, error_body(protocol, 400, str(exc), upstream_id), id_headers)
@@ -371,6 +374,7 @@ def create_simulator_app(
     context_length: bool = False,
     continuation: str = "any",
     default_seed: int = 0,
+    default_structured: str = "",
 ) -> Starlette:
     """The simulator as an ASGI application.
 
@@ -399,6 +403,8 @@ def create_simulator_app(
     upstream that ignores it), ``empty`` answers it with a finish and no text.
     ``default_seed`` is the seed of a request that sets no ``x-sim-seed``: a
     provider whose answer to the same request differs from another's.
+    ``default_structured`` is the structured answer's shape (``SHAPES``) of a request
+    that sets no ``x-sim-structured``: a provider whose model breaks the schema.
     """
     if default_tps < 0 or default_tokens < 0:
         raise ValueError("default_tps and default_tokens must not be negative")
@@ -406,6 +412,8 @@ def create_simulator_app(
         raise ValueError(f"unknown fault {default_fault!r}; known faults: {', '.join(FAULTS)}")
     if not 300 <= default_status <= 599:
         raise ValueError("default_status must be between 300 and 599")
+    if default_structured and default_structured not in SHAPES:
+        raise ValueError(f"unknown structured shape {default_structured!r}")
     install_abort_log_filter()
     records = store if store is not None else RecordStore()
     sim = _Simulator(
@@ -420,6 +428,7 @@ def create_simulator_app(
         context_length=context_length,
         continuation=continuation,
         default_seed=default_seed,
+        default_structured=default_structured,
     )
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),

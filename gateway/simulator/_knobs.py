@@ -165,6 +165,7 @@ def read_knobs(
     default_fault: str = "none",
     default_status: int = 500,
     default_seed: int = 0,
+    default_structured: str = "",
 ) -> Knobs:
     """Resolve the knobs of one request from its (lower-case) headers and JSON body;
     a knob the request does not set takes the simulator's default."""
@@ -206,7 +207,7 @@ def read_knobs(
     raw = _pick(headers, sim, "surrogate")
     surrogate = False if raw is None else _as_bool("surrogate", raw)
     raw = _pick(headers, sim, "structured")
-    structured = "" if raw is None else str(raw).strip().lower()
+    structured = default_structured if raw is None else str(raw).strip().lower()
     if structured and structured not in SHAPES:
         raise KnobError(f"unknown sim shape {structured!r}; known shapes: {', '.join(SHAPES)}")
 

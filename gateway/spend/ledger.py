@@ -52,6 +52,10 @@ class Row(NamedTuple):
     evidence: str
 
 
+#: A receipt to write: its request id, its aliases, its text, its row and its money.
+_Item = tuple[str, tuple[str, ...], str, Row | None, int]
+
+
 class Total(NamedTuple):
     """A group's total: its row, its money (nano-dollars) and its count of requests."""
 
@@ -62,10 +66,17 @@ class Total(NamedTuple):
 
 class Ledger(Protocol):
     async def keep(
-        self, request_id: str, owner: str, receipt: dict[str, Any], row: Row | None, nanos: int
+        self,
+        request_id: str,
+        owner: str,
+        receipt: dict[str, Any],
+        row: Row | None,
+        nanos: int,
+        aliases: tuple[str, ...] = (),
     ) -> None:
-        """Keep ``receipt`` under ``request_id`` for ``owner``, and add ``nanos`` (and one
-        request) to ``row``'s total (None: a request of nobody's, reported nowhere)."""
+        """Keep ``receipt`` under ``request_id`` (and each of ``aliases``: a WebSocket
+        response's own id) for ``owner``, and add ``nanos`` (and one request) to ``row``'s
+        total (None: a request of nobody's, reported nowhere)."""
         ...
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -100,12 +111,19 @@ class MemoryLedger:
         self._totals: dict[Row, list[int]] = {}
 
     async def keep(
-        self, request_id: str, owner: str, receipt: dict[str, Any], row: Row | None, nanos: int
+        self,
+        request_id: str,
+        owner: str,
+        receipt: dict[str, Any],
+        row: Row | None,
+        nanos: int,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         now = self._clock()
         receipts = self._receipts
-        receipts[request_id] = (now + self._ttl, owner, receipt)
-        receipts.move_to_end(request_id)
+        for name in (request_id, *aliases):
+            receipts[name] = (now + self._ttl, owner, receipt)
+            receipts.move_to_end(name)
         while len(receipts) > self._max:
             receipts.popitem(last=False)
         while receipts:
@@ -167,9 +185,7 @@ class RedisLedger:
         # one hash tag: a request's receipt and its day's totals are written in one
         # transaction, on one slot of a cluster
         self._prefix = f"{prefix}:{{spend}}:"
-        self._pending: collections.deque[tuple[str, str, str, Row | None, int]] = collections.deque(
-            maxlen=_MAX_PENDING
-        )
+        self._pending: collections.deque[_Item] = collections.deque(maxlen=_MAX_PENDING)
         self._retrying: asyncio.Task[None] | None = None
 
     def _receipt_key(self, request_id: str) -> str:
@@ -179,10 +195,16 @@ class RedisLedger:
         return f"{self._prefix}day:{day}"
 
     async def keep(
-        self, request_id: str, owner: str, receipt: dict[str, Any], row: Row | None, nanos: int
+        self,
+        request_id: str,
+        owner: str,
+        receipt: dict[str, Any],
+        row: Row | None,
+        nanos: int,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         text = json.dumps({"owner": owner, "receipt": receipt}, separators=(",", ":"))
-        item = (request_id, owner, text, row, nanos)
+        item = (request_id, aliases, text, row, nanos)
         try:
             await self._write(item)
         except Exception as exc:  # any failure of Redis: kept to be written when it is back
@@ -193,11 +215,13 @@ class RedisLedger:
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.get_running_loop().create_task(self._retry())
 
-    async def _write(self, item: tuple[str, str, str, Row | None, int]) -> None:
-        request_id, _, text, row, nanos = item
+    async def _write(self, item: _Item) -> None:
+        request_id, aliases, text, row, nanos = item
         async with asyncio.timeout(self._timeout * 4):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(self._receipt_key(request_id), text, ex=self._ttl)
+                for alias in aliases:
+                    pipe.set(self._receipt_key(alias), text, ex=self._ttl)
                 if row is not None:
                     key = self._day_key(row.day)
                     field = _SEP.join(row[1:])

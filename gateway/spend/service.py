@@ -4,7 +4,7 @@ cost, and that counts what it cost.
 ``quote`` finds the prices a request will be charged at before it is sent (its
 route's upstream when the route has one, else the route's), so that the limits
 can reserve money; ``price`` turns a settled token ``Cost`` into a ``Charge``
-(``gateway.spend.charge``) and puts it on the cost, the record and the
+(``gateway.money.charge``) and puts it on the cost, the record and the
 ``gateway_spend_usd_total`` counter.
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from gateway.money.charge import FREE, Charge, Evidence, billable, price_cost
+from gateway.money.prices import Billable, Pricer, Quote
 from gateway.policy.quota import Cost
-from gateway.spend.charge import FREE, Charge, price_cost
-from gateway.spend.prices import Pricer, Quote
 
 if TYPE_CHECKING:
-    from gateway.observe.record import RequestRecord
+    from gateway.observe.record import Part, RequestRecord
     from gateway.protocols import ProtocolSpec
     from gateway.proxy.exchange import Exchange
     from gateway.settings import PriceOverride, RouteConfig, UpstreamConfig
@@ -110,12 +110,62 @@ class Spend:
                 quote,
                 model,
             )
+            if record.continued and record.parts:  # rescued: the sum of its attempts
+                charge = self._parts(record, spec, config, charge)
         record.spend = charge
         # a configured client's team, else the one its issued key was created for
         record.team = self._teams.get(record.client_name) or team
         if self._on_charge is not None:
             self._on_charge(record, charge)
         return replace(cost, money=charge.nanos)
+
+    def _parts(
+        self, record: RequestRecord, spec: ProtocolSpec, config: RouteConfig, whole: Charge
+    ) -> Charge:
+        """A rescued answer's charge: each attempt's part priced at its own upstream's
+        prices (``record.part_nanos``), the answer the sum of them; unpriced when a part
+        is."""
+        upstreams = self._upstreams(config)
+        nanos: list[int | None] = []
+        tokens = Billable()
+        table = whole.table
+        for part in record.parts:
+            upstream = upstreams.get(part.upstream)
+            quote = self.pricer.quote(
+                _part_model(part, record, upstream),
+                spec.price_provider,
+                upstream=part.upstream,
+                upstream_url=upstream.url if upstream is not None else "",
+                route=config.name,
+                client=record.client_name,
+            )
+            used = part.usage
+            billed = billable(
+                used, spec.usage_basis, used.input_tokens or 0, used.output_tokens or 0
+            )
+            tokens += billed
+            if quote is None:
+                nanos.append(None)
+                continue
+            table = table or quote.table
+            nanos.append(quote.cost(billed))
+        record.part_nanos = nanos
+        if None in nanos:
+            evidence = Evidence.UNPRICED
+        elif whole.evidence is Evidence.UNPRICED:  # the last upstream's model alone
+            evidence = Evidence.PARTIAL
+        else:
+            evidence = whole.evidence
+        total = sum(n for n in nanos if n is not None)
+        return Charge(total, evidence, table, whole.model, tokens)
+
+
+def _part_model(part: Part, record: RequestRecord, upstream: UpstreamConfig | None) -> str | None:
+    if part.model is not None:
+        return part.model
+    if upstream is not None and record.model is not None:
+        return upstream.models.get(record.model, record.model)
+    return record.model
 
 
 def _answered_by(

@@ -8,7 +8,10 @@ route and day over a range of UTC days; a client with ``spend_admin`` sees every
 client, any other named client itself only). Any other request goes on its way;
 when it ends (answered, refused, cut, rescued, resumed, cached or detached) its
 receipt is written, with its charge added to the report's totals, by a task of its
-own so that neither the answer nor a client that left waits for it.
+own so that neither the answer nor a client that left waits for it. The WebSocket
+relay, which is not on this way, keeps each response's receipt (and its handshake's)
+through ``keep``. A rescued answer's receipt lists each attempt's part
+(``usage_by_attempt``), its cost their sum.
 """
 
 from __future__ import annotations
@@ -17,19 +20,22 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from gateway.guard.verdict import Usage
+from gateway.money.prices import nanos_to_usd
 from gateway.observe.accesslog import schema_fields
+from gateway.observe.record import RequestRecord
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.owner import owner_of
 from gateway.proxy.stages import Next
-from gateway.resume.ids import owner_of
 from gateway.settings import ANONYMOUS
 from gateway.spend.ledger import Ledger, Row, Total
-from gateway.spend.prices import nanos_to_usd
 
 __all__ = ["RECEIPTS_PATH", "SPEND_PATH", "SpendStage"]
 
@@ -80,12 +86,23 @@ class SpendStage:
     # -- keeping ----------------------------------------------------------------------------
 
     def _keep(self, exchange: Exchange) -> None:
-        record = exchange.record
+        self.keep(exchange.record, owner_of(exchange), exchange.caller.team)
+
+    def keep(
+        self,
+        record: RequestRecord,
+        owner: str,
+        team: str | None = None,
+        aliases: tuple[str, ...] = (),
+        counted: bool = True,
+    ) -> None:
+        """Write ``record``'s receipt for ``owner`` (under its request id and ``aliases``)
+        and add its charge to the report (``counted``: as one request) by a task of its
+        own; ``team``: its caller's (an issued key's) when its client has none configured."""
         if record.team is None:  # (a request refused before it was priced)
-            record.team = self._teams.get(record.client_name) or exchange.caller.team
+            record.team = self._teams.get(record.client_name) or team
         spend = record.spend
         nanos = spend.nanos if spend is not None else 0
-        named = record.client_name != ANONYMOUS
         row = (
             Row(
                 int(self._clock()) // 86400,
@@ -95,12 +112,19 @@ class SpendStage:
                 record.route,
                 spend.evidence.value if spend is not None else "reported",
             )
-            if named
+            if counted and record.client_name != ANONYMOUS
             else None
         )
-        receipt = receipt_of(exchange, self._version, self._clock())
+        receipt = receipt_of(record, self._version, self._clock())
         task = asyncio.get_running_loop().create_task(
-            self.ledger.keep(record.request_id, owner_of(exchange), receipt, row, nanos)
+            self.ledger.keep(
+                record.request_id,
+                owner,
+                receipt,
+                row,
+                nanos,
+                tuple(_alias(name, owner) for name in aliases),
+            )
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -115,13 +139,16 @@ class SpendStage:
 
     async def _receipt(self, exchange: Exchange, request_id: str) -> None:
         found = None
+        owner = owner_of(exchange)
         if exchange.caller.name != ANONYMOUS or exchange.caller.keyed or _has_key(exchange):
             try:
                 found = await self.ledger.receipt(request_id)
+                if (found is None or found[0] != owner) and _ALIAS.match(request_id):
+                    found = await self.ledger.receipt(_alias(request_id, owner))
             except Exception:
                 await _error(exchange, 503, "The receipts store is unavailable; retry shortly.")
                 return
-        if found is None or found[0] != owner_of(exchange):
+        if found is None or found[0] != owner:
             await _error(exchange, 404, "No such receipt.")
             return
         await _json(exchange, 200, found[1])
@@ -187,9 +214,8 @@ def report(
     }
 
 
-def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
+def receipt_of(record: RequestRecord, version: str, now: float) -> dict[str, Any]:
     """What a request's receipt says (no prompt, no answer, no credential)."""
-    record = exchange.record
     verdict = record.verdict
     usage = record.usage if record.usage is not None else verdict.usage if verdict else None
     spend = record.spend
@@ -210,6 +236,8 @@ def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
         "cache": record.cache,
         "continued": record.continued,
         "detached": record.detached,
+        "transport": record.transport,
+        "websocket": record.websocket,
         "attempts": [
             {"upstream": a.upstream, "result": a.result, "model": record.upstream_model}
             if a.upstream == record.upstream
@@ -217,6 +245,7 @@ def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
             for a in record.attempts
         ],
         "usage": usage.as_dict() if usage is not None else None,
+        "usage_by_attempt": _by_attempt(record, usage),
         "charged": None
         if record.charge is None
         else {
@@ -245,6 +274,60 @@ def receipt_of(exchange: Exchange, version: str, now: float) -> dict[str, Any]:
             for scope, limit, value, left, money in record.budgets
         ],
     }
+
+
+#: What an alias (a WebSocket response's ``resp_`` id) may look like.
+_ALIAS = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _alias(name: str, owner: str) -> str:
+    """Where an alias is kept: under its owner, so that an id the upstream gave two
+    owners' responses (or a request id another client chose) never hides one's receipt.
+    (A request id is ``[A-Za-z0-9._-]``: never with an ``@``.)"""
+    return f"{name}@{owner}"
+
+
+def _by_attempt(record: RequestRecord, usage: Usage | None) -> list[dict[str, Any]]:
+    """Each attempt that relayed the answer (or part of it): its upstream, model,
+    outcome, usage and cost; the receipt's cost is their sum. A rescued answer has one
+    per attempt; a request no upstream answered, none."""
+    spend = record.spend
+    if record.continued and record.parts:
+        nanos = record.part_nanos
+        return [
+            {
+                "upstream": part.upstream,
+                "model": part.model,
+                "outcome": part.outcome,
+                "usage": part.usage.as_dict(),
+                "evidence": part.evidence
+                if index < len(nanos) and nanos[index] is not None
+                else "unpriced",
+                "cost": _money(nanos[index] if index < len(nanos) else None),
+            }
+            for index, part in enumerate(record.parts)
+        ]
+    if record.upstream is None or record.cache == "hit" or (usage is None and spend is None):
+        return []
+    verdict = record.verdict
+    return [
+        {
+            "upstream": record.upstream,
+            "model": record.upstream_model,
+            "outcome": str(record.status)
+            if verdict is None
+            else "complete"
+            if verdict.complete
+            else str(verdict.reason),
+            "usage": usage.as_dict() if usage is not None else None,
+            "evidence": spend.evidence.value if spend is not None else None,
+            "cost": _money(spend.nanos if spend is not None else None),
+        }
+    ]
+
+
+def _money(nanos: int | None) -> dict[str, Any]:
+    return {"usd": nanos_to_usd(nanos or 0), "nanos": nanos or 0}
 
 
 def _has_key(exchange: Exchange) -> bool:

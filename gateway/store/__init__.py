@@ -4,15 +4,15 @@
 ``Batch``, ``End``, ``StreamInfo``); ``memory`` keeps logs in this process,
 ``redis_store`` in Redis Streams (shared by every worker and replica);
 ``budget`` is the total byte budget; ``follow`` reads a log to its end with the
-live tail. Nothing here knows HTTP or a protocol: resumable streams
-(``gateway.resume``) and the response cache build on it.
+live tail. Nothing here knows HTTP or a protocol, nor imports anything of the
+package but itself (the Redis clients are handed in: ``connection``): resumable
+streams (``gateway.resume``) and the response cache build on it.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from gateway.redisconn import RedisTarget
 from gateway.store.api import (
     Batch,
     BeyondEnd,
@@ -24,6 +24,7 @@ from gateway.store.api import (
     Writer,
     new_stream_id,
 )
+from gateway.store.connection import RedisConnection
 from gateway.store.follow import Vanished, follow
 from gateway.store.memory import MemoryStore
 
@@ -33,6 +34,7 @@ __all__ = [
     "End",
     "Gone",
     "MemoryStore",
+    "RedisConnection",
     "StoreError",
     "StreamInfo",
     "StreamStore",
@@ -48,10 +50,11 @@ def build_store(
     kind: Literal["memory", "redis"],
     *,
     max_bytes: int,
-    redis: RedisTarget | None = None,
+    redis: RedisConnection | None = None,
     timeout: float = 1.0,
 ) -> StreamStore:
-    """The configured store (``stream_store``); Redis needs ``redis`` (where it is)."""
+    """The configured store (``stream_store``); Redis needs ``redis`` (its clients, built
+    by the caller: the store imports nothing of the package but itself)."""
     if kind == "memory":
         return MemoryStore(max_bytes)
     from gateway.store.redis_store import RedisStore  # redis is imported only when used

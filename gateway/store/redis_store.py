@@ -45,14 +45,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.exceptions import (
+    ClusterError,
+    ConnectionError,
     NoScriptError,
     RedisClusterException,
     RedisError,
+    ResponseError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.redisconn import RedisTarget, as_target
-from gateway.redisconn.away import is_away
-from gateway.redisconn.clients import async_client, sync_client
 from gateway.store.api import (
     READ_LIMIT,
     Batch,
@@ -65,6 +66,7 @@ from gateway.store.api import (
     new_stream_id,
 )
 from gateway.store.budget import Budget
+from gateway.store.connection import RedisConnection
 
 __all__ = ["RedisStore"]
 
@@ -87,9 +89,25 @@ RETRY_SECONDS = 1.0
 #: Every way a call can fail (a cluster client's own errors are no RedisError).
 FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 #: A call's errors that say its node is away (a cluster's pipeline answers them per
-#: call: a failing master, or CLUSTERDOWN while its slots fail over; a master with
-#: min-replicas-to-write and no replica answers NOREPLICAS), not that the script
-#: refused: the call is sent again, its events kept (``gateway.redisconn.away``).
+#: call: a failing master, or CLUSTERDOWN while its slots fail over), not that the
+#: script refused: the call is sent again, its events kept.
+AWAY = (ConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError,
+        TimeoutError)  # fmt: skip
+#: Replies of a master that cannot take a write now (as ``gateway.redisconn.away`` says
+#: for the limits: the store imports nothing of the package): NOREPLICAS, a master with
+#: ``min-replicas-to-write`` whose replicas are away or behind; READONLY, a demoted one.
+_AWAY_CODES = frozenset({"NOREPLICAS", "READONLY", "LOADING", "TRYAGAIN", "MASTERDOWN"})
+
+
+def _away(error: object) -> bool:
+    """Whether a call's error says it did not run for want of a master that takes it."""
+    if isinstance(error, AWAY):
+        return True
+    if isinstance(error, ResponseError):
+        code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
+        return code in _AWAY_CODES
+    return False
+
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -347,20 +365,18 @@ class RedisStore:
     remote = True
 
     def __init__(
-        self, redis: RedisTarget | str, timeout: float, max_bytes: int, prefix: str = "gateway"
+        self, redis: RedisConnection, timeout: float, max_bytes: int, prefix: str = "gateway"
     ) -> None:
-        target = self._target = as_target(redis)
+        """``redis``: the clients, built by the store's owner (``gateway.app``) with the
+        one client factory; the asyncio one without a socket timeout (every call here
+        has its own bound, a blocking read a long one) and up to ``MAX_CONNECTIONS``."""
+        self._connection = redis
         #: The probe's own blocking client (made in its thread, when first needed).
         self._pinger: Any = None
         #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
-        self._cluster = target.mode == "cluster"
+        self._cluster = redis.cluster
         self._ping_to: dict[str, str] = {"target_nodes": "primaries"} if self._cluster else {}
-        self._redis: Any = async_client(
-            target,
-            socket_timeout=None,  # every call has its own bound (a blocking read is long)
-            connect_timeout=timeout,
-            max_connections=MAX_CONNECTIONS,
-        )
+        self._redis: Any = redis.client
         self._tails: dict[str, _Tail] = {}
         #: Writers with something to write, in the order they asked.
         self._dirty: dict[_RedisWriter, None] = {}
@@ -414,7 +430,7 @@ class RedisStore:
 
     def _make_pinger(self) -> None:
         if self._pinger is None:
-            self._pinger = sync_client(self._target, timeout=self.timeout)
+            self._pinger = self._connection.blocking()
 
     def _blocking_ping(self) -> None:
         self._make_pinger()
@@ -536,7 +552,7 @@ class RedisStore:
                 if any(isinstance(answer, NoScriptError) for answer in answers):
                     await self._reload()  # a promoted replica: scripts are not replicated
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    if is_away(answer) or isinstance(answer, NoScriptError):  # again
+                    if _away(answer) or isinstance(answer, NoScriptError):  # again
                         writer.behind = True
                         self._dirty[writer] = None
                     else:
@@ -564,7 +580,7 @@ class RedisStore:
                 async with asyncio.timeout(self.timeout):
                     return await self.write(keys=writer.keys, args=args)
             except FAILURES as exc:
-                if is_away(exc):
+                if _away(exc):
                     return None  # its node is away: behind
                 return exc  # the script's own error: written() says what it means
 

@@ -105,6 +105,7 @@ METRIC_LABELS: dict[str, set[str]] = {
     "gateway_limited_requests_total": {"client", "limit"},
     "gateway_spend_usd_total": {"client", "team", "model", "route", "evidence"},
     "gateway_schema_verdicts_total": {"route", "protocol", "kind", "verdict"},
+    "gateway_schema_holds_total": {"route", "result"},
     "gateway_client_budget_remaining_tokens": {"client", "window"},
     "gateway_client_budget_tokens": {"client", "window"},
     "gateway_limit_backend_errors_total": {"operation"},

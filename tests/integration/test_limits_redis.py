@@ -209,8 +209,10 @@ def test_redis_stopped_mid_run_then_restarted(
         same_minute = int(time.time()) // 60 == minute
         if policy == "deny":
             # The refused requests' reservations were cancelled: the new server counts
-            # from zero, so three fit before a 429.
-            assert statuses.count(200) >= 3
+            # only what was served, so at least two fit before a 429 (three, or two when
+            # the "before" request's settlement was still to send when Redis stopped and
+            # is sent again once it is back: what was served is counted).
+            assert 2 <= statuses.count(200) <= 3, statuses
         elif same_minute:  # (a new minute would start its count from zero)
             # The five served while Redis was away are settled when it is back, at their
             # whole cost: they count against the limit (what was served is counted).

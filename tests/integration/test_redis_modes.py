@@ -356,25 +356,27 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
     request_id = f"req-{time.monotonic_ns()}"
     day = int(time.time()) // 86400
 
-    async def main() -> tuple[Any, Any, Any]:
+    async def main() -> tuple[Any, Any, Any, Any]:
         ledger = RedisLedger(target, 2.0, 600, 30, prefix=f"modes{time.monotonic_ns()}")
         keys = RedisKeyStore(target, 2.0)
         try:
             row = Row(day, "alice", "team", "sim-model", "v1", "reported")
-            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500)
+            # a WebSocket response's: its resp_ id an alias, in the same transaction
+            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",))
             found = None
             for _ in range(200):  # written by the ledger's own task: polled, 10 s at most
                 found = await ledger.receipt(request_id)
                 if found is not None:
                     break
                 await asyncio.sleep(0.05)
-            return found, await ledger.totals(day, day), await keys.load()
+            alias = await ledger.receipt("resp_1@alice")
+            return found, alias, await ledger.totals(day, day), await keys.load()
         finally:
             await ledger.close()
             await keys._redis.aclose()
 
-    receipt, totals, loaded = asyncio.run(main())
-    assert receipt == ("alice", {"cost": 1})
+    receipt, alias, totals, loaded = asyncio.run(main())
+    assert receipt == alias == ("alice", {"cost": 1})
     assert [(t.row.client, t.nanos, t.requests) for t in totals] == [("alice", 1500, 1)]
     version, issued = loaded
     assert version >= 0
@@ -384,6 +386,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
 def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
     """rediss:// on a cluster whose nodes speak TLS only (clients, replication, bus): the
     start-up question, the limits' scripts and a stream log go through it."""
+    from gateway.app import store_connection
     from gateway.store import End
     from gateway.store.redis_store import RedisStore
     from tests.integration.redis_sets import cluster_set
@@ -398,7 +401,7 @@ def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
 
         async def main() -> tuple[Any, Any, Any]:
             backend = RedisBackend(target, timeout=2.0, prefix="tls")
-            store = RedisStore(target, 5.0, 1 << 20, prefix="tls")
+            store = RedisStore(store_connection(target, 5.0), 5.0, 1 << 20, prefix="tls")
             try:
                 await backend.prepare()
                 first = await backend.reserve(checks, Ask("a", 1, 1, False, 60.0), NOW)
@@ -450,6 +453,7 @@ def test_a_tls_sentinel_set_with_a_password(tmp_path: Path) -> None:
     sentinels, and replication between them) speaks TLS only: the start-up question
     asks the sentinels and the master over TLS, and the limits' scripts and a stream log
     go through the master they name; plain redis:// is refused at start."""
+    from gateway.app import store_connection
     from gateway.store import End
     from gateway.store.redis_store import RedisStore
     from tests.integration.redis_sets import sentinel_set
@@ -466,7 +470,7 @@ def test_a_tls_sentinel_set_with_a_password(tmp_path: Path) -> None:
 
         async def main() -> tuple[Any, Any, Any]:
             backend = RedisBackend(target, timeout=2.0, prefix="tls")
-            store = RedisStore(target, 5.0, 1 << 20, prefix="tls")
+            store = RedisStore(store_connection(target, 5.0), 5.0, 1 << 20, prefix="tls")
             try:
                 await backend.prepare()
                 first = await backend.reserve(checks, Ask("a", 1, 1, False, 60.0), NOW)

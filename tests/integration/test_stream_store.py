@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.app import store_connection
 from gateway.redisconn import RedisTarget
 from gateway.store import BeyondEnd, End, Gone, MemoryStore, StreamStore, Writer, follow
 from gateway.store.redis_store import RedisStore
@@ -56,7 +57,7 @@ def make(request: pytest.FixtureRequest) -> Make:
     def build(max_bytes: int = 1 << 20) -> StreamStore:
         if where is None:
             return MemoryStore(max_bytes)
-        return RedisStore(where, 5.0, max_bytes, prefix=f"t{id(request)}")
+        return RedisStore(store_connection(where, 5.0), 5.0, max_bytes, prefix=f"t{id(request)}")
 
     return build
 
@@ -283,7 +284,7 @@ def test_nothing_is_left_after_the_ttl(redis: RedisServer) -> None:
         assert store.size == 0
 
     async def main() -> None:
-        store = RedisStore(redis.target, 5.0, 1 << 20, prefix="ttl")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 20, prefix="ttl")
         await store.prepare()
         try:
             await body(store)
@@ -317,7 +318,7 @@ def test_redis_writes_are_batched(redis: RedisServer) -> None:
         return int(redis.calls("evalsha", "eval"))
 
     async def main() -> None:
-        store = RedisStore(redis.target, 5.0, 1 << 24, prefix="batch")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 24, prefix="batch")
         await store.prepare()
         try:
             before = calls()
@@ -345,7 +346,7 @@ def test_a_log_that_lost_written_events_is_not_written_on(redis: RedisServer) ->
     client = redis.client()
 
     async def main() -> None:
-        store = RedisStore(redis.target, 5.0, 1 << 20, prefix="hole")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 20, prefix="hole")
         await store.prepare()
         try:
             writer = await _open(store)

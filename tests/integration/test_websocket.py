@@ -649,6 +649,124 @@ def test_a_named_clients_responses_over_a_websocket_are_charged_to_it(
         assert abs(spent - expected) < 1e-12
 
 
+def _receipt(server: ServerThread, key: str, request_id: str, poll: bool = True) -> httpx.Response:
+    """A receipt, polled (it is written by a task of its own once the response ends)."""
+    url = f"{server.url}/v1/gateway/receipts/{request_id}"
+    deadline = time.monotonic() + (20 if poll else 0)
+    while True:
+        found = httpx.get(url, headers={"authorization": f"Bearer {key}"}, timeout=10)
+        if found.status_code != 404 or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_every_response_on_a_websocket_gets_its_owners_receipt(
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two responses, then a cut one, on one connection: each has a receipt under its
+    request id and under its ``resp_`` id, priced as the metric counted it, its owner's
+    only; the handshake has its own, and a refused handshake too."""
+    import hashlib
+
+    keys = {"ws-a": "sk-ws-receipts-a", "ws-b": "sk-ws-receipts-b", "ws-l": "sk-ws-receipts-l"}
+    clients: list[dict[str, Any]] = [
+        {"name": name, "key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}
+        for name, key in keys.items()
+    ]
+    clients[2]["limits"] = {"requests_per_minute": 10}
+    prices = [{"model": "*", "input": "1", "output": "2"}]  # USD a million tokens
+    mine = {"authorization": f"Bearer {keys['ws-a']}", "x-request-id": "ws-receipts"}
+    with gateway_for(
+        simulator.url + "/v1", clients=clients, prices=prices, access_log=True
+    ) as server:
+        with connect(_ws_url(server), additional_headers=mine) as ws:
+            answers = []
+            for seed in (1, 2):  # the simulator's response id is its seed's
+                ws.send(_create(sim={"seed": seed}))
+                answers.append(_until_terminal(ws))
+            # a second create while one is in flight: refused, with a receipt of its own
+            ws.send(_create(sim={"seed": 3, "tps": 50, "tokens": 10}))
+            ws.send(_create())
+            events = _until_terminal(ws)
+            while events[-1]["type"] != "response.completed":
+                events += _until_terminal(ws)
+            (refusal,) = [e for e in events if e["type"] == "error"]
+            answers.append([e for e in events if e["type"] != "error"])
+            ws.send(_create(sim={"fault": "drop_after_text"}))
+            cut = _until_terminal(ws)
+            _closed(ws)
+        assert [a[-1]["type"] for a in answers] == ["response.completed"] * 3
+        assert cut[-1]["type"] == "error"
+        responses = [line for line in _lines(capsys, "ws-receipts") if line["stream"]]
+        assert len(responses) == 4
+        assert refusal["error"]["code"] == "response_in_progress"
+        refused_create = refusal["error"]["message"].rpartition("request_id=")[2].rstrip(")")
+        found = _receipt(server, keys["ws-a"], refused_create)
+        assert found.status_code == 200, found.text
+        assert (found.json()["status"], found.json()["rejected"]) == (409, "response_in_progress")
+        assert found.json()["cost"]["nanos"] == 0
+        assert _receipt(server, keys["ws-b"], refused_create, poll=False).status_code == 404
+        by_request = {}
+        for line in responses:
+            found = _receipt(server, keys["ws-a"], line["request_id"])
+            assert found.status_code == 200, found.text
+            by_request[line["request_id"]] = found.json()
+            # another client's key: the same 404 as an unknown id
+            denied = _receipt(server, keys["ws-b"], line["request_id"], poll=False)
+            unknown = _receipt(server, keys["ws-b"], "no-such-response", poll=False)
+            assert denied.status_code == unknown.status_code == 404
+            assert denied.json()["error"]["code"] == unknown.json()["error"]["code"]
+        receipts = list(by_request.values())
+        assert all(r["transport"] == "websocket" and r["client"] == "ws-a" for r in receipts)
+        assert all(r["websocket"]["connection_id"] == "ws-receipts" for r in receipts)
+        # a whole response: its reported usage at the override's prices
+        for events in answers:
+            response_id = events[-1]["response"]["id"]
+            usage = events[-1]["response"]["usage"]
+            found = _receipt(server, keys["ws-a"], response_id)
+            assert found.status_code == 200, found.text
+            receipt = found.json()
+            assert receipt["websocket"]["response_id"] == response_id
+            assert receipt["verdict"] == {"outcome": "complete", "reason": "stop"}
+            assert receipt["cost"]["evidence"] == "reported"
+            expected = usage["input_tokens"] * 1000 + usage["output_tokens"] * 2000
+            assert receipt["cost"]["nanos"] == expected
+            assert _receipt(server, keys["ws-b"], response_id, poll=False).status_code == 404
+        # the cut one: its estimate, labelled, never $0
+        cut_receipt = next(r for r in receipts if r["verdict"]["outcome"] == "incomplete")
+        assert cut_receipt["verdict"]["reason"] == "upstream_disconnect"
+        assert cut_receipt["cost"]["evidence"] == "estimated"
+        assert cut_receipt["cost"]["nanos"] > 0
+        # the sum of the receipts is what the metric counted
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        spent = metric_value(text, "gateway_spend_usd_total", client="ws-a")
+        assert round(spent * 10**9) == sum(r["cost"]["nanos"] for r in receipts)
+        # the handshake's own: the connection's end, costing nothing itself
+        connection = _receipt(server, keys["ws-a"], "ws-receipts")
+        assert connection.status_code == 200, connection.text
+        assert connection.json()["websocket"]["responses"] == 4
+        assert connection.json()["cost"]["nanos"] == 0
+        # a refused handshake has one too, under the X-Request-ID it was answered with
+        with pytest.raises(InvalidStatus) as raised:
+            connect(
+                _ws_url(server),
+                additional_headers={"authorization": f"Bearer {keys['ws-l']}"},
+            )
+        refused_id = raised.value.response.headers["x-request-id"]
+        refused = _receipt(server, keys["ws-l"], refused_id)
+        assert refused.status_code == 200, refused.text
+        assert refused.json()["rejected"] == "limited_client_websocket"
+        assert refused.json()["status"] == 403
+        # the report counts the responses and the refused create, not the connection
+        report = httpx.get(
+            f"{server.url}/v1/gateway/spend",
+            headers={"authorization": f"Bearer {keys['ws-a']}"},
+            timeout=10,
+        ).json()
+        assert report["total"]["requests"] == 5
+        assert report["total"]["nanos"] == sum(r["cost"]["nanos"] for r in receipts)
+
+
 @contextlib.contextmanager
 def _scripted_upstream(
     handler: Any,
