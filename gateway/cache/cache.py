@@ -52,9 +52,10 @@ from gateway.cache.entry import (
 from gateway.cache.judge import judge, streamed
 from gateway.cache.key import Controls, body_digest, controls_of, key_of
 from gateway.cache.recorder import Recorder
-from gateway.guard import Outcome, Reason, Usage, Verdict
+from gateway.guard import Outcome, Reason, StreamGuard, Usage, Verdict
 from gateway.guard.verdict import COMPLETE_REASONS
 from gateway.observe import Metrics
+from gateway.protocols import ContractOptions
 from gateway.proxy.admission import presented_key
 from gateway.proxy.answers import drop_stalled_client
 from gateway.proxy.connection import abort_connection
@@ -82,7 +83,7 @@ log = logging.getLogger("gateway")
 
 #: Bytes of a log beyond ``cache_max_entry_bytes``: the head event.
 _HEAD_ROOM = 64 * 1024
-#: A leader's lease on its log (renewed while it writes).
+#: A leader's lease on its log by default (the app hands in ``stream_lease_seconds``).
 _LEASE_SECONDS = 10.0
 #: How long a refused or replaced log stays readable for the requests reading it.
 _REFUSED_GRACE_SECONDS = 60.0
@@ -163,8 +164,15 @@ class ResponseCache:
         clients: list[ClientConfig],
         *,
         clock: Callable[[], float] = time.time,
+        lease: float = _LEASE_SECONDS,
+        annotate: bool = True,
     ) -> None:
         self.store = store
+        #: A leader's lease on its log (``stream_lease_seconds``): how long a leader that
+        #: died looks alive (renewed while it lives).
+        self.lease = lease
+        #: Whether a follower's lost ending carries the trailer comment (``annotate``).
+        self.annotate = annotate
         self.metrics = metrics
         self.bodies = bodies
         self._admins = frozenset(c.name for c in clients if c.cache_admin)
@@ -298,8 +306,9 @@ class ResponseCache:
                     if served:
                         self.metrics.cached(route, kind)
                         return True
-                    if not whole:
+                    if not whole and await self._alive(source.stream_id):
                         break  # the leader gave nothing: go upstream alone
+                    # (a leader that died before it gave this one anything: lead instead)
             if not controls.stores:
                 break
             writer = await store.open(
@@ -307,7 +316,7 @@ class ResponseCache:
                 {"key": plan.key, "route": route, "scope": config.cache_scope},
                 max_bytes=config.cache_max_entry_bytes + _HEAD_ROOM,
                 ttl=config.cache_ttl_seconds,
-                lease=_LEASE_SECONDS,
+                lease=self.lease,
             )
             if writer is None:  # the store's budget is spent
                 plan.bypass = "store_full"
@@ -434,23 +443,30 @@ class ResponseCache:
         await self.store.claim(
             followed_name(source.stream_id),
             exchange.record.request_id,
-            exchange.route.timeouts.total + _LEASE_SECONDS,
+            exchange.route.timeouts.total + self.lease,
         )
         return await self._relay_log(exchange, source, age=0)
 
     async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
-        """Send the log's head and events, then its ending; False when it had no head
-        (nothing was sent: the request goes upstream). Each send is bounded by the
-        client-send timeout (a client that stops reading is dropped), all of it by the
-        route's total. A store that goes away under a follower is waited for (its
+        """Send the log's head and events, then its ending; False when nothing was sent
+        (no head, or a leader's log that is not being written: the request goes
+        upstream). Each send is bounded by the client-send timeout (a client that stops
+        reading is dropped), all of it by the route's total. A leader's answer is
+        followed only once its log is seen growing (or ending): a leader that died
+        leaves a log whose lease runs on a moment, and a request that waits on it is
+        never labelled a hit. A store that goes away under a follower is waited for (its
         leader's writer logs what it relayed meanwhile once the store is back), as is
-        a leader whose lease lapsed, a moment (``_ORPHAN_GRACE_SECONDS``)."""
+        a leader whose lease lapsed, a moment (``_ORPHAN_GRACE_SECONDS``); then a
+        stream ends with the protocol's error event and trailer (``owner_lost``)."""
         record = exchange.record
         send = _Sends(exchange)
         started = False
+        streamed = False  # the head sent is a stream's: a lost leader is said in-band
         after = 0  # the log's events read so far (the head's included)
         orphaned_at: float | None = None
         try:
+            if source.info.end is None and not await self._writes_on(source):
+                return False
             while True:
                 try:
                     async for batch in follow(
@@ -469,6 +485,9 @@ class ResponseCache:
                             record.status = status
                             record.time_to_first_byte = time.monotonic() - record.started
                             started = True
+                            streamed = 200 <= status < 300 and exchange.spec.framing.is_stream(
+                                (get_header(headers, b"content-type") or b"").decode("latin-1")
+                            )
                             events = events[1:]
                         for event in events:
                             await send(
@@ -488,14 +507,19 @@ class ResponseCache:
                             now = time.monotonic()
                             orphaned_at = orphaned_at or now
                             if now - orphaned_at > _ORPHAN_GRACE_SECONDS:
-                                raise AbortConnection
+                                return await self._lost(exchange, send, streamed)
                 except StoreError:
                     if not started:
                         return False
                     await self.store.available()
-        except (Vanished, StoreError, Gone, BeyondEnd):
-            # expired, deleted, unreachable, or stopped at its byte bound (an answer
-            # longer than cache_max_entry_bytes): nothing more can be read of it
+        except (Vanished, StoreError):
+            # expired, deleted or unreachable: the leader's answer is lost to this reader
+            if not started:
+                return False
+            return await self._lost(exchange, send, streamed)
+        except (Gone, BeyondEnd):
+            # stopped at its byte bound (an answer longer than cache_max_entry_bytes):
+            # nothing more can be read of it
             if not started:
                 return False
             raise AbortConnection from None
@@ -518,6 +542,39 @@ class ResponseCache:
         finally:
             send.deadline.cancel()
         return started
+
+    async def _writes_on(self, source: _Source) -> bool:
+        """Whether a leader's log is being written: it grows past the events it had when
+        it was found, or ends, before its lease lapses."""
+        try:
+            async for batch in follow(
+                self.store, source.stream_id, source.info.total, wait=_FOLLOW_WAIT
+            ):
+                if batch.events or batch.end is not None:
+                    return True
+                if not await self._alive(source.stream_id):
+                    return False
+        except (Vanished, StoreError, Gone, BeyondEnd):
+            return False
+        return False
+
+    async def _lost(self, exchange: Exchange, send: _Sends, streamed: bool) -> bool:
+        """A follower whose leader's answer can no longer be read: a stream ends with the
+        protocol's error event and trailer (``owner_lost``); any other answer is cut."""
+        record = exchange.record
+        if not streamed:
+            raise AbortConnection
+        guard = StreamGuard(exchange.spec.new_contract(ContractOptions()))
+        guard.abort(Reason.OWNER_LOST, force=True)
+        ending = guard.withheld
+        if self.annotate:
+            ending += guard.annotation(record.request_id)
+        await send({"type": "http.response.body", "body": ending, "more_body": False})
+        record.bytes_out += len(ending)
+        exchange.response_done = True
+        record.stream = True
+        record.verdict = guard.verdict
+        return True
 
     async def _alive(self, stream_id: str) -> bool:
         info = await self.store.info(stream_id)
