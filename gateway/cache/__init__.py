@@ -1,7 +1,7 @@
 """The response cache (issue 36): only an answer verified whole, replayed byte for byte.
 
 ``key`` makes a request's key and reads its controls (pure); ``entry`` says
-what an entry's log holds; ``recorder`` tees the leader's sends into its log;
+what an entry's log holds (written by ``gateway.streamlog.Recorder``);
 ``judge`` decides whether an answer becomes an entry; ``admin`` answers the
 DELETE of an entry; ``cache`` is a request's way through it all (hit, follow
 a leader live, or lead and record) over the stream store (``gateway.store``).

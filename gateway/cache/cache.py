@@ -9,10 +9,13 @@ ask, in order:
 - ``serve`` (after the limits and the stream caps admitted it): an entry that
   may be served (whole, fresh, young enough for ``max-age``) is replayed byte
   for byte with a fresh trailer (a **hit**); an answer being written now by
-  an identical request (the **leader**) is followed live from its log and
-  ends as the leader's did, whole or not; otherwise this request leads: its
-  name claims the key (one leader per key, across workers with Redis) and
-  every byte it sends the client is also appended to a new log (``Recorder``).
+  an identical request (the **leader**) is followed live from its log, once the
+  log is seen growing (a dead leader's log, its lease running on a moment, is
+  not: the request leads instead), and ends as the leader's did, whole or not,
+  or with the protocol's error event (``owner_lost``) when the leader is lost;
+  otherwise this request leads: its name claims the key (one leader per key,
+  across workers with Redis) and every byte it sends the client is also
+  appended to a new log (``Recorder``).
   A follower marks the log followed; a leader whose client leaves while its
   log is followed reads its answer on to the end, into the log alone
   (``gateway.proxy.detach``, as a resumable stream does), within the route's
@@ -30,19 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Message
-
 from gateway.cache.admin import ADMIN_PATH, delete_entry
 from gateway.cache.entry import (
-    decode_head,
     entry_name,
     followed_name,
     hit_trailer,
@@ -51,20 +49,16 @@ from gateway.cache.entry import (
 )
 from gateway.cache.judge import judge, streamed
 from gateway.cache.key import Controls, body_digest, controls_of, key_of
-from gateway.cache.recorder import Recorder
 from gateway.guard import Outcome, Reason, StreamGuard, Usage, Verdict
-from gateway.guard.verdict import COMPLETE_REASONS
 from gateway.observe import Metrics
 from gateway.protocols import ContractOptions
-from gateway.proxy.admission import presented_key
-from gateway.proxy.answers import drop_stalled_client
-from gateway.proxy.connection import abort_connection
 from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
+from gateway.proxy.limited import with_headers
+from gateway.proxy.owner import owner_of
 from gateway.proxy.request_body import BodyParser
-from gateway.proxy.timer import Deadline
-from gateway.settings import ANONYMOUS, ClientConfig
+from gateway.settings import ClientConfig
 from gateway.store import (
     BeyondEnd,
     End,
@@ -76,6 +70,7 @@ from gateway.store import (
     Writer,
     follow,
 )
+from gateway.streamlog import LogReader, Recorder
 
 __all__ = ["Plan", "ResponseCache"]
 
@@ -92,7 +87,6 @@ _FOLLOW_WAIT = 1.0
 #: How long a follower waits on a leader whose lease lapsed (a writer cut off from a
 #: store that was away takes it back within a second of its return) before it gives up.
 _ORPHAN_GRACE_SECONDS = 3 * _FOLLOW_WAIT
-_REASONS = frozenset(str(reason) for reason in Reason)
 
 
 @dataclass(slots=True)
@@ -126,31 +120,69 @@ class _Source:
     age: int = 0
 
 
-class _Sends:
-    """A replay's sends to the client: each within ``client_send``, all within the
-    route's total (one timer, moved, as the relay's plain answers do)."""
+class _LeaderLost(Exception):
+    """The leader's lease stayed lapsed past the grace: its answer ends here."""
 
-    __slots__ = ("_client_send", "_loop", "_send", "_total", "_until", "deadline")
 
-    def __init__(self, exchange: Exchange) -> None:
-        loop = exchange.task.get_loop()
-        self._loop = loop
-        self._send = exchange.send
-        self._client_send = exchange.route.timeouts.client_send
-        self._total = loop.time() + exchange.route.timeouts.total
-        self._until = math.inf
-        self.deadline = Deadline(loop, exchange.task, self._total)
+class _Replay(LogReader):
+    """A whole entry or a leader's answer in flight, as this request gets it: the stored
+    head with this request's id, ``X-Gateway-Cache: HIT`` and ``Age``; a fresh trailer."""
 
-    async def __call__(self, message: Message) -> None:
-        self._until = self._loop.time() + self._client_send
-        self.deadline.move(min(self._until, self._total))
-        await self._send(message)
-        self._until = math.inf
-        self.deadline.move(self._total)
+    def __init__(self, exchange: Exchange, store: StreamStore, stream_id: str, age: int) -> None:
+        super().__init__(exchange, store, stream_id, wait=_FOLLOW_WAIT)
+        self.age = age
+        self._orphaned_at: float | None = None
+        #: The head sent is a stream's (2xx, the framing's media type): a lost leader is
+        #: said in-band, with the protocol's error event.
+        self.streamed = False
 
-    def stalled(self) -> bool:
-        """The deadline that passed was a send's: the client stopped reading."""
-        return self._loop.time() >= self._until
+    def head(self, status: int, headers: RawHeaders) -> tuple[int, RawHeaders]:
+        content_type = (get_header(headers, b"content-type") or b"").decode("latin-1")
+        framing = self.exchange.spec.framing
+        self.streamed = 200 <= status < 300 and framing.is_stream(content_type)
+        headers = with_request_id(headers, self.exchange.record.request_id)
+        return status, [*headers, (b"x-gateway-cache", b"HIT"), (b"age", str(self.age).encode())]
+
+    def render(self, events: list[bytes]) -> bytes:
+        self._orphaned_at = None
+        return super().render(events)
+
+    async def quiet(self) -> bool:
+        """The leader wrote nothing for a while: read on while it lives, or a moment
+        after its lease lapsed."""
+        try:
+            info = await self.store.info(self.stream_id)
+        except StoreError:
+            if not await self.outage():
+                raise
+            return True
+        if info is not None and (info.end is not None or info.leased):
+            return True
+        if not self.started:
+            return False
+        now = time.monotonic()
+        self._orphaned_at = self._orphaned_at or now
+        if now - self._orphaned_at > _ORPHAN_GRACE_SECONDS:
+            raise _LeaderLost
+        return True
+
+    async def outage(self) -> bool:
+        if not self.started:
+            return False
+        await self.store.available()
+        return True
+
+    def trailer(self, end: End) -> bytes:
+        fields = end.fields
+        if fields.get("aborted") == "1":
+            raise AbortConnection
+        trailer, request_id = end.trailer, self.exchange.record.request_id
+        if fields.get("stored") == "1":
+            if trailer:
+                trailer = hit_trailer(fields.get("reason", "stop"), self.age, request_id)
+        elif trailer and fields.get("request_id"):
+            trailer = trailer.replace(fields["request_id"].encode(), request_id.encode())
+        return trailer
 
 
 class ResponseCache:
@@ -195,7 +227,7 @@ class ResponseCache:
         route, scope = exchange.route, exchange.scope
         config = route.config
         headers = scope["headers"]
-        owner = self._owner(exchange)
+        owner = owner_of(exchange)
         if rest.startswith(ADMIN_PATH) and scope["method"] == "DELETE":
             key = rest[len(ADMIN_PATH) :]
             await delete_entry(self.store, self.metrics, self._admins, exchange, key, owner)
@@ -237,15 +269,6 @@ class ResponseCache:
             value = get_header(headers, name)
             parts.append(name.decode() + "=" + (value or b"").decode("latin-1"))
         return Plan(key_of(parts), controls, owner, ttl=config.cache_ttl_seconds)
-
-    def _owner(self, exchange: Exchange) -> str:
-        name = exchange.caller.name
-        if name != ANONYMOUS:
-            return "client:" + name
-        key = presented_key(exchange.scope["headers"])
-        if key:
-            return "key:" + hashlib.sha256(key).hexdigest()
-        return "anonymous"
 
     # -- hit, follow, or lead ------------------------------------------------------------
 
@@ -346,17 +369,13 @@ class ResponseCache:
         extra: RawHeaders = [(b"x-gateway-cache", plan.header.encode())]
         if plan.key is not None and writer is not None:
             extra.append((b"x-gateway-cache-key", plan.key.encode()))
-        detachment = None
-        if writer is not None:
-            # The leader's client leaving does not stop it at once: see ``_leader_left``.
-            detachment = Detachment.of(exchange, self.metrics)
-            exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
-        plan.recorder = Recorder(
-            exchange.send, writer, extra, exchange.spec.framing, exchange.events, detachment
-        )
-        exchange.send = plan.recorder
-        if writer is not None:
-            exchange.events.add(plan.recorder)
+        if writer is None:
+            exchange.send = with_headers(exchange.send, extra)
+            return
+        # The leader's client leaving does not stop it at once: see ``_leader_left``.
+        detachment = Detachment.of(exchange, self.metrics)
+        exchange.detach = lambda: self._leader_left(exchange, writer.id, detachment)
+        plan.recorder = Recorder(exchange, writer, extra, detachment)
 
     def _leader_left(self, exchange: Exchange, stream_id: str, detachment: Detachment) -> None:
         """The leader's client left: its answer is read on when others follow it, else
@@ -448,90 +467,35 @@ class ResponseCache:
         return await self._relay_log(exchange, source, age=0)
 
     async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
-        """Send the log's head and events, then its ending; False when nothing was sent
-        (no head, or a leader's log that is not being written: the request goes
-        upstream). Each send is bounded by the client-send timeout (a client that stops
-        reading is dropped), all of it by the route's total. A leader's answer is
-        followed only once its log is seen growing (or ending): a leader that died
-        leaves a log whose lease runs on a moment, and a request that waits on it is
-        never labelled a hit. A store that goes away under a follower is waited for (its
-        leader's writer logs what it relayed meanwhile once the store is back), as is
-        a leader whose lease lapsed, a moment (``_ORPHAN_GRACE_SECONDS``); then a
-        stream ends with the protocol's error event and trailer (``owner_lost``)."""
+        """Send the log (``_Replay``), then its ending; False when nothing was sent (no
+        head, or a leader's log that is not being written: the request goes upstream).
+        A leader's answer is followed only once its log is seen growing (or ending): a
+        leader that died leaves a log whose lease runs on a moment, and a request that
+        waits on it is never labelled a hit. A store that goes away under a follower is
+        waited for (its leader's writer logs what it relayed meanwhile once the store
+        is back), as is a leader whose lease lapsed, a moment
+        (``_ORPHAN_GRACE_SECONDS``); then a stream ends with the protocol's error event
+        and trailer (``owner_lost``). All of it within the route's total."""
         record = exchange.record
-        send = _Sends(exchange)
-        started = False
-        streamed = False  # the head sent is a stream's: a lost leader is said in-band
-        after = 0  # the log's events read so far (the head's included)
-        orphaned_at: float | None = None
+        reader = _Replay(exchange, self.store, source.stream_id, age)
+        reader.until = exchange.task.get_loop().time() + exchange.route.timeouts.total
         try:
             if source.info.end is None and not await self._writes_on(source):
                 return False
-            while True:
-                try:
-                    async for batch in follow(
-                        self.store, source.stream_id, after, wait=_FOLLOW_WAIT
-                    ):
-                        after += len(batch.events)
-                        events = batch.events
-                        if events and not started:
-                            status, headers = decode_head(events[0])
-                            headers = with_request_id(headers, record.request_id)
-                            headers += [(b"x-gateway-cache", b"HIT"), (b"age", str(age).encode())]
-                            await send(
-                                {"type": "http.response.start", "status": status,
-                                 "headers": headers}
-                            )  # fmt: skip
-                            record.status = status
-                            record.time_to_first_byte = time.monotonic() - record.started
-                            started = True
-                            streamed = 200 <= status < 300 and exchange.spec.framing.is_stream(
-                                (get_header(headers, b"content-type") or b"").decode("latin-1")
-                            )
-                            events = events[1:]
-                        for event in events:
-                            await send(
-                                {"type": "http.response.body", "body": event, "more_body": True}
-                            )
-                            record.bytes_out += len(event)
-                        if batch.end is not None:
-                            if not started:
-                                return False
-                            await self._end(exchange, batch.end, age, send)
-                            return True
-                        if batch.events:
-                            orphaned_at = None
-                        elif not await self._alive(source.stream_id):
-                            if not started:
-                                return False
-                            now = time.monotonic()
-                            orphaned_at = orphaned_at or now
-                            if now - orphaned_at > _ORPHAN_GRACE_SECONDS:
-                                return await self._lost(exchange, send, streamed)
-                except StoreError:
-                    if not started:
-                        return False
-                    await self.store.available()
-        except (Vanished, StoreError):
-            # expired, deleted or unreachable: the leader's answer is lost to this reader
-            if not started:
+            return await reader.read()
+        except (Vanished, StoreError, _LeaderLost):
+            # expired, deleted, unreachable, or its leader gone: its answer is lost here
+            if not reader.started:
                 return False
-            return await self._lost(exchange, send, streamed)
+            await self._lost(reader)
+            return True
         except (Gone, BeyondEnd):
             # stopped at its byte bound (an answer longer than cache_max_entry_bytes):
             # nothing more can be read of it
-            if not started:
+            if not reader.started:
                 return False
             raise AbortConnection from None
         except asyncio.CancelledError:
-            if send.deadline.expired():
-                if record.stream:
-                    record.verdict = Verdict(Outcome.INCOMPLETE, Reason.CLIENT_STALLED)
-                if send.stalled():
-                    drop_stalled_client(exchange)  # raises AbortConnection
-                record.status = record.status or 504
-                abort_connection(exchange.scope)
-                raise AbortConnection from None
             if not exchange.claim_stop():
                 raise
             assert exchange.stop_reason is not None
@@ -539,9 +503,6 @@ class ResponseCache:
                 record.verdict = Verdict(Outcome.INCOMPLETE, exchange.stop_reason)
             record.status = record.status or 499
             return True
-        finally:
-            send.deadline.cancel()
-        return started
 
     async def _writes_on(self, source: _Source) -> bool:
         """Whether a leader's log is being written: it grows past the events it had when
@@ -558,48 +519,26 @@ class ResponseCache:
             return False
         return False
 
-    async def _lost(self, exchange: Exchange, send: _Sends, streamed: bool) -> bool:
+    async def _alive(self, stream_id: str) -> bool:
+        info = await self.store.info(stream_id)
+        return info is not None and (info.end is not None or info.leased)
+
+    async def _lost(self, reader: _Replay) -> None:
         """A follower whose leader's answer can no longer be read: a stream ends with the
         protocol's error event and trailer (``owner_lost``); any other answer is cut."""
+        exchange = reader.exchange
         record = exchange.record
-        if not streamed:
+        if not reader.streamed:
             raise AbortConnection
         guard = StreamGuard(exchange.spec.new_contract(ContractOptions()))
         guard.abort(Reason.OWNER_LOST, force=True)
         ending = guard.withheld
         if self.annotate:
             ending += guard.annotation(record.request_id)
-        await send({"type": "http.response.body", "body": ending, "more_body": False})
-        record.bytes_out += len(ending)
+        await reader.body(ending, more=False)
         exchange.response_done = True
         record.stream = True
         record.verdict = guard.verdict
-        return True
-
-    async def _alive(self, stream_id: str) -> bool:
-        info = await self.store.info(stream_id)
-        return info is not None and (info.end is not None or info.leased)
-
-    async def _end(self, exchange: Exchange, end: End, age: int, send: _Sends) -> None:
-        record = exchange.record
-        fields = end.fields
-        if fields.get("aborted") == "1":
-            raise AbortConnection
-        trailer = end.trailer
-        if fields.get("stored") == "1":
-            if trailer:
-                trailer = hit_trailer(fields.get("reason", "stop"), age, record.request_id)
-        elif trailer and fields.get("request_id"):
-            trailer = trailer.replace(fields["request_id"].encode(), record.request_id.encode())
-        await send({"type": "http.response.body", "body": trailer, "more_body": False})
-        record.bytes_out += len(trailer)
-        exchange.response_done = True
-        record.stream = fields.get("streamed") == "1"
-        reason = fields.get("reason", "")
-        if reason in _REASONS:
-            complete = fields.get("stored") == "1" or Reason(reason) in COMPLETE_REASONS
-            outcome = Outcome.COMPLETE if complete else Outcome.INCOMPLETE
-            record.verdict = Verdict(outcome=outcome, reason=Reason(reason))
 
     # -- the leader's end ------------------------------------------------------------------
 
@@ -609,23 +548,11 @@ class ResponseCache:
         if writer is None or recorder is None:
             return
         plan.writer = None
-        exchange.detach = None
-        if recorder.detachment is not None:
-            recorder.detachment.end()
         route = exchange.route
         config = route.config
         assert plan.key is not None
         stream = streamed(exchange, recorder)
-        trailer = b""
-        exchange.events.remove(recorder)
-        if recorder.ended:
-            if stream:
-                trailer = exchange.events.pending + recorder.final
-            elif recorder.final:
-                writer.append(recorder.final)
-                recorder.size += len(recorder.final)
-                if recorder.body is not None and not writer.stopped:
-                    recorder.body.append(recorder.final)
+        trailer = recorder.trailer(stream)
         refusal, reason = judge(exchange, recorder, writer, stream)
         verdict = exchange.record.verdict
         usage = exchange.record.usage or (verdict.usage if verdict is not None else None)

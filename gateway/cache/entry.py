@@ -1,9 +1,8 @@
 """What a cache entry holds in its stream log, and the trailer a hit ends with.
 
-An entry is one stream log (``gateway.store``): event 1 is the response head
-(status and headers as the client got them, JSON), every later event is one
-body send as it went to the client (a stream's are event-aligned), and the
-log's ``End`` carries the trailer the client got (the annotation; empty for a
+An entry is one stream log as every log is written (``gateway.streamlog``: the
+head, then the body's events as the client got them), and the log's ``End``
+carries the trailer the client got (the annotation; empty for a
 plain answer) and these fields: ``stored`` ("1": an entry that may be served;
 "0": refused, kept only for the requests that followed it live), ``reason``
 (the verdict's, or why it was refused), ``at`` (when it was stored, Unix
@@ -13,31 +12,15 @@ seconds), ``streamed``, ``input`` / ``output`` (usage, where reported) and
 
 from __future__ import annotations
 
-import json
-
 from gateway.proxy.headers import RawHeaders
 
 __all__ = [
-    "decode_head",
-    "encode_head",
     "entry_name",
     "followed_name",
     "hit_trailer",
     "refused_name",
     "with_request_id",
 ]
-
-
-def encode_head(status: int, headers: RawHeaders) -> bytes:
-    pairs = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in headers]
-    return json.dumps({"status": status, "headers": pairs}, separators=(",", ":")).encode()
-
-
-def decode_head(data: bytes) -> tuple[int, RawHeaders]:
-    head = json.loads(data)
-    return int(head["status"]), [
-        (k.encode("latin-1"), v.encode("latin-1")) for k, v in head["headers"]
-    ]
 
 
 def with_request_id(headers: RawHeaders, request_id: str) -> RawHeaders:

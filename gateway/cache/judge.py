@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import zlib
 
-from gateway.cache.recorder import Recorder
 from gateway.guard import Reason
 from gateway.guard.jsonparse import loads
 from gateway.proxy.answers import one_json_text
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import get_header
 from gateway.store import Writer
+from gateway.streamlog import Recorder
 
 __all__ = ["decoded", "judge", "plain_finish", "streamed"]
 

@@ -178,7 +178,8 @@ class BedrockContract(Contract):
             self.kind = "invoke" if event.event == "chunk" else "converse"
         if self.kind == "invoke":
             return self._on_chunk(event)
-        return self._on_converse(event.event, parse_json_object(event.data))
+        obj = self.parsed = parse_json_object(event.data)
+        return self._on_converse(event.event, obj)
 
     # -- ConverseStream -------------------------------------------------------------
 

@@ -123,7 +123,7 @@ class ChatContract(Contract):
             return self._on_done()
         if event.event == "error":
             return self._upstream_error()
-        obj = parse_json_object(data)
+        obj = self.parsed = parse_json_object(data)
         if obj.get("error") is not None:
             return self._upstream_error()
         if self.model is None:

@@ -178,6 +178,9 @@ class Contract(abc.ABC):
         self.finish_reasons: dict[int, str] = {}
         #: The model the upstream says answered (first one reported), for metric labels.
         self.model: str | None = None
+        #: The JSON value of the event being judged, as the contract parsed it (None when
+        #: it did not): a reader of the same event shares it instead of parsing again.
+        self.parsed: Any = None
 
     # -- the interface the stream guard drives -----------------------------
 
@@ -186,6 +189,7 @@ class Contract(abc.ABC):
         if self.verdict is not None:
             raise RuntimeError("contract already has a verdict")
         self.events += 1
+        self.parsed = None
         try:
             return self._on_event(event)
         except _Rejected as rejected:

@@ -309,7 +309,7 @@ class GeminiContract(Contract):
     # -- the contract ----------------------------------------------------------
 
     def _on_event(self, event: Event) -> Action:
-        obj = parse_json_object(event.data)
+        obj = self.parsed = parse_json_object(event.data)
         if obj.get("error") is not None:
             return self._on_error(obj)
         usage_raw = obj.get("usageMetadata")

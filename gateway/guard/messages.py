@@ -161,7 +161,7 @@ class MessagesContract(Contract):
     def _on_event(self, event: Event) -> Action:
         if event.event == "error":
             return self._upstream_error()
-        obj = parse_json_object(event.data)
+        obj = self.parsed = parse_json_object(event.data)
         kind = obj.get("type")
         if not isinstance(kind, str):
             raise self._reject(Reason.INVALID_SHAPE, "event has no string type")

@@ -153,7 +153,7 @@ class OllamaContract(Contract):
         return reason
 
     def _on_event(self, event: Event) -> Action:
-        obj = parse_json_object(event.data)
+        obj = self.parsed = parse_json_object(event.data)
         if "gateway" in obj:  # the key of our own error line: only the gateway writes it
             raise self._reject(Reason.INVALID_SHAPE, "a line carries the gateway's verdict key")
         error = obj.get("error")

@@ -168,7 +168,7 @@ class ResponsesContract(Contract):
         if event.data.strip() == "[DONE]":
             # Not this protocol's terminator: the stream ended without one.
             raise self._reject(Reason.MISSING_DONE, "[DONE] arrived before response.completed")
-        obj = parse_json_object(event.data)
+        obj = self.parsed = parse_json_object(event.data)
         kind = obj.get("type")
         if not isinstance(kind, str):
             raise self._reject(Reason.INVALID_SHAPE, "event has no string type")

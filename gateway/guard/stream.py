@@ -194,7 +194,7 @@ class StreamGuard:
             kept = self.withhold_errors and verdict is not None and verdict.error_forwarded
             if action is Action.FORWARD or (action is Action.FINISH and not kept):
                 data = self._clean(held[cursor - base : event.end - base])
-                refusal = whole.offer(data, event)
+                refusal = whole.offer(data, event, self.contract.parsed)
                 if refusal is None:
                     out.append(data)
                     self.forwarded_bytes += len(data)

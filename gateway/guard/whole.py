@@ -29,7 +29,9 @@ The API, for a stage that reads a stream (a log writer, a schema check):
     the event is withheld and the stream ends there, as at an event the
     contract rejects: the verdict is incomplete with ``reason``, and the relay
     ends the stream with the protocol's error event and trailer. Readers that
-    only record return None.
+    only record return None. While it is asked, ``WholeEvents.parsed`` is the
+    event's JSON value as its contract parsed it (None: not parsed): a reader
+    never parses the event's data a second time.
   - ``take(piece, event)``: a whole event every reader accepted (``event`` is
     None for a block that dispatched nothing, which is never checked).
 
@@ -43,7 +45,7 @@ The API, for a stage that reads a stream (a log writer, a schema check):
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway.guard.decoder import Event
 from gateway.guard.verdict import Reason
@@ -71,7 +73,7 @@ class EventConsumer(Protocol):
 class WholeEvents:
     """The readers of one response's whole events, and the bytes of an unended one."""
 
-    __slots__ = ("_pending", "_queue", "consumers", "streaming")
+    __slots__ = ("_pending", "_queue", "consumers", "parsed", "streaming")
 
     def __init__(self) -> None:
         self.consumers: list[EventConsumer] = []
@@ -80,6 +82,9 @@ class WholeEvents:
         self._queue: list[tuple[bytes, Event | None]] | None = None
         #: A guarded stream's head is out: its body is handed out here, event by event.
         self.streaming = False
+        #: The JSON value of the event being offered, as its contract parsed it (None:
+        #: not parsed): a reader's ``check`` reads it here instead of parsing again.
+        self.parsed: Any = None
 
     def __bool__(self) -> bool:
         return bool(self.consumers)
@@ -125,9 +130,11 @@ class WholeEvents:
         if data:
             self._pending.append(data)
 
-    def offer(self, data: bytes, event: Event) -> Refusal | None:
-        """``data`` ends ``event``: asked of every reader, then taken by each (None), or
-        refused (``data`` is not relayed; nothing is taken)."""
+    def offer(self, data: bytes, event: Event, parsed: Any = None) -> Refusal | None:
+        """``data`` ends ``event`` (``parsed``: its JSON value, as its contract parsed
+        it): asked of every reader, then taken by each (None), or refused (``data`` is
+        not relayed; nothing is taken)."""
+        self.parsed = parsed
         piece = self._piece(data)
         consumers = self.consumers
         for consumer in consumers:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocols.structured import Structured, json_object
+from gateway.guard.decoder import Event
+from gateway.protocols.structured import Structured, event_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
 __all__ = ["MESSAGES_STRUCTURED", "ask_messages"]
@@ -45,8 +46,8 @@ def _schemas(body: Json) -> Schemas:
     return Schemas(answer=_answer(body), tools=tools)
 
 
-def _parts(data: str) -> list[Part]:
-    obj = json_object(data)
+def _parts(event: Event, parsed: Any) -> list[Part]:
+    obj = event_object(event, parsed)
     if obj is None:
         return []
     kind = obj.get("type")

@@ -39,6 +39,7 @@ from gateway.protocols._spec import (
     Tool,
     UsageBasis,
 )
+from gateway.protocols.bedrock_structured import BEDROCK_STRUCTURED, ask_bedrock
 
 __all__ = ["BEDROCK", "bedrock_error", "redact_eventstream"]
 
@@ -234,7 +235,9 @@ BEDROCK = ProtocolSpec(
     hosts=("bedrock-runtime",),
     signing_service="bedrock",
     # The probe's path below a route with prefix ``/model`` (the runtime's paths below it).
-    requests=ClientRequests(path=_path, text=_text, tool=_tool, simulator_prefix="/model"),
+    requests=ClientRequests(
+        path=_path, text=_text, tool=_tool, structured=ask_bedrock, simulator_prefix="/model"
+    ),
     # Converse's own field first (added when a request names none); an invoke body is the
     # model's own: Anthropic's (which must name it) has max_tokens.
     output_limit=("inferenceConfig.maxTokens", "max_tokens"),
@@ -242,4 +245,5 @@ BEDROCK = ProtocolSpec(
     genai_provider="aws.bedrock",
     price_provider="aws",
     usage_basis=UsageBasis(input_includes_cached=False),
+    structured=BEDROCK_STRUCTURED,
 )

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.protocols.structured import Structured, json_object
+from gateway.guard.decoder import Event
+from gateway.protocols.structured import Structured, event_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
 __all__ = ["GEMINI_STRUCTURED", "ask_gemini", "openapi_schema"]
@@ -96,8 +97,8 @@ def _schemas(body: Json) -> Schemas:
     return Schemas(answer=_answer(body), tools=tools)
 
 
-def _parts(data: str) -> list[Part]:
-    obj = json_object(data)
+def _parts(event: Event, parsed: Any) -> list[Part]:
+    obj = event_object(event, parsed)
     candidates = obj.get("candidates") if obj is not None else None
     if not isinstance(candidates, list) or not candidates:
         return []

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.protocols.structured import Structured, function_tools, json_object
+from gateway.guard.decoder import Event
+from gateway.protocols.structured import Structured, event_object, function_tools
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
 __all__ = ["OLLAMA_STRUCTURED", "ask_ollama"]
@@ -25,8 +26,8 @@ def _schemas(body: Json) -> Schemas:
     return Schemas(answer=answer, tools=function_tools(body.get("tools")))
 
 
-def _parts(data: str) -> list[Part]:
-    obj = json_object(data)
+def _parts(event: Event, parsed: Any) -> list[Part]:
+    obj = event_object(event, parsed)
     if obj is None:
         return []
     out: list[Part] = []

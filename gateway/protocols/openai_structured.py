@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.guard.jsonparse import loads as _loads
-from gateway.protocols.structured import Structured, function_tools, json_object
+from gateway.guard.decoder import Event
+from gateway.protocols.structured import Structured, event_object, function_tools, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
 
 __all__ = ["CHAT_STRUCTURED", "RESPONSES_STRUCTURED", "ask_chat", "ask_responses"]
@@ -48,12 +48,9 @@ def _chat_schemas(body: Json) -> Schemas:
 _TEXT = PartKind.TEXT
 
 
-def _chat_parts(data: str) -> list[Part]:
-    try:
-        obj = _loads(data)
-    except (ValueError, RecursionError):
-        return []
-    choices = obj.get("choices") if type(obj) is dict else None
+def _chat_parts(event: Event, parsed: Any) -> list[Part]:
+    obj = parsed if type(parsed) is dict else json_object(event.data)
+    choices = obj.get("choices") if obj is not None else None
     if type(choices) is not list:
         return []
     if len(choices) == 1:  # the common chunk: one choice, a text delta, nothing else
@@ -112,8 +109,8 @@ def _responses_schemas(body: Json) -> Schemas:
     )
 
 
-def _responses_parts(data: str) -> list[Part]:
-    obj = json_object(data)
+def _responses_parts(event: Event, parsed: Any) -> list[Part]:
+    obj = event_object(event, parsed)
     if obj is None:
         return []
     kind = obj.get("type")

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gateway.guard import Event, Reason, Refusal
+from gateway.guard import Event, Reason, Refusal, WholeEvents
 from gateway.protocols.structured import Structured
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
@@ -48,7 +48,7 @@ from gateway.schema import (
     worst,
 )
 
-__all__ = ["OFF_HEADER", "SchemaStage"]
+__all__ = ["OFF_HEADER", "SchemaStage", "reader_for", "turned_off"]
 
 #: A request sends ``x-gateway-schema-check: off`` to skip the check for itself.
 OFF_HEADER = b"x-gateway-schema-check"
@@ -96,10 +96,12 @@ class SchemaStage:
 
 
 def _turned_off(exchange: Exchange) -> bool:
-    for name, value in exchange.scope.get("headers", ()):
-        if name == OFF_HEADER and value.strip().lower() == b"off":
-            return True
-    return False
+    return turned_off(exchange.scope.get("headers", ()))
+
+
+def turned_off(headers: Any) -> bool:
+    """Whether a request's raw headers turn the check off for itself."""
+    return any(name == OFF_HEADER and value.strip().lower() == b"off" for name, value in headers)
 
 
 async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Reader | None:
@@ -115,26 +117,51 @@ async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Rea
         return None  # not JSON: no schema asked for
     if not isinstance(document, dict):
         return None
+    return await reader_for(
+        document, structured, exchange.route.config.schema_check, most, exchange.events
+    )
+
+
+async def reader_for(
+    document: dict[str, Any],
+    structured: Structured,
+    mode: str,
+    most: int,
+    whole: WholeEvents | None = None,
+) -> _Reader | None:
+    """The reader of one request's answer (``document``: its JSON body, or a WebSocket
+    ``response.create``) on a route whose ``schema_check`` is ``mode``; None when the
+    request asks for no schema. The validator's compile runs in a thread, once per
+    distinct schema."""
     schemas = structured.schemas(document)
     if not schemas:
         return None
     check = StreamCheck(schemas, Bounds(max_answer_bytes=most))
     if not check.prepare(cached_only=True):  # a schema seen before costs no thread
         await asyncio.to_thread(check.prepare)
-    return _Reader(check, structured, ends=exchange.route.config.schema_check != "record")
+    return _Reader(check, structured, ends=mode != "record", whole=whole)
 
 
-def _no_parts(data: str) -> list[Part]:
+def _no_parts(event: Event, parsed: Any) -> list[Part]:
     return []
 
 
 class _Reader:
     """A reader of the stream's whole events that feeds their parts to the check."""
 
-    __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts", "faulted")
+    __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts", "_whole", "faulted")
 
-    def __init__(self, check: StreamCheck, structured: Structured | None, *, ends: bool) -> None:
+    def __init__(
+        self,
+        check: StreamCheck,
+        structured: Structured | None,
+        *,
+        ends: bool,
+        whole: WholeEvents | None = None,
+    ) -> None:
         self._check = check
+        #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
+        self._whole = whole
         self._parts = structured.parts if structured is not None else _no_parts
         self._ends = ends
         self._index = 0
@@ -167,9 +194,15 @@ class _Reader:
         return reader
 
     def check(self, piece: bytes, event: Event) -> Refusal | None:
+        whole = self._whole
+        return self.judge(event, whole.parsed if whole is not None else None)
+
+    def judge(self, event: Event, parsed: Any) -> Refusal | None:
+        """One event (``parsed``: its JSON value as its contract parsed it, or None): a
+        refusal when it breaks the schema on a route that ends or holds, else None."""
         index = self._index
         self._index = index + 1
-        parts: list[Part] = self._parts(event.data)
+        parts: list[Part] = self._parts(event, parsed)
         if not parts or self._verdicts is not None:
             return None
         fault = self._check.feed(parts, index)

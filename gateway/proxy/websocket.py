@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from gateway.guard import Action, Protocol, Reason, ResponsesContract
+from gateway.guard import Action, Event, Protocol, Reason, ResponsesContract
 from gateway.guard.jsonparse import loads
 from gateway.guard.wsmessage import MessageGuard
 from gateway.lifecycle import Lifecycle
@@ -69,6 +69,7 @@ from gateway.policy.failover import Result
 from gateway.policy.pool import Health
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.policy.routing import Route, Target
+from gateway.protocols import spec_for
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
 from gateway.proxy.connection import peer_of
 from gateway.proxy.errors import error_body, error_headers
@@ -82,7 +83,9 @@ from gateway.proxy.headers import (
     strip_hop_by_hop,
     without_key,
 )
+from gateway.proxy.owner import owner_from
 from gateway.proxy.request_body import input_estimate
+from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.ws_upstream import (
     Opened,
     Refusal,
@@ -90,7 +93,6 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.resume.ids import owner_from
 from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
 from gateway.spend import Spend
@@ -151,6 +153,8 @@ class _Response:
     contract: ResponsesContract
     last: float | None = None  # the upstream's last message of this response
     last_content: float | None = None
+    #: The schema check's reader of a response that asked for a schema (None: none).
+    schema: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -178,7 +182,7 @@ class _Connection:
     sending_since: float | None = None
     #: When the last send to the client finished: the upstream is read again from then.
     resumed: float = 0.0
-    #: Whose the responses' receipts are (``gateway.resume.ids.owner_from``), and the
+    #: Whose the responses' receipts are (``gateway.proxy.owner``), and the
     #: team of the caller's issued key.
     owner: str = ""
     team: str | None = None
@@ -655,10 +659,28 @@ class WebSocketRelay:
         )
         contract = ResponsesContract()
         guard = MessageGuard(contract, max_message_bytes=self.settings.max_ws_message_bytes)
-        conn.responses[lane] = _Response(record, guard, lane, contract)
+        schema = await self._schema_reader(conn, obj, text)
+        conn.responses[lane] = _Response(record, guard, lane, contract, schema=schema)
         conn.count += 1
         conn.wake.set()
         return text
+
+    async def _schema_reader(self, conn: _Connection, obj: dict[str, Any], text: str) -> Any:
+        """The schema check of a ``response.create`` that asks for a schema (its
+        ``text.format`` or ``tools``, as the Responses body over HTTP), or None. A
+        WebSocket response has no head to hold: ``hold`` ends it as ``end`` does."""
+        config = conn.route.config
+        structured = spec_for("responses").structured
+        if (
+            config.schema_check == "off"
+            or structured is None
+            or not any(marker.decode() in text for marker in structured.markers)
+            or turned_off(conn.scope.get("headers", ()))
+        ):
+            return None
+        return await reader_for(
+            obj, structured, config.schema_check, config.schema_max_answer_bytes
+        )
 
     async def _refuse_response(
         self, conn: _Connection, request_id: str, status: int, code: str, message: str
@@ -721,6 +743,12 @@ class WebSocketRelay:
             before = guard.content_events
             action = guard.feed(text)
             response.last = now
+            if response.schema is not None and action is not Action.REJECT:
+                # a message names no event type; its JSON value is the contract's parse
+                refusal = response.schema.judge(Event(data=text), guard.contract.parsed)
+                if refusal is not None:  # the message is withheld: the response ends
+                    guard.abort(refusal.reason, refusal.detail, force=True)
+                    action = Action.REJECT
             if action is Action.REJECT:
                 return _End(
                     Close.INCOMPLETE,
@@ -899,6 +927,8 @@ class WebSocketRelay:
         record.verdict = verdict
         record.usage = verdict.usage
         record.upstream_model = guard.contract.model
+        if response.schema is not None:
+            record.schema = response.schema.verdicts()
         response_id = response.contract.response_id
         if record.websocket is not None and response_id is not None:
             record.websocket["response_id"] = response_id

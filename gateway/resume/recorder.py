@@ -1,27 +1,25 @@
-"""The recorder: one resumable stream's bytes into its log, and its detached life.
+"""One resumable stream's log on its way: the recorder, and its detached life.
 
-A ``Recorder`` stands in the exchange's ``send`` for one guarded stream of a route
-with ``resume = true`` (nothing is wrapped elsewhere: a stream without resume pays
-nothing). On the way to the client it
+For one guarded stream of a route with ``resume = true`` (nothing is wrapped
+elsewhere: a stream without resume pays nothing), ``StreamLog`` puts the one
+recorder (``gateway.streamlog.Recorder``) in the exchange's ``send``, with
+resume's two options:
 
-- adds ``X-Gateway-Stream-Id`` to the response head;
-- reads the stream's whole events from its guard (``Exchange.events``,
-  ``gateway.guard.whole``), appends them to the log and waits until the store
-  wrote them (``Writer.flush``: one batch for every stream of the process)
-  *before* the client gets them, so that whatever a client counted can be
-  resumed, even from another replica after this one died; a failing store does
-  not hold the client up (its writer logs them once it is back);
-- keeps the last send, the trailer, for the log's end.
+- it adds ``X-Gateway-Stream-Id`` to the response head (for the client only);
+- every send waits until the store wrote what the client got before it
+  (``Writer.flush``: one batch for every stream of the process), so that
+  whatever a client counted can be resumed, even from another replica after
+  this one died; a failing store does not hold the client up (its writer logs
+  them once it is back);
+- a client that stalls past ``timeouts.client_send`` is cut (``client_stalled``)
+  and the stream detaches, as when it leaves.
 
-Once the head is out, on a route with ``on_client_disconnect = "finish"`` (the
-default with resume), a client that leaves no longer stops the request
-(``Exchange.detach``): the recorder *detaches*: the relay goes on at the
-upstream's pace, every send now goes to the log alone, for at most
-``detach_max_seconds`` (then ``total_timeout``; ``gateway.proxy.detach``). A
-client that stalls past
-``timeouts.client_send`` is cut (``client_stalled``) and detaches the same way.
-A cancel request (``POST .../cancel``, seen by the store) stops the request with
-``cancelled``.
+On a route with ``on_client_disconnect = "finish"`` (the default with resume),
+a client that leaves no longer stops the request (``Exchange.detach``): the
+stream *detaches*: the relay goes on at the upstream's pace, every send now
+goes to the log alone, for at most ``detach_max_seconds`` (then
+``total_timeout``; ``gateway.proxy.detach``). A cancel request (``POST
+.../cancel``, seen by the store) stops the request with ``cancelled``.
 """
 
 from __future__ import annotations
@@ -31,22 +29,19 @@ import contextlib
 import json
 from collections.abc import Callable
 
-from starlette.types import Message, Send
-
-from gateway.guard import Event, Reason, StreamGuard
+from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
-from gateway.policy.errors import RequestError
-from gateway.proxy.connection import abort_connection
 from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import Exchange
 from gateway.store import End, StoreError, Writer
+from gateway.streamlog import Recorder
 
-__all__ = ["STREAM_ID_HEADER", "Recorder"]
+__all__ = ["STREAM_ID_HEADER", "StreamLog"]
 
 STREAM_ID_HEADER = b"x-gateway-stream-id"
 
 
-class Recorder:
+class StreamLog:
     def __init__(
         self,
         exchange: Exchange,
@@ -67,75 +62,40 @@ class Recorder:
         self.guard = guard
         self.metrics = metrics
         self.detachment = Detachment.of(exchange, metrics)  # its gate, before the wrap
-        self._trailer: bytes | None = None
-        #: Events were appended that the next send must wait for (logged first).
-        self._unlogged = False
-        self._send: Send = exchange.send
-        exchange.send = self.send
-        exchange.events.add(self)
+        self.recorder = Recorder(
+            exchange,
+            writer,
+            [(STREAM_ID_HEADER, writer.id.encode())],
+            self.detachment,
+            logged_first=True,
+            on_stall=self.detach,
+        )
+        if exchange.route.config.detaches:
+            # The client gets the stream's id with the head: leaving, it detaches.
+            exchange.detach = self.detach
         writer.on_cancel = self._cancel
 
-    def check(self, piece: bytes, event: Event) -> None:
-        return None
+    def watch_response_id(self, on_response_id: Callable[[str, str, float], None]) -> None:
+        """Tell ``on_response_id`` the stream's response id once an event shows it."""
+        self.on_response_id = on_response_id
+        self.recorder.watch = self._find_response_id
 
-    def take(self, piece: bytes, event: Event | None) -> None:
-        """One whole event of the stream: into the log before the client gets it."""
-        self.writer.append(piece)
-        self._unlogged = True
-        if self.on_response_id is not None:
-            self._find_response_id([piece])
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.body":
-            if not message.get("more_body", False):
-                self._trailer = message.get("body", b"")
-        elif kind == "http.response.start":
-            headers = [*message.get("headers", []), (STREAM_ID_HEADER, self.writer.id.encode())]
-            message = {**message, "headers": headers}
-            if self.exchange.route.config.detaches:
-                # From now on the client knows the stream's id: leaving, it detaches.
-                self.exchange.detach = self.detach
-        if self._unlogged and not self.detachment.active:
-            # Logged before sent: a client never holds an event its log lacks (a
-            # cursor it got is always one the log can serve, whoever dies).
-            self._unlogged = False
-            with contextlib.suppress(StoreError):
-                await self.writer.flush()
-        try:
-            await self._send(message)
-        except asyncio.CancelledError:
-            exchange = self.exchange
-            if (
-                exchange.stop_reason is not Reason.CLIENT_STALLED
-                or exchange.detach is None
-                or not exchange.claim_stop()
-            ):
-                raise
-            # The client stopped reading: it is cut, the answer goes on into the log.
-            exchange.stop_reason = None
-            exchange.record.error = RequestError.CLIENT_STALLED
-            abort_connection(exchange.scope)
-            self.detach()
-
-    def _find_response_id(self, events: list[bytes]) -> None:
+    def _find_response_id(self, event: bytes) -> None:
         retrieval = self.exchange.spec.retrieval
-        assert retrieval is not None  # (only a retrievable protocol's recorder looks)
-        for event in events:
-            response_id = retrieval.id_of(event)
-            if response_id is not None:
-                assert self.on_response_id is not None
-                route = self.exchange.route
-                # The name outlives the log's last write (a log lives at most its
-                # route's total deadline, or its detached time, and then its TTL).
-                ttl = (
-                    route.config.resume_ttl_seconds
-                    + route.timeouts.total
-                    + route.config.detach_max_seconds
-                )
-                self.on_response_id(response_id, self.writer.id, ttl)
-                self.on_response_id = None
-                return
+        assert retrieval is not None  # (only a retrievable protocol's log looks)
+        response_id = retrieval.id_of(event)
+        if response_id is not None and self.on_response_id is not None:
+            route = self.exchange.route
+            # The name outlives the log's last write (a log lives at most its
+            # route's total deadline, or its detached time, and then its TTL).
+            ttl = (
+                route.config.resume_ttl_seconds
+                + route.timeouts.total
+                + route.config.detach_max_seconds
+            )
+            self.on_response_id(response_id, self.writer.id, ttl)
+            self.on_response_id = None
+            self.recorder.watch = None
 
     def detach(self) -> None:
         """The client left: go on without it, for at most ``detach_max_seconds``."""
@@ -150,15 +110,12 @@ class Recorder:
     async def close(self) -> None:
         """The stream ended (or failed): its end goes into the log."""
         exchange = self.exchange
-        exchange.detach = None
-        exchange.events.remove(self)
-        self.detachment.end()
-        trailer = self._trailer
+        trailer = self.recorder.trailer(True)
         verdict = exchange.record.verdict
-        if trailer is None:  # never sent (the connection was dropped): the log has it
-            trailer = b""
+        if not self.recorder.ended:  # never sent (the connection was dropped): logged
+            trailer = exchange.events.pending
             if self.guard.verdict is not None and self.annotate:
-                trailer = self.guard.withheld + self.guard.annotation(
+                trailer += self.guard.withheld + self.guard.annotation(
                     exchange.record.request_id, exchange.record.continued
                 )
         fields = {}
@@ -169,5 +126,5 @@ class Recorder:
                 fields["usage"] = json.dumps([usage.input_tokens, usage.output_tokens])
         # A store that fails here: the lease runs out, a resume ends the stream owner_lost.
         with contextlib.suppress(StoreError):
-            await self.writer.finish(End(exchange.events.pending + trailer, fields))
+            await self.writer.finish(End(trailer, fields))
         self.metrics.store_bytes(self.store_size())

@@ -3,7 +3,7 @@
 ``Resumes`` is the relay's one contact with this feature:
 
 - ``record(exchange, guard)``: a guarded stream of a route with ``resume = true``
-  gets a log in the store and a ``Recorder`` (``gateway.resume.recorder``); none
+  gets a log in the store and a ``StreamLog`` (``gateway.resume.recorder``); none
   when the request opts out (``X-Gateway-Resume: off``) or the store is full or
   failing (then the response says ``X-Gateway-Resume: off; reason=...``);
 - ``serve(exchange)``: answers the requests that are this feature's own, under the
@@ -23,6 +23,7 @@ anything about it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import re
@@ -33,8 +34,7 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import Outcome, Reason, StreamGuard, Verdict
-from gateway.guard.verdict import COMPLETE_REASONS
+from gateway.guard import Reason, StreamGuard
 from gateway.observe import Metrics
 from gateway.policy.routing import Route
 from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
@@ -43,16 +43,16 @@ from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import AbortConnection, Exchange
-from gateway.proxy.headers import STREAM_HEADERS, get_header
+from gateway.proxy.headers import STREAM_HEADERS, RawHeaders, get_header
 from gateway.proxy.limited import with_headers
+from gateway.proxy.owner import owner_of
 from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream
-from gateway.resume.ids import STREAM_ID, made_at, new_id, owner_of
-from gateway.resume.recorder import STREAM_ID_HEADER, Recorder
+from gateway.resume.ids import STREAM_ID, made_at, new_id
+from gateway.resume.recorder import STREAM_ID_HEADER, StreamLog
 from gateway.resume.takeover import continuation_meta, end_orphan
 from gateway.settings import ANONYMOUS, Settings
 from gateway.store import (
-    Batch,
     BeyondEnd,
     End,
     Gone,
@@ -62,6 +62,8 @@ from gateway.store import (
     Vanished,
     follow,
 )
+from gateway.streamlog import LogReader, send_within
+from gateway.streamlog.head import HEAD_EVENTS
 
 __all__ = ["Resumes", "build_resumes"]
 
@@ -83,7 +85,6 @@ def _retrieved_as(retrieval: Retrieval, stream_id: str) -> str:
 
 
 _OPT_OUT = b"x-gateway-resume"
-_REASONS = frozenset(str(reason) for reason in Reason)
 #: How long a resume waits for a live stream's log to hold the events of its cursor.
 _CATCH_UP_SECONDS = 1.0
 #: How long a cancel waits for the stream's end before it answers anyway.
@@ -130,9 +131,8 @@ class Resumes:
         self,
         exchange: Exchange,
         guard: StreamGuard,
-        content_type: str,
         rescuer: Rescuer | None = None,
-    ) -> Recorder | None:
+    ) -> StreamLog | None:
         """A log and its recorder for this stream, or None (served without resume)."""
         value = get_header(exchange.scope["headers"], _OPT_OUT)
         if value is not None and value.strip().lower() == b"off":
@@ -140,7 +140,6 @@ class Resumes:
         config = exchange.route.config
         record = exchange.record
         meta = {
-            "content_type": content_type,
             "path": exchange.scope["path"][len(config.prefix) :],
             "request_id": record.request_id,
             "route": config.name,
@@ -174,7 +173,7 @@ class Resumes:
             header = b"off; reason=" + reason.encode()
             exchange.send = with_headers(exchange.send, [(_OPT_OUT, header)])
             return None
-        recorder = Recorder(
+        stream_log = StreamLog(
             exchange,
             writer,
             guard,
@@ -184,8 +183,8 @@ class Resumes:
         )
         retrieval = exchange.spec.retrieval
         if retrieval is not None:
-            recorder.on_response_id = functools.partial(self._name_response, retrieval)
-        return recorder
+            stream_log.watch_response_id(functools.partial(self._name_response, retrieval))
+        return stream_log
 
     def _name_response(
         self, retrieval: Retrieval, response_id: str, stream_id: str, ttl: float
@@ -271,7 +270,7 @@ class Resumes:
                 await self.error(exchange, 503, "The stream store is unavailable.", "store_error")
                 return "store_error"
         if info is not None and _belongs(info, exchange):
-            return info
+            return _body(info)
         if (
             info is None
             and STREAM_ID.fullmatch(stream_id)
@@ -303,10 +302,10 @@ class Resumes:
                 if ask.after <= found.total + len(ending):
                     # The client holds some of the ending (the error event, the trailer
                     # comment): it gets the rest of it, maybe nothing.
-                    await self._head(exchange, found, stream_id)
-                    await self._body(exchange, b"".join(ending[ask.after - found.total :]),
-                                     more=False)  # fmt: skip
-                    self._judged(exchange, found.end)
+                    reader = _Resumed(self, exchange, found, ask)
+                    await reader.send_head(await self._head(stream_id))
+                    await reader.body(b"".join(ending[ask.after - found.total :]), more=False)
+                    reader.judged(found.end)
                     self.metrics.resumed(route, "ok")
                     return
                 if found.end.fields.get("heir") != "1":
@@ -371,7 +370,7 @@ class Resumes:
                 break
             if newer is None:
                 break
-            info = newer
+            info = _body(newer)
         return info
 
     async def replay(
@@ -383,51 +382,21 @@ class Resumes:
     ) -> str:
         """Send the events after the cursor (those ``keep`` keeps), the live tail, then
         the end; the result."""
-        await self._head(exchange, info, ask.stream_id)
-        number = ask.after
-        result = "ok"
-        # A cursor past the log's events (see ``_resume``): what the client holds
-        # beyond the log is skipped as it arrives, or never sent.
-        start = min(ask.after, info.total)
-        skip = ask.after - start
+        reader = _Resumed(self, exchange, info, ask, keep)
         try:
-            async for batch in follow(self.store, ask.stream_id, start, wait=self.wait):
-                if skip and batch.events:
-                    dropped = min(skip, len(batch.events))
-                    skip -= dropped
-                    batch = Batch(batch.after + dropped, batch.events[dropped:], batch.end)
-                if batch.events and keep is not None:
-                    kept = [event for event in batch.events if keep(event)]
-                    if kept:
-                        await self._body(exchange, b"".join(kept))
-                elif batch.events:
-                    if (
-                        ask.ids
-                        and exchange.route.spec_for(info.meta.get("path", "")).framing.comments
-                    ):
-                        events = []
-                        for event in batch.events:
-                            number += 1
-                            events.append(with_id(event, number))
-                        await self._body(exchange, b"".join(events))
-                    else:
-                        await self._body(exchange, b"".join(batch.events))
-                elif batch.end is None:
-                    result = await self.orphaned(exchange.route, ask.stream_id) or result
-                if batch.end is not None:
-                    await self._body(exchange, batch.end.trailer, more=False)
-                    self._judged(exchange, batch.end)
-                    return result
+            await reader.read()
+            return reader.result
         except (Vanished, StoreError) as exc:
             # The log vanished or the store is away under the reader: its writer is
             # lost to it. It ends as a lost owner's stream does, never with a reset.
-            await self._body(exchange, _lost(exchange, info, self.settings.annotate), more=False)
+            if not reader.started:
+                await reader.send_head(None)
+            await reader.body(_lost(exchange, info, self.settings.annotate), more=False)
             return "expired" if isinstance(exc, Vanished) else "store_error"
         except (Gone, BeyondEnd):
-            pass
-        # The log stopped at its byte cap under the reader: cut.
-        abort_connection(exchange.scope)
-        raise AbortConnection
+            # The log stopped at its byte cap under the reader: cut.
+            abort_connection(exchange.scope)
+            raise AbortConnection from None
 
     def _ending(self, exchange: Exchange, info: StreamInfo, end: End) -> list[bytes]:
         """The ending as a client counts it: its whole events (where the framing's
@@ -439,19 +408,6 @@ class Resumes:
             pieces.append(end.trailer[start : event.end])
             start = event.end
         return [*pieces, end.trailer[start:]] if end.trailer[start:] else pieces
-
-    @staticmethod
-    def _judged(exchange: Exchange, end: End) -> None:
-        """The access log's facts of a replayed stream: a stream, with its log's verdict."""
-        record = exchange.record
-        record.stream = True
-        reason = end.fields.get("reason", "")
-        if reason in _REASONS:
-            outcome = end.fields.get("outcome", "")
-            complete = outcome == str(Outcome.COMPLETE) or Reason(reason) in COMPLETE_REASONS
-            record.verdict = Verdict(
-                Outcome.COMPLETE if complete else Outcome.INCOMPLETE, Reason(reason)
-            )
 
     async def orphaned(self, route: Route, stream_id: str) -> str | None:
         """Take over a stream whose writer is gone (lease run out, no end) and write its
@@ -495,7 +451,9 @@ class Resumes:
             (b"content-type", b"application/json"),
             (b"x-request-id", exchange.record.request_id.encode()),
         ]})  # fmt: skip
-        await self._body(exchange, body, more=False)
+        message: Message = {"type": "http.response.body", "body": body, "more_body": False}
+        await send_within(exchange, message)
+        exchange.record.bytes_out += len(body)
         exchange.record.status = 200
 
     async def _wait_end(self, route: Route, stream_id: str, after: int) -> End | None:
@@ -513,26 +471,13 @@ class Resumes:
 
     # -- sending -----------------------------------------------------------------------
 
-    async def _head(self, exchange: Exchange, info: StreamInfo, stream_id: str) -> None:
-        headers = [
-            (b"content-type", info.meta.get("content_type", ANY_PATH.framing.media_type).encode()),
-            *STREAM_HEADERS,
-            (b"x-request-id", exchange.record.request_id.encode()),
-            (STREAM_ID_HEADER, stream_id.encode()),
-        ]
-        exchange.record.status = 200
-        await exchange.send({"type": "http.response.start", "status": 200, "headers": headers})
-
-    async def _body(self, exchange: Exchange, data: bytes, *, more: bool = True) -> None:
-        """One send, bounded by ``timeouts.client_send`` (a stalled client is cut)."""
-        message: Message = {"type": "http.response.body", "body": data, "more_body": more}
+    async def _head(self, stream_id: str) -> bytes | None:
+        """The log's head (event 1), or None: not read (the reader sends a default)."""
         try:
-            async with asyncio.timeout(exchange.route.timeouts.client_send):
-                await exchange.send(message)
-        except TimeoutError:
-            abort_connection(exchange.scope)
-            raise AbortConnection from None
-        exchange.record.bytes_out += len(data)
+            batch = await self.store.read(stream_id, 0)
+        except (StoreError, Gone, BeyondEnd):
+            return None
+        return batch.events[0] if batch is not None and batch.events else None
 
     async def error(self, exchange: Exchange, status: int, message: str, code: str) -> None:
         record = exchange.record
@@ -558,6 +503,61 @@ def _lost(exchange: Exchange, info: StreamInfo, annotate: bool) -> bytes:
     if not annotate:
         return guard.withheld
     return guard.withheld + guard.annotation(exchange.record.request_id)
+
+
+class _Resumed(LogReader):
+    """A resume (or a retrieve) of a stream: a 200 head of the stream's content type,
+    the events after the cursor (numbered for an ``EventSource``, or those ``keep``
+    keeps), an orphan taken over when its writer is found gone."""
+
+    def __init__(
+        self,
+        resumes: Resumes,
+        exchange: Exchange,
+        info: StreamInfo,
+        ask: _Ask,
+        keep: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        super().__init__(exchange, resumes.store, ask.stream_id, wait=resumes.wait)
+        self.resumes = resumes
+        self.keep = keep
+        # A cursor past the log's events (see ``_resume``): what the client holds
+        # beyond the log is skipped as it arrives, or never sent.
+        self.jump = min(ask.after, info.total)
+        self.skip = ask.after - self.jump
+        framing = exchange.route.spec_for(info.meta.get("path", "")).framing
+        #: The events' number so far, where the client asked for ``id:`` lines.
+        self.number = ask.after if ask.ids and framing.comments else None
+        self.result = "ok"
+
+    def head(self, status: int, headers: RawHeaders) -> tuple[int, RawHeaders]:
+        content_type = get_header(headers, b"content-type") or ANY_PATH.framing.media_type.encode()
+        return 200, [
+            (b"content-type", content_type),
+            *STREAM_HEADERS,
+            (b"x-request-id", self.exchange.record.request_id.encode()),
+            (STREAM_ID_HEADER, self.stream_id.encode()),
+        ]
+
+    def render(self, events: list[bytes]) -> bytes:
+        if self.keep is not None:
+            return b"".join(event for event in events if self.keep(event))
+        if self.number is not None:
+            first, self.number = self.number, self.number + len(events)
+            return b"".join(with_id(event, first + i) for i, event in enumerate(events, 1))
+        return b"".join(events)
+
+    async def quiet(self) -> bool:
+        ended = await self.resumes.orphaned(self.exchange.route, self.stream_id)
+        self.result = ended or self.result
+        return True
+
+
+def _body(info: StreamInfo) -> StreamInfo:
+    """The log as a client counts it: its body's events, without the head."""
+    return dataclasses.replace(
+        info, total=max(info.total - HEAD_EVENTS, 0), kept=max(info.kept - HEAD_EVENTS, 0)
+    )
 
 
 def _belongs(info: StreamInfo, exchange: Exchange) -> bool:

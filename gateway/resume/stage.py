@@ -37,8 +37,8 @@ class ResumeStage:
         async def opened(
             guard: StreamGuard, content_type: str, rescuer: Rescuer | None
         ) -> Callable[[], Awaitable[None]] | None:
-            recorder = await resumes.record(exchange, guard, content_type, rescuer)
-            return recorder.close if recorder is not None else None
+            stream_log = await resumes.record(exchange, guard, rescuer)
+            return stream_log.close if stream_log is not None else None
 
         exchange.on_stream.append(opened)
         await call_next(exchange)

@@ -53,6 +53,7 @@ from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
 from gateway.settings import GatewayLimits
 from gateway.store import End, StreamInfo, StreamStore, Writer
+from gateway.streamlog.head import HEAD_EVENTS
 
 __all__ = ["MAX_REQUEST_BYTES", "continuation_meta", "end_orphan"]
 
@@ -91,8 +92,9 @@ async def _nowhere(message: Message) -> None:
 
 async def _logged_guard(
     store: StreamStore, stream_id: str, info: StreamInfo, route: Route
-) -> StreamGuard:
-    """The logged events judged again, as the original guard saw them."""
+) -> tuple[StreamGuard, int]:
+    """The logged events judged again, as the original guard saw them; the bytes of the
+    log's head."""
     contract = route.spec_for(info.meta.get("path", "")).new_contract(
         ContractOptions(
             require_finish_reason=route.config.require_finish_reason,
@@ -103,14 +105,17 @@ async def _logged_guard(
     if route.config.continue_after_cut and hasattr(contract, "keep_text"):
         contract.keep_text = True
     guard = StreamGuard(contract)
-    after = 0
+    after = head = 0
     while after < info.kept:
         batch = await store.read(stream_id, after)
         if batch is None or not batch.events:
             break
-        guard.feed(b"".join(batch.events))
+        events = batch.events
+        if after < HEAD_EVENTS:  # the head: no event of the body
+            head, events = len(events[0]), events[HEAD_EVENTS:]
+        guard.feed(b"".join(events))
         after += len(batch.events)
-    return guard
+    return guard, head
 
 
 async def end_orphan(
@@ -128,12 +133,14 @@ async def end_orphan(
 ) -> str:
     """Write the adopted log's end: continued, or ``owner_lost``; the resume result.
     ``charge``: the stage a named client's continuation goes through (its limits)."""
-    guard = await _logged_guard(store, stream_id, info, route)
+    guard, head = await _logged_guard(store, stream_id, info, route)
     logged = guard.verdict  # the logged events may hold a whole answer: then it stands
     request_id = info.meta.get("request_id", "-")
     ending = None
     if upstream is not None and "request" in info.meta and logged is None:
-        ending = await _continue(info, writer, route, guard, upstream, metrics, limits, charge)
+        ending = await _continue(
+            info, head, writer, route, guard, upstream, metrics, limits, charge
+        )
     if ending is not None:
         continued, trailer, verdict_guard = ending
         if annotate:
@@ -156,6 +163,7 @@ async def end_orphan(
 
 async def _continue(
     info: StreamInfo,
+    head: int,
     writer: Writer,
     route: Route,
     guard: StreamGuard,
@@ -190,7 +198,8 @@ async def _continue(
         path=route.config.prefix + path,
         started=time.monotonic(),
     )
-    record.bytes_out = info.size  # what its client got before: the continuation's condition
+    # What its client got before (the body): the continuation's condition.
+    record.bytes_out = info.size - head
     record.model = document.get("model") if isinstance(document.get("model"), str) else None
     record.stream = True
     scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}

@@ -141,6 +141,7 @@ def _asks_structure(body: dict[str, Any], gemini_config: dict[str, Any]) -> bool
         or "responseJsonSchema" in gemini_config
         or "responseSchema" in gemini_config
         or isinstance(body.get("format"), dict)
+        or _object(_object(body.get("outputConfig")).get("textFormat")).get("type") == "json_schema"
     )
 
 

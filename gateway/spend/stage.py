@@ -31,8 +31,8 @@ from gateway.observe.accesslog import schema_fields
 from gateway.observe.record import RequestRecord
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import Exchange
+from gateway.proxy.owner import owner_of
 from gateway.proxy.stages import Next
-from gateway.resume.ids import owner_of
 from gateway.settings import ANONYMOUS
 from gateway.spend.ledger import Ledger, Row, Total
 from gateway.spend.prices import nanos_to_usd

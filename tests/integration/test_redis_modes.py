@@ -356,25 +356,27 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
     request_id = f"req-{time.monotonic_ns()}"
     day = int(time.time()) // 86400
 
-    async def main() -> tuple[Any, Any, Any]:
+    async def main() -> tuple[Any, Any, Any, Any]:
         ledger = RedisLedger(target, 2.0, 600, 30, prefix=f"modes{time.monotonic_ns()}")
         keys = RedisKeyStore(target, 2.0)
         try:
             row = Row(day, "alice", "team", "sim-model", "v1", "reported")
-            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500)
+            # a WebSocket response's: its resp_ id an alias, in the same transaction
+            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",))
             found = None
             for _ in range(200):  # written by the ledger's own task: polled, 10 s at most
                 found = await ledger.receipt(request_id)
                 if found is not None:
                     break
                 await asyncio.sleep(0.05)
-            return found, await ledger.totals(day, day), await keys.load()
+            alias = await ledger.receipt("resp_1@alice")
+            return found, alias, await ledger.totals(day, day), await keys.load()
         finally:
             await ledger.close()
             await keys._redis.aclose()
 
-    receipt, totals, loaded = asyncio.run(main())
-    assert receipt == ("alice", {"cost": 1})
+    receipt, alias, totals, loaded = asyncio.run(main())
+    assert receipt == alias == ("alice", {"cost": 1})
     assert [(t.row.client, t.nanos, t.requests) for t in totals] == [("alice", 1500, 1)]
     version, issued = loaded
     assert version >= 0

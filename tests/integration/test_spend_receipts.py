@@ -140,6 +140,12 @@ def test_a_detached_stream_its_resume_a_cache_hit_and_a_refusal_each_get_a_recei
             assert detached["verdict"] == {"outcome": "complete", "reason": "stop"}
             assert detached["cost"]["evidence"] == "reported"
             assert detached["cost"]["nanos"] == _nanos(detached["usage"], 1, 2) > 0
+            (only,) = detached["usage_by_attempt"]
+            assert (only["upstream"], only["outcome"]) == ("chat", "complete")
+            assert only["cost"] == {
+                "usd": detached["cost"]["usd"],
+                "nanos": detached["cost"]["nanos"],
+            }
             # its resume: a receipt of its own, costing nothing (the answer is charged once)
             resumed = web.get(
                 f"{gw.url}/v1/gateway/streams/{stream_id}",

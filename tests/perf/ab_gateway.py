@@ -9,8 +9,9 @@ time on the same core see the same disturbance, so their ratio holds
     .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode stream
     .venv/bin/python tests/perf/ab_gateway.py --base /tmp/gw-base --mode json --rounds 5
 
-Version B is this tree; version A may also be one of the yardstick relays
-(``--base minimal-raw`` or ``--base minimal``), to see which of the same
+Version B is this tree (``--base .`` with ``--a-env`` and ``--b-env``: this tree
+in two configurations, e.g. money budgets off and on); version A may also be one
+of the yardstick relays (``--base minimal-raw`` or ``--base minimal``), to see which of the same
 library calls cost the gateway more than a naive relay. Each round starts both
 fresh (a gateway as shipped, ``python -m gateway serve``: guard, metrics,
 access log to a file), pinned to
@@ -61,9 +62,8 @@ async def _round(
                 proxy = bg.FloorProxy(upstream.port, workdir, [], {}, tree)
             else:
                 url = f"http://127.0.0.1:{upstream.port}/v1"
-                env = (
-                    {k: v.replace("{upstream}", url) for k, v in opts.b_env} if label == "B" else {}
-                )
+                pairs = opts.b_env if label == "B" else opts.a_env
+                env = {k: v.replace("{upstream}", url) for k, v in pairs}
                 proxy = bg.GatewayProxy(upstream.port, workdir, [], env, label)
                 proxy.tree = tree
             proxy.cpus = {opts.cpu}
@@ -214,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=value",
         help="environment of version B only, {upstream} standing for the upstream's URL "
         "(e.g. GATEWAY_ROUTES with resume on)",
+    )
+    parser.add_argument(
+        "--a-env",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        metavar="NAME=value",
+        help="environment of version A only (with --base . : one tree, two configurations)",
     )
     opts = parser.parse_args(argv)
     base: Path | str = opts.base

@@ -20,13 +20,21 @@ the route's mode and the protocol's markers searched in a 1 KiB body).
 It prints the median CPU per content event of each and the difference
 ``schema - plain``: the added CPU per content event with a schema (the
 issue's bound: 1.5 us).
+
+On a loaded machine CPU time drifts with what else runs; ``--instructions``
+counts instructions instead (``valgrind --tool=callgrind``, load-independent)::
+
+    .venv/bin/python tests/perf/bench_schema.py --instructions --events 500
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -89,8 +97,9 @@ class _Nothing:
         pass
 
 
-def run_once(data: bytes, way: str) -> float:
-    """CPU seconds to judge ``data`` in 4 KiB reads, one way."""
+def run_once(data: bytes, way: str, *, counted: bool = False) -> float:
+    """CPU seconds to judge ``data`` in 4 KiB reads, one way (``counted``: the judging
+    alone inside a call of ``sorted``, for callgrind to count)."""
     spec = spec_for("chat")
     structured = spec.structured
     assert structured is not None
@@ -104,16 +113,24 @@ def run_once(data: bytes, way: str) -> float:
         else:
             check = StreamCheck(structured.schemas({"response_format": _format()}), Bounds())
             check.prepare()
-            reader = _Reader(check, structured, ends=True)
+            reader = _Reader(check, structured, ends=True, whole=whole)
             whole.add(reader)
         guard.whole = whole
+
+    def judge(_: object = None) -> int:
+        for at in range(0, len(data), 4096):
+            guard.feed(data[at : at + 4096])
+        guard.eof()
+        if reader is not None:
+            verdicts = reader.verdicts()
+            assert [str(v.result) for v in verdicts] == ["valid"], verdicts
+        return 0
+
     start = time.process_time()
-    for at in range(0, len(data), 4096):
-        guard.feed(data[at : at + 4096])
-    guard.eof()
-    if reader is not None:
-        verdicts = reader.verdicts()
-        assert [str(v.result) for v in verdicts] == ["valid"], verdicts
+    if counted:  # callgrind counts only inside ``sorted`` (``--toggle-collect``)
+        sorted([0], key=judge)
+    else:
+        judge()
     spent = time.process_time() - start
     assert guard.verdict is not None
     assert guard.verdict.complete, guard.verdict
@@ -166,12 +183,62 @@ def no_schema_cost(rounds: int = 200_000) -> float:
     return (staged - bare) / rounds * 1e6
 
 
+def _instructions(way: str, events: int) -> int:
+    """Instructions callgrind counts while this script judges the stream once one way
+    (after a first time uncounted): the judging alone, inside ``sorted``."""
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            "--collect-atstart=no",
+            "--toggle-collect=builtin_sorted",
+            sys.executable,
+            __file__,
+            "--events",
+            str(events),
+            "--way",
+            way,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    assert found is not None, out.stderr[-500:]
+    return int(found.group(1))
+
+
+def instructions(events: int, requested: int) -> None:
+    """Instructions per content event of each way, load-independent
+    (``valgrind --tool=callgrind``, counting only the judging)."""
+    per: dict[str, float] = {}
+    for way in ("plain", "off", "schema"):
+        per[way] = _instructions(way, requested) / events
+        print(f"{way:7s} {per[way]:8.0f} instructions per content event ({events} events)")
+    print(f"added by the schema check: {per['schema'] - per['plain']:.0f} instructions per event")
+    print(f"added by the check alone (schema - off): {per['schema'] - per['off']:.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per event under callgrind instead of timing CPU",
+    )
+    parser.add_argument("--way", choices=("plain", "off", "schema"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     data, events = stream(args.events)
+    if args.way is not None:  # one way, under callgrind (``--instructions``)
+        run_once(data, args.way)
+        run_once(data, args.way, counted=True)
+        return
+    if args.instructions:
+        instructions(events, args.events)
+        return
     results: dict[str, list[float]] = {"plain": [], "off": [], "schema": []}
     for way in results:  # warm up
         run_once(data, way)

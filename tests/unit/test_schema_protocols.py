@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gateway.guard import Event
 from gateway.protocols import spec_for
 from gateway.schema import Kind, Result, StreamCheck
 
@@ -29,7 +30,10 @@ def judge(protocol: str, body: dict[str, Any], events: list[Any]) -> tuple[int |
     check = StreamCheck(structured.schemas(body))
     first = None
     for index, event in enumerate(events):
-        fault = check.feed(structured.parts(json.dumps(event)), index)
+        # an event is its JSON value, or (its type, its JSON value) where the type matters
+        name, value = event if isinstance(event, tuple) else ("message", event)
+        parsed = value if index % 2 else None  # the contract's parse, or none to share
+        fault = check.feed(structured.parts(Event(name, json.dumps(value)), parsed), index)
         if fault is not None and first is None:
             first = index
     return first, check.verdict()
@@ -183,3 +187,54 @@ def test_ollama_format_json_and_tool_calls() -> None:
     }
     at, verdict = judge("ollama", body, [line, {"message": {"content": ""}, "done": True}])
     assert (at, verdict.kind) == (0, Kind.TOOL)
+
+
+def converse(kind: str, **obj: Any) -> tuple[str, dict[str, Any]]:
+    return kind, obj
+
+
+def test_bedrock_converse_output_config_and_tool_use_blocks() -> None:
+    body = {
+        "messages": [],
+        "outputConfig": {
+            "textFormat": {
+                "type": "json_schema",
+                "structure": {"jsonSchema": {"schema": json.dumps(PERSON), "name": "p"}},
+            }
+        },
+        "toolConfig": {
+            "tools": [{"toolSpec": {"name": "person", "inputSchema": {"json": PERSON}}}]
+        },
+    }
+
+    def text(piece: str) -> tuple[str, dict[str, Any]]:
+        return converse("contentBlockDelta", contentBlockIndex=0, delta={"text": piece})
+
+    start = converse("messageStart", role="assistant")
+    stop = converse("messageStop", stopReason="end_turn")
+    ok = [start, text('{"name": '), text('"a"}'), converse("contentBlockStop", contentBlockIndex=0)]
+    assert judge("bedrock", body, [*ok, stop])[1].result is Result.VALID
+    at, verdict = judge("bedrock", body, [start, text('{"name": "a", "age": "x"}'), stop])
+    assert (at, verdict.kind, verdict.pointer) == (1, Kind.ANSWER, "/age")
+
+    def tool(index: int, name: str, arguments: str) -> list[tuple[str, dict[str, Any]]]:
+        use = {"toolUseId": "t", "name": name}
+        return [
+            converse("contentBlockStart", contentBlockIndex=index, start={"toolUse": use}),
+            converse(
+                "contentBlockDelta",
+                contentBlockIndex=index,
+                delta={"toolUse": {"input": arguments}},
+            ),
+            converse("contentBlockStop", contentBlockIndex=index),
+        ]
+
+    tool_body = {"messages": [], "toolConfig": body["toolConfig"]}
+    use = converse("messageStop", stopReason="tool_use")
+    assert judge("bedrock", tool_body, [start, *tool(1, "person", '{"name": "a"}'), use])[
+        1
+    ].result is (Result.VALID)
+    at, verdict = judge("bedrock", tool_body, [start, *tool(1, "person", '{"name": 1}'), use])
+    assert (at, verdict.kind, verdict.pointer) == (2, Kind.TOOL, "/name")
+    at, verdict = judge("bedrock", tool_body, [start, *tool(1, "launch", "{}"), use])
+    assert (at, verdict.kind, verdict.tool) == (1, Kind.TOOL, "launch")
