@@ -37,6 +37,7 @@ from typing import Any
 
 from gateway.limits.backend import Ask, Backend, BackendError
 from gateway.limits.memory import MemoryBackend
+from gateway.money.prices import NANOS_PER_USD, Quote, nanos_to_usd
 from gateway.policy.quota import (
     Check,
     Cost,
@@ -46,7 +47,6 @@ from gateway.policy.quota import (
     checks_for,
 )
 from gateway.settings import ClientConfig, ClientLimits, Settings, TeamConfig
-from gateway.spend.prices import NANOS_PER_USD, Quote, nanos_to_usd
 
 __all__ = ["LimitRefused", "Limiter", "Reservation", "Unpriced", "build_limiter"]
 

@@ -10,8 +10,8 @@ from gateway.policy.errors import RequestError
 from gateway.schema.verdict import SchemaVerdict, worst
 
 if TYPE_CHECKING:
+    from gateway.money.charge import Charge
     from gateway.policy.quota import Cost
-    from gateway.spend.charge import Charge
 
 __all__ = ["Attempt", "Part", "RequestRecord"]
 

@@ -43,16 +43,39 @@ import hmac
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import SecretStr
 from starlette.types import Receive, Scope
 
-from gateway.keys.registry import Registry
 from gateway.policy.routing import PathRejected, Route, Target, request_target, signing_scope
 from gateway.protocols.credentials import CredentialStyle, presented_key
 from gateway.protocols.sigv4 import parse_authorization, verify
 from gateway.proxy.headers import RawHeaders, get_header
 from gateway.settings import ANONYMOUS, ClientConfig, GatewayLimits, RouteConfig, Settings
+
+
+class IssuedKey(Protocol):
+    """An issued key as admission reads it (``gateway.keys.record.IssuedKey``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def client(self) -> str: ...
+    @property
+    def existing_client(self) -> bool: ...
+    @property
+    def team(self) -> str | None: ...
+    @property
+    def routes(self) -> list[str] | None: ...
+
+
+class IssuedKeys(Protocol):
+    """The keys issued at run time (``gateway.keys.registry.Registry``), handed in by the
+    app: the key whose digest a request presents, if any."""
+
+    def find(self, digest: bytes) -> IssuedKey | None: ...
+
 
 log = logging.getLogger("gateway")
 
@@ -167,7 +190,7 @@ class Admission:
         #: The routes each configured client may use (None: every one that takes keys).
         self._client_routes = {c.name: c.routes for c in clients}
         #: The issued keys (set by the app when ``keys.store`` is on).
-        self.issued: Registry | None = None
+        self.issued: IssuedKeys | None = None
         self.active_streams = 0
         #: Request body bytes held now (being read, or read and not yet released).
         self.buffered_bytes = 0

@@ -11,9 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["ABORT_EXTENSION", "abort_connection", "edge_refusal", "peer_of", "watch_connection"]
+__all__ = [
+    "ABORT_EXTENSION",
+    "WS_EXTENSION",
+    "abort_connection",
+    "edge_refusal",
+    "peer_of",
+    "watch_connection",
+]
 
 ABORT_EXTENSION: Final = "gateway.abort"
+#: The scope extension (a dict) in which the WebSocket edge tells the app what the
+#: connection saw (``gateway.server.wsedge``).
+WS_EXTENSION: Final = "gateway.ws"
 
 
 def abort_connection(scope: MutableMapping[str, Any]) -> bool:

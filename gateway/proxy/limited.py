@@ -18,11 +18,11 @@ import time
 from starlette.types import Message, Send
 
 from gateway.limits import LimitRefused, TooLarge, Uncapped, Unpriced
+from gateway.money.prices import nanos_to_usd
 from gateway.observe import RequestRecord
 from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import RawHeaders
-from gateway.spend.prices import nanos_to_usd
 
 __all__ = ["cost_of_record", "limited_body", "send_limited", "with_headers"]
 

@@ -53,7 +53,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
@@ -71,7 +71,7 @@ from gateway.policy.quota import Cost, cost_of, output_estimate
 from gateway.policy.routing import Route, Target
 from gateway.protocols import spec_for
 from gateway.proxy.admission import Admission, Caller, Refused, presented_key
-from gateway.proxy.connection import peer_of
+from gateway.proxy.connection import WS_EXTENSION, peer_of
 from gateway.proxy.errors import error_body, error_headers
 from gateway.proxy.headers import (
     HANDSHAKE_DROP,
@@ -84,6 +84,7 @@ from gateway.proxy.headers import (
     without_key,
 )
 from gateway.proxy.owner import owner_from
+from gateway.proxy.pricing import Pricing, Receipts
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.ws_upstream import (
@@ -93,12 +94,7 @@ from gateway.proxy.ws_upstream import (
     open_upstream,
     upstream_done,
 )
-from gateway.server.wsedge import WS_EXTENSION
 from gateway.settings import ANONYMOUS, Settings
-from gateway.spend import Spend
-
-if TYPE_CHECKING:
-    from gateway.spend.stage import SpendStage
 
 __all__ = ["Close", "WebSocketRelay", "is_websocket_path"]
 
@@ -208,8 +204,8 @@ class WebSocketRelay:
         lifecycle: Lifecycle,
         forwarding: Forwarding,
         limiter: Limiter | None = None,
-        spend: Spend | None = None,
-        receipts: SpendStage | None = None,
+        spend: Pricing | None = None,
+        receipts: Receipts | None = None,
     ) -> None:
         self.settings = settings
         #: Keeps each response's receipt (under its request id and its ``resp_`` id)
@@ -696,6 +692,24 @@ class WebSocketRelay:
             },
         }
         await self._to_client_bounded(conn, json.dumps(payload, separators=(",", ":")))
+        if self.receipts is not None:  # a refusal is a request too: it has its receipt
+            record = conn.record
+            refused = RequestRecord(
+                request_id=request_id,
+                route=record.route,
+                method="GET",
+                path=record.path,
+                started=time.monotonic(),
+                client=record.client,
+                client_name=record.client_name,
+                status=status,
+                rejected=code,
+                user_agent=record.user_agent,
+                protocol="responses",
+                transport="websocket",
+                websocket={"connection_id": record.request_id, "response": None},
+            )
+            self.receipts.keep(refused, conn.owner, conn.team)
 
     def _stop(self, conn: _Connection) -> None:
         """The drain's timeout: the responses in flight end with ``gateway_shutdown``."""

@@ -38,11 +38,11 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 from websockets.frames import Frame, Opcode
 
-__all__ = ["WS_EXTENSION", "WS_STATE_KEY", "EdgeWebSocketProtocol", "WsEdge", "ws_edge_state"]
+from gateway.proxy.connection import WS_EXTENSION
+
+__all__ = ["WS_STATE_KEY", "EdgeWebSocketProtocol", "WsEdge", "ws_edge_state"]
 
 WS_STATE_KEY = "gateway.ws_edge"
-#: The scope extension (a dict) that tells the app what the connection saw.
-WS_EXTENSION = "gateway.ws"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
-"""What an answer cost: prices from the pinned table and the overrides (``prices``), a
-charge with its evidence (``charge``), and the object the request's way asks
-(``service``).
+"""What an answer cost on a request's way: the object the relay and the limits ask
+(``service``), over the prices and charges of ``gateway.money``; the receipts and the
+report (``stage``, ``ledger``).
 
 Money is integer nano-dollars everywhere (1e-9 USD): charges, reservations,
 counters, receipts and the report add up exactly.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.money.charge import Charge, Evidence
+from gateway.money.prices import NANOS_PER_USD, Billable, Pricer, Quote, nanos_to_usd
 from gateway.settings import Settings
-from gateway.spend.charge import Charge, Evidence
-from gateway.spend.prices import NANOS_PER_USD, Billable, Pricer, Quote, nanos_to_usd
 from gateway.spend.service import Spend
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ def build_stage(settings: Settings) -> SpendStage | None:
     this process's."""
     if not settings.clients:
         return None
+    from gateway.money.prices import table_version
     from gateway.spend.ledger import Ledger, MemoryLedger, RedisLedger
-    from gateway.spend.prices import table_version
     from gateway.spend.stage import SpendStage
 
     ledger: Ledger

@@ -4,7 +4,7 @@ cost, and that counts what it cost.
 ``quote`` finds the prices a request will be charged at before it is sent (its
 route's upstream when the route has one, else the route's), so that the limits
 can reserve money; ``price`` turns a settled token ``Cost`` into a ``Charge``
-(``gateway.spend.charge``) and puts it on the cost, the record and the
+(``gateway.money.charge``) and puts it on the cost, the record and the
 ``gateway_spend_usd_total`` counter.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from gateway.money.charge import FREE, Charge, Evidence, billable, price_cost
+from gateway.money.prices import Billable, Pricer, Quote
 from gateway.policy.quota import Cost
-from gateway.spend.charge import FREE, Charge, Evidence, billable, price_cost
-from gateway.spend.prices import Billable, Pricer, Quote
 
 if TYPE_CHECKING:
     from gateway.observe.record import Part, RequestRecord

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gateway.guard.verdict import Usage
+from gateway.money.prices import nanos_to_usd
 from gateway.observe.accesslog import schema_fields
 from gateway.observe.record import RequestRecord
 from gateway.proxy.errors import send_error
@@ -35,7 +36,6 @@ from gateway.proxy.owner import owner_of
 from gateway.proxy.stages import Next
 from gateway.settings import ANONYMOUS
 from gateway.spend.ledger import Ledger, Row, Total
-from gateway.spend.prices import nanos_to_usd
 
 __all__ = ["RECEIPTS_PATH", "SPEND_PATH", "SpendStage"]
 

@@ -684,13 +684,28 @@ def test_every_response_on_a_websocket_gets_its_owners_receipt(
             for seed in (1, 2):  # the simulator's response id is its seed's
                 ws.send(_create(sim={"seed": seed}))
                 answers.append(_until_terminal(ws))
+            # a second create while one is in flight: refused, with a receipt of its own
+            ws.send(_create(sim={"seed": 3, "tps": 50, "tokens": 10}))
+            ws.send(_create())
+            events = _until_terminal(ws)
+            while events[-1]["type"] != "response.completed":
+                events += _until_terminal(ws)
+            (refusal,) = [e for e in events if e["type"] == "error"]
+            answers.append([e for e in events if e["type"] != "error"])
             ws.send(_create(sim={"fault": "drop_after_text"}))
             cut = _until_terminal(ws)
             _closed(ws)
-        assert [a[-1]["type"] for a in answers] == ["response.completed"] * 2
+        assert [a[-1]["type"] for a in answers] == ["response.completed"] * 3
         assert cut[-1]["type"] == "error"
         responses = [line for line in _lines(capsys, "ws-receipts") if line["stream"]]
-        assert len(responses) == 3
+        assert len(responses) == 4
+        assert refusal["error"]["code"] == "response_in_progress"
+        refused_create = refusal["error"]["message"].rpartition("request_id=")[2].rstrip(")")
+        found = _receipt(server, keys["ws-a"], refused_create)
+        assert found.status_code == 200, found.text
+        assert (found.json()["status"], found.json()["rejected"]) == (409, "response_in_progress")
+        assert found.json()["cost"]["nanos"] == 0
+        assert _receipt(server, keys["ws-b"], refused_create, poll=False).status_code == 404
         by_request = {}
         for line in responses:
             found = _receipt(server, keys["ws-a"], line["request_id"])
@@ -729,7 +744,7 @@ def test_every_response_on_a_websocket_gets_its_owners_receipt(
         # the handshake's own: the connection's end, costing nothing itself
         connection = _receipt(server, keys["ws-a"], "ws-receipts")
         assert connection.status_code == 200, connection.text
-        assert connection.json()["websocket"]["responses"] == 3
+        assert connection.json()["websocket"]["responses"] == 4
         assert connection.json()["cost"]["nanos"] == 0
         # a refused handshake has one too, under the X-Request-ID it was answered with
         with pytest.raises(InvalidStatus) as raised:
@@ -742,13 +757,13 @@ def test_every_response_on_a_websocket_gets_its_owners_receipt(
         assert refused.status_code == 200, refused.text
         assert refused.json()["rejected"] == "limited_client_websocket"
         assert refused.json()["status"] == 403
-        # the report counts the responses and the refusal, not the connection itself
+        # the report counts the responses and the refused create, not the connection
         report = httpx.get(
             f"{server.url}/v1/gateway/spend",
             headers={"authorization": f"Bearer {keys['ws-a']}"},
             timeout=10,
         ).json()
-        assert report["total"]["requests"] == 3
+        assert report["total"]["requests"] == 5
         assert report["total"]["nanos"] == sum(r["cost"]["nanos"] for r in receipts)
 
 

@@ -36,12 +36,12 @@ from gateway.guard.verdict import Usage  # noqa: E402
 from gateway.limits import Limiter  # noqa: E402
 from gateway.limits.backend import Backend  # noqa: E402
 from gateway.limits.memory import MemoryBackend  # noqa: E402
+from gateway.money.charge import price_cost  # noqa: E402
+from gateway.money.prices import Pricer  # noqa: E402
 from gateway.policy.quota import Cost, Source, estimate_input  # noqa: E402
 from gateway.protocols import spec_for  # noqa: E402
 from gateway.settings import ClientConfig, ClientLimits, TeamConfig  # noqa: E402
-from gateway.spend.charge import price_cost  # noqa: E402
 from gateway.spend.ledger import MemoryLedger, Row  # noqa: E402
-from gateway.spend.prices import Pricer  # noqa: E402
 
 KEY = "sk-bench-client"
 TOKENS = ClientLimits(requests_per_minute=10**9, tokens_per_minute=10**12, tokens_per_day=10**13)

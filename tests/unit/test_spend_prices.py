@@ -17,11 +17,11 @@ from gateway.guard.bedrock import bedrock_usage
 from gateway.guard.gemini import gemini_usage
 from gateway.guard.usage import chat_usage, messages_usage, responses_usage
 from gateway.guard.verdict import Usage
+from gateway.money.charge import Evidence, price_cost
+from gateway.money.prices import NANOS_PER_USD, Billable, Pricer
 from gateway.policy.quota import Cost, Source, cost_of
 from gateway.protocols import spec_for
 from gateway.settings import PriceOverride
-from gateway.spend.charge import Evidence, price_cost
-from gateway.spend.prices import NANOS_PER_USD, Billable, Pricer
 
 #: A millionth of a cent, in dollars.
 TOLERANCE = Decimal("0.00000001")

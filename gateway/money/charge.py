@@ -22,9 +22,9 @@ import enum
 from dataclasses import dataclass
 
 from gateway.guard.verdict import Usage
+from gateway.money.prices import Billable, Quote
 from gateway.policy.quota import Cost, Source
 from gateway.protocols._spec import UsageBasis
-from gateway.spend.prices import Billable, Quote
 
 __all__ = ["Charge", "Evidence", "billable", "price_cost"]
 
