@@ -73,7 +73,7 @@ from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
 from gateway.proxy.schema_stage import SchemaStage
 from gateway.proxy.slots import StreamSlots
-from gateway.proxy.stages import Stage
+from gateway.proxy.stages import Next, Stage
 from gateway.proxy.upstream import Upstream, create_upstream
 from gateway.proxy.websocket import WebSocketRelay, is_websocket_path
 from gateway.redaction import redacted
@@ -84,7 +84,7 @@ from gateway.server.edge import EdgeRefusal, edge_state
 from gateway.server.signals import install_drain_handlers, restore_handlers
 from gateway.server.wsedge import WsEdge, ws_edge_state
 from gateway.settings import ISSUED_AWS_KEYS, RouteConfig, Settings
-from gateway.spend import Spend, build_spend, build_stage
+from gateway.spend import build_spend, build_stage
 from gateway.spend.stage import SpendStage, status_rows
 from gateway.store import RedisConnection, StoreError, StreamStore
 from gateway.store import build_store as build_stream_store
@@ -97,6 +97,20 @@ log = logging.getLogger("gateway")
 def _never(client: str) -> bool:
     """No client is charged what the provider reports (no client has limits)."""
     return False
+
+
+def _releasing(stage: Stage, admission: Admission) -> Stage:
+    """``stage`` for a request the relay does not run (a takeover's continuation): the
+    body copies it holds (a strict cap's rewrite) are given back to the budget after it."""
+
+    async def run(exchange: Exchange, call_next: Next) -> None:
+        try:
+            await stage(exchange, call_next)
+        finally:
+            admission.release(exchange.held_copies)
+            exchange.held_copies = 0
+
+    return run
 
 
 def stream_store(settings: Settings) -> StreamStore | None:
@@ -401,7 +415,13 @@ class _Gateway:
                 )
         #: What requests cost in money (``gateway.spend``): the limits reserve and settle it.
         spend = build_spend(settings)
-        resumes = build_resumes(settings, metrics, upstream, store)
+        rewriter = Rewriter(bodies, admission)
+        #: The named clients' limits (a stage); a takeover's continuation goes through it.
+        client_limits = (
+            ClientLimits(limiter, spend, rewriter, metrics) if settings.clients else None
+        )
+        charge = _releasing(client_limits, admission) if client_limits is not None else None
+        resumes = build_resumes(settings, metrics, upstream, store, charge)
         self.cache = cache = build_cache(settings, metrics, bodies, store)
         if cache is not None:
             self._owns(stack, "cache", cache.close)
@@ -428,7 +448,7 @@ class _Gateway:
                 settings.limits.max_partial_event_bytes, metrics.partial_event_refused
             ),
             tracer=self.tracing,
-            stages=self._stages(Rewriter(bodies, admission), admission, spend, resumes, cache),
+            stages=self._stages(rewriter, admission, client_limits, resumes, cache),
         )
         self.relay = relay
         self.ws_relay = WebSocketRelay(
@@ -472,7 +492,7 @@ class _Gateway:
         self,
         rewriter: Rewriter,
         admission: Admission,
-        spend: Spend,
+        client_limits: ClientLimits | None,
         resumes: Resumes | None,
         cache: ResponseCache | None,
     ) -> list[Stage]:
@@ -481,7 +501,7 @@ class _Gateway:
         before the cache is asked; the cache looks a request up before the limits (a
         whole cached answer spends no tokens, but is counted as a request) and answers
         it after them and the stream slot; the limits settle last of all that."""
-        settings, metrics, limiter = self.settings, self.metrics, self.limiter
+        metrics, limiter = self.metrics, self.limiter
         stages: list[Stage] = []
         if self.spend_stage is not None:  # outermost: a receipt for whatever happens within
             stages.append(self.spend_stage)
@@ -493,8 +513,8 @@ class _Gateway:
         if cached is not None:
             stages.append(cached.lookup)
         stages.append(AskUsage(rewriter, limiter.limited if limiter is not None else _never))
-        if settings.clients:
-            stages.append(ClientLimits(limiter, spend, rewriter, metrics))
+        if client_limits is not None:  # (there are named clients)
+            stages.append(client_limits)
         stages.append(StreamSlots(admission, metrics))
         if cached is not None:
             stages.append(cached.serve)

@@ -36,4 +36,11 @@ def build_cache(
     opened and closed by its owner); None when no route caches."""
     if store is None or not any(route.cache for route in settings.effective_routes()):
         return None
-    return ResponseCache(store, metrics, bodies, settings.clients)
+    return ResponseCache(
+        store,
+        metrics,
+        bodies,
+        settings.clients,
+        lease=settings.stream_lease_seconds,
+        annotate=settings.annotate,
+    )

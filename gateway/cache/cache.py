@@ -9,10 +9,13 @@ ask, in order:
 - ``serve`` (after the limits and the stream caps admitted it): an entry that
   may be served (whole, fresh, young enough for ``max-age``) is replayed byte
   for byte with a fresh trailer (a **hit**); an answer being written now by
-  an identical request (the **leader**) is followed live from its log and
-  ends as the leader's did, whole or not; otherwise this request leads: its
-  name claims the key (one leader per key, across workers with Redis) and
-  every byte it sends the client is also appended to a new log (``Recorder``).
+  an identical request (the **leader**) is followed live from its log, once the
+  log is seen growing (a dead leader's log, its lease running on a moment, is
+  not: the request leads instead), and ends as the leader's did, whole or not,
+  or with the protocol's error event (``owner_lost``) when the leader is lost;
+  otherwise this request leads: its name claims the key (one leader per key,
+  across workers with Redis) and every byte it sends the client is also
+  appended to a new log (``Recorder``).
   A follower marks the log followed; a leader whose client leaves while its
   log is followed reads its answer on to the end, into the log alone
   (``gateway.proxy.detach``, as a resumable stream does), within the route's
@@ -46,8 +49,9 @@ from gateway.cache.entry import (
 )
 from gateway.cache.judge import judge, streamed
 from gateway.cache.key import Controls, body_digest, controls_of, key_of
-from gateway.guard import Outcome, Reason, Usage, Verdict
+from gateway.guard import Outcome, Reason, StreamGuard, Usage, Verdict
 from gateway.observe import Metrics
+from gateway.protocols import ContractOptions
 from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
@@ -64,6 +68,7 @@ from gateway.store import (
     StreamStore,
     Vanished,
     Writer,
+    follow,
 )
 from gateway.streamlog import LogReader, Recorder
 
@@ -73,7 +78,7 @@ log = logging.getLogger("gateway")
 
 #: Bytes of a log beyond ``cache_max_entry_bytes``: the head event.
 _HEAD_ROOM = 64 * 1024
-#: A leader's lease on its log (renewed while it writes).
+#: A leader's lease on its log by default (the app hands in ``stream_lease_seconds``).
 _LEASE_SECONDS = 10.0
 #: How long a refused or replaced log stays readable for the requests reading it.
 _REFUSED_GRACE_SECONDS = 60.0
@@ -115,6 +120,10 @@ class _Source:
     age: int = 0
 
 
+class _LeaderLost(Exception):
+    """The leader's lease stayed lapsed past the grace: its answer ends here."""
+
+
 class _Replay(LogReader):
     """A whole entry or a leader's answer in flight, as this request gets it: the stored
     head with this request's id, ``X-Gateway-Cache: HIT`` and ``Age``; a fresh trailer."""
@@ -123,8 +132,14 @@ class _Replay(LogReader):
         super().__init__(exchange, store, stream_id, wait=_FOLLOW_WAIT)
         self.age = age
         self._orphaned_at: float | None = None
+        #: The head sent is a stream's (2xx, the framing's media type): a lost leader is
+        #: said in-band, with the protocol's error event.
+        self.streamed = False
 
     def head(self, status: int, headers: RawHeaders) -> tuple[int, RawHeaders]:
+        content_type = (get_header(headers, b"content-type") or b"").decode("latin-1")
+        framing = self.exchange.spec.framing
+        self.streamed = 200 <= status < 300 and framing.is_stream(content_type)
         headers = with_request_id(headers, self.exchange.record.request_id)
         return status, [*headers, (b"x-gateway-cache", b"HIT"), (b"age", str(self.age).encode())]
 
@@ -147,7 +162,9 @@ class _Replay(LogReader):
             return False
         now = time.monotonic()
         self._orphaned_at = self._orphaned_at or now
-        return now - self._orphaned_at <= _ORPHAN_GRACE_SECONDS
+        if now - self._orphaned_at > _ORPHAN_GRACE_SECONDS:
+            raise _LeaderLost
+        return True
 
     async def outage(self) -> bool:
         if not self.started:
@@ -179,8 +196,15 @@ class ResponseCache:
         clients: list[ClientConfig],
         *,
         clock: Callable[[], float] = time.time,
+        lease: float = _LEASE_SECONDS,
+        annotate: bool = True,
     ) -> None:
         self.store = store
+        #: A leader's lease on its log (``stream_lease_seconds``): how long a leader that
+        #: died looks alive (renewed while it lives).
+        self.lease = lease
+        #: Whether a follower's lost ending carries the trailer comment (``annotate``).
+        self.annotate = annotate
         self.metrics = metrics
         self.bodies = bodies
         self._admins = frozenset(c.name for c in clients if c.cache_admin)
@@ -305,8 +329,9 @@ class ResponseCache:
                     if served:
                         self.metrics.cached(route, kind)
                         return True
-                    if not whole:
+                    if not whole and await self._alive(source.stream_id):
                         break  # the leader gave nothing: go upstream alone
+                    # (a leader that died before it gave this one anything: lead instead)
             if not controls.stores:
                 break
             writer = await store.open(
@@ -314,7 +339,7 @@ class ResponseCache:
                 {"key": plan.key, "route": route, "scope": config.cache_scope},
                 max_bytes=config.cache_max_entry_bytes + _HEAD_ROOM,
                 ttl=config.cache_ttl_seconds,
-                lease=_LEASE_SECONDS,
+                lease=self.lease,
             )
             if writer is None:  # the store's budget is spent
                 plan.bypass = "store_full"
@@ -437,24 +462,36 @@ class ResponseCache:
         await self.store.claim(
             followed_name(source.stream_id),
             exchange.record.request_id,
-            exchange.route.timeouts.total + _LEASE_SECONDS,
+            exchange.route.timeouts.total + self.lease,
         )
         return await self._relay_log(exchange, source, age=0)
 
     async def _relay_log(self, exchange: Exchange, source: _Source, *, age: int) -> bool:
-        """Send the log (``_Replay``), then its ending; False when it had no head
-        (nothing was sent: the request goes upstream). A store that goes away under a
-        follower is waited for (its leader's writer logs what it relayed meanwhile once
-        the store is back), as is a leader whose lease lapsed, a moment
-        (``_ORPHAN_GRACE_SECONDS``); all of it within the route's total."""
+        """Send the log (``_Replay``), then its ending; False when nothing was sent (no
+        head, or a leader's log that is not being written: the request goes upstream).
+        A leader's answer is followed only once its log is seen growing (or ending): a
+        leader that died leaves a log whose lease runs on a moment, and a request that
+        waits on it is never labelled a hit. A store that goes away under a follower is
+        waited for (its leader's writer logs what it relayed meanwhile once the store
+        is back), as is a leader whose lease lapsed, a moment
+        (``_ORPHAN_GRACE_SECONDS``); then a stream ends with the protocol's error event
+        and trailer (``owner_lost``). All of it within the route's total."""
         record = exchange.record
         reader = _Replay(exchange, self.store, source.stream_id, age)
         reader.until = exchange.task.get_loop().time() + exchange.route.timeouts.total
         try:
+            if source.info.end is None and not await self._writes_on(source):
+                return False
             return await reader.read()
-        except (Vanished, StoreError, Gone, BeyondEnd):
-            # expired, deleted, unreachable, or stopped at its byte bound (an answer
-            # longer than cache_max_entry_bytes): nothing more can be read of it
+        except (Vanished, StoreError, _LeaderLost):
+            # expired, deleted, unreachable, or its leader gone: its answer is lost here
+            if not reader.started:
+                return False
+            await self._lost(reader)
+            return True
+        except (Gone, BeyondEnd):
+            # stopped at its byte bound (an answer longer than cache_max_entry_bytes):
+            # nothing more can be read of it
             if not reader.started:
                 return False
             raise AbortConnection from None
@@ -466,6 +503,42 @@ class ResponseCache:
                 record.verdict = Verdict(Outcome.INCOMPLETE, exchange.stop_reason)
             record.status = record.status or 499
             return True
+
+    async def _writes_on(self, source: _Source) -> bool:
+        """Whether a leader's log is being written: it grows past the events it had when
+        it was found, or ends, before its lease lapses."""
+        try:
+            async for batch in follow(
+                self.store, source.stream_id, source.info.total, wait=_FOLLOW_WAIT
+            ):
+                if batch.events or batch.end is not None:
+                    return True
+                if not await self._alive(source.stream_id):
+                    return False
+        except (Vanished, StoreError, Gone, BeyondEnd):
+            return False
+        return False
+
+    async def _alive(self, stream_id: str) -> bool:
+        info = await self.store.info(stream_id)
+        return info is not None and (info.end is not None or info.leased)
+
+    async def _lost(self, reader: _Replay) -> None:
+        """A follower whose leader's answer can no longer be read: a stream ends with the
+        protocol's error event and trailer (``owner_lost``); any other answer is cut."""
+        exchange = reader.exchange
+        record = exchange.record
+        if not reader.streamed:
+            raise AbortConnection
+        guard = StreamGuard(exchange.spec.new_contract(ContractOptions()))
+        guard.abort(Reason.OWNER_LOST, force=True)
+        ending = guard.withheld
+        if self.annotate:
+            ending += guard.annotation(record.request_id)
+        await reader.body(ending, more=False)
+        exchange.response_done = True
+        record.stream = True
+        record.verdict = guard.verdict
 
     # -- the leader's end ------------------------------------------------------------------
 

@@ -154,6 +154,9 @@ class Rescuer:
         self._live_upstream: str | None = None
         #: The cut answer had its finish (only its end was missing).
         self._finished = False
+        #: What the first cut attempt (the original answer) was billed, once a
+        #: continuation is attempted: a takeover charges only what its continuation adds.
+        self.first_cut: Usage | None = None
 
     async def aclose(self) -> None:
         for response in self._responses:
@@ -224,6 +227,8 @@ class Rescuer:
             self.settle = None
         cut = self._cut = _billed(guard, self.body_size, self._cut)
         self._part(guard, cut_at)
+        if self.first_cut is None:
+            self.first_cut = cut
         text = _text(guard)
         self._finished = bool(contract.finish_reasons)
         joint = contract.joint(cut)

@@ -46,11 +46,12 @@ from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import STREAM_HEADERS, RawHeaders, get_header
 from gateway.proxy.limited import with_headers
 from gateway.proxy.owner import owner_of
+from gateway.proxy.stages import Stage
 from gateway.proxy.upstream import Upstream
 from gateway.resume.ids import STREAM_ID, made_at, new_id
 from gateway.resume.recorder import STREAM_ID_HEADER, StreamLog
 from gateway.resume.takeover import continuation_meta, end_orphan
-from gateway.settings import Settings
+from gateway.settings import ANONYMOUS, Settings
 from gateway.store import (
     BeyondEnd,
     End,
@@ -110,8 +111,12 @@ class Resumes:
         store: StreamStore,
         metrics: Metrics,
         upstream: Upstream | None = None,
+        charge: Stage | None = None,
     ) -> None:
         self.settings = settings
+        #: The stage a takeover's continuation goes through as its client's request (the
+        #: named clients' limits: reserved, then charged what it added); None: no client.
+        self.charge = charge
         #: The upstream client a takeover continues a stream with.
         self.upstream = upstream
         self.store = store
@@ -144,6 +149,11 @@ class Resumes:
             meta |= continuation_meta(rescuer.body, rescuer.headers, endpoint.name, exchange.scope)
             if exchange.withhold_usage:  # the gateway asked for usage: not the client's
                 meta["withhold_usage"] = "1"
+            caller = exchange.caller
+            if caller.name != ANONYMOUS:  # whom a takeover's continuation is charged to
+                meta["client"] = caller.name
+                if caller.team is not None:
+                    meta["team"] = caller.team
         try:
             writer = await self.store.open(
                 owner_of(exchange),
@@ -419,6 +429,7 @@ class Resumes:
             upstream=self.upstream,
             metrics=self.metrics,
             limits=self.settings.limits,
+            charge=self.charge,
         )
 
     async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
@@ -556,13 +567,18 @@ def _belongs(info: StreamInfo, exchange: Exchange) -> bool:
 
 
 def build_resumes(
-    settings: Settings, metrics: Metrics, upstream: Upstream | None, store: StreamStore | None
+    settings: Settings,
+    metrics: Metrics,
+    upstream: Upstream | None,
+    store: StreamStore | None,
+    charge: Stage | None = None,
 ) -> Resumes | None:
     """The feature, when a route has ``resume = true``; else None (nothing is paid). The
-    store is the relay's (shared with the response cache), opened and closed by its owner."""
+    store is the relay's (shared with the response cache), opened and closed by its owner;
+    ``charge`` is the named clients' limits stage a takeover's continuation goes through."""
     if store is None or not any(route.resume for route in settings.effective_routes()):
         return None
-    return Resumes(settings, store, metrics, upstream)
+    return Resumes(settings, store, metrics, upstream, charge)
 
 
 def with_id(event: bytes, number: int) -> bytes:

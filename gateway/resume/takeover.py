@@ -13,6 +13,15 @@ protocol's contract, then either
 - or the log ends with the protocol's incomplete error event and trailer,
   reason ``owner_lost``.
 
+A continuation is the client's request still: the usage chunk the gateway asked
+for on its behalf stays withheld (the log's meta says ``withhold_usage``), and
+the named client it belongs to (meta ``client``, ``team``) is charged for what
+the continuation adds, through the same stage as any of its requests (``charge``,
+the client limits' stage, handed in by the app): reserved first (a client its
+limits refuse is not continued: the log ends ``owner_lost``), then settled with
+the continuation's reported usage, or its estimate. The original answer's part
+is not charged again: the dead owner's reservation holds it.
+
 Every later reader sees the same ending: it is the log's.
 """
 
@@ -27,16 +36,19 @@ from typing import Any
 import httpx
 from starlette.types import Message
 
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import Reason, StreamGuard, Usage
 from gateway.observe import Metrics, RequestRecord
 from gateway.policy.pool import Health, Lease
 from gateway.policy.routing import Endpoint, PathRejected, Route, request_target
 from gateway.protocols import ContractOptions
 from gateway.protocols.continuation import ContinuationStyle
+from gateway.proxy.admission import Caller
+from gateway.proxy.answers import Rescued
 from gateway.proxy.continuation import Rescuer
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.headers import STORED_REQUEST_DROP, RawHeaders
 from gateway.proxy.request_body import continuation_body
+from gateway.proxy.stages import Stage
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.upstream import Upstream
 from gateway.settings import GatewayLimits
@@ -117,14 +129,18 @@ async def end_orphan(
     upstream: Upstream | None,
     metrics: Metrics,
     limits: GatewayLimits,
+    charge: Stage | None = None,
 ) -> str:
-    """Write the adopted log's end: continued, or ``owner_lost``; the resume result."""
+    """Write the adopted log's end: continued, or ``owner_lost``; the resume result.
+    ``charge``: the stage a named client's continuation goes through (its limits)."""
     guard, head = await _logged_guard(store, stream_id, info, route)
     logged = guard.verdict  # the logged events may hold a whole answer: then it stands
     request_id = info.meta.get("request_id", "-")
     ending = None
     if upstream is not None and "request" in info.meta and logged is None:
-        ending = await _continue(info, head, writer, route, guard, upstream, metrics, limits)
+        ending = await _continue(
+            info, head, writer, route, guard, upstream, metrics, limits, charge
+        )
     if ending is not None:
         continued, trailer, verdict_guard = ending
         if annotate:
@@ -154,6 +170,7 @@ async def _continue(
     upstream: Upstream,
     metrics: Metrics,
     limits: GatewayLimits,
+    charge: Stage | None,
 ) -> tuple[int, bytes, StreamGuard] | None:
     """The rest of the logged answer, by the existing continuation; None: not continued
     (the log then ends ``owner_lost``)."""
@@ -184,10 +201,17 @@ async def _continue(
     # What its client got before (the body): the continuation's condition.
     record.bytes_out = info.size - head
     record.model = document.get("model") if isinstance(document.get("model"), str) else None
+    record.stream = True
     scope = {"type": "http", "method": record.method, "path": record.path, "headers": headers}
     exchange = Exchange(task, route, scope, _nowhere, record)
     exchange.events.add(writer)
     exchange.spec = spec
+    exchange.body = meta["request"].encode()  # (a strict budget's cap rewrites it)
+    exchange.request_json = document
+    client = meta.get("client")
+    if client:  # the named client whose request this is: its limits, its charge
+        exchange.caller = Caller(client, True, None, meta.get("team") or None)
+        record.client_name = client
     # The usage chunk the gateway asked for on the client's behalf stays withheld.
     exchange.withhold_usage = meta.get("withhold_usage") == "1"
     exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
@@ -205,7 +229,7 @@ async def _continue(
         style: ContinuationStyle, text: str, model: str | None
     ) -> tuple[bytes, str] | None:
         # at most MAX_REQUEST_BYTES: built on the loop
-        return continuation_body(meta["request"].encode(), spec.protocol, style, text, model)
+        return continuation_body(exchange.body, spec.protocol, style, text, model)
 
     rescuer = Rescuer(
         exchange=exchange,
@@ -220,10 +244,47 @@ async def _continue(
         new_guard=new_guard,
         done=done,
     )
-    try:
+    got: list[Rescued] = []
+
+    async def go(exchange: Exchange) -> None:
         rescued = await rescuer.rescue(guard)
+        if rescued is not None and rescued.continued:
+            _bill(exchange, rescued, rescuer.first_cut, rescuer.body_size)
+            got.append(rescued)
+
+    try:
+        if charge is not None:
+            await charge(exchange, go)  # reserved, then settled (or refused: not continued)
+        else:
+            await go(exchange)
     finally:
         await rescuer.aclose()
-    if rescued is None or not rescued.continued or rescued.guard.verdict is None:
+    if not got or got[0].guard.verdict is None:
         return None
-    return rescued.continued, exchange.events.pending, rescued.guard
+    return got[0].continued, exchange.events.pending, got[0].guard
+
+
+def _bill(exchange: Exchange, rescued: Rescued, first: Usage | None, body_size: int) -> None:
+    """The takeover's record says what its continuation added (what the client is
+    charged): a whole continuation's reported usage, else its estimate (its input from
+    the body, an output token per content event); the original answer's part
+    (``first``) is the dead owner's reservation's, never charged again."""
+    record = exchange.record
+    guard = rescued.guard
+    record.verdict = guard.verdict
+    if first is not None:
+        del record.parts[:1]  # the original answer's part (priced by the owner's account)
+    if rescued.usage is not None:  # whole: ``guard`` is the continuation's own
+        reported = (guard.verdict.usage if guard.verdict else None) or Usage()
+        record.billed = Usage(
+            input_tokens=reported.input_tokens
+            if reported.input_tokens is not None else max(1, body_size // 4),
+            output_tokens=reported.output_tokens
+            if reported.output_tokens is not None else guard.contract.content_events,
+        )  # fmt: skip
+        return
+    billed, before = rescued.billed or Usage(), first or Usage()
+    record.billed = Usage(
+        input_tokens=max((billed.input_tokens or 0) - (before.input_tokens or 0), 0),
+        output_tokens=max((billed.output_tokens or 0) - (before.output_tokens or 0), 0),
+    )

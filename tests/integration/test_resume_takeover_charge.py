@@ -1,0 +1,91 @@
+"""A takeover's continuation is its client's request still (issue 44, item 4).
+
+Two gateway processes on one real ``redis-server`` (the stream store and the
+limits' counters), a named client with a token limit, the owner SIGKILLed
+mid-stream on a route that continues cut streams: the other gateway takes the
+stream over and continues it upstream; the client's token counter then holds
+what the continuation cost, and the client never sees the usage chunk the
+gateway asked for on its behalf (its limits charge reported usage).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from tests.conftest import ServerThread
+from tests.integration.helpers import annotation
+from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.test_resume_failures import two_gateways
+from tests.integration.test_resume_streams import cut_after, resume
+
+CHAT = "/v1/chat/completions"
+KEY = "sk-alice-takeover"
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+def _tokens_today(client: Redis) -> int:
+    """alice's tokens_per_day counter, as the limits' Redis script keeps it."""
+    keys = [k for k in client.scan_iter("*alice|tokens_per_day|*") if b":id:" not in k]
+    return sum(int(client.get(k) or 0) for k in keys)
+
+
+def test_a_takeovers_continuation_is_charged_to_its_client(
+    tmp_path: Path, simulator: ServerThread, redis: RedisServer
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+stream_store = "redis"
+limits_backend = "redis"
+redis_url = "{redis.url}"
+stream_lease_seconds = 1.0
+[[routes]]
+name = "v1"
+prefix = "/v1"
+resume = true
+continue_after_cut = true
+[[routes.upstreams]]
+name = "sim"
+url = "{simulator.url}/v1"
+continuation = "assistant_prefill"
+[[clients]]
+name = "alice"
+key_sha256 = ["{hashlib.sha256(KEY.encode()).hexdigest()}"]
+[clients.limits]
+tokens_per_day = 10000000
+""")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    auth = {"authorization": f"Bearer {KEY}"}
+    headers = {"x-sim-tokens": "200", "x-sim-tps": "40", "x-sim-seed": "8", **auth}
+    counters = Redis.from_url(redis.url)
+    with two_gateways(path) as (a, b):
+        stream_id, _, head = cut_after(a.url + CHAT, body, headers, 5)
+        time.sleep(0.3)  # a few more events reach the log
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait(30)
+        before = _tokens_today(counters)  # the dead owner's reservation
+        rest = resume(b.url + "/v1", stream_id, 5, headers=auth)
+        after = _tokens_today(counters)
+    got = head + rest.content
+    assert rest.status_code == 200
+    assert annotation(got).get("continued") == "1"
+    assert annotation(got)["outcome"] == "complete"
+    # the usage chunk the gateway asked for (alice's limits charge reported usage) is
+    # not the client's: withheld by the heir as by the owner
+    assert b'"choices":[]' not in got.replace(b" ", b"")
+    assert before > 0
+    # the continuation (more than half the 200 tokens: the owner died within a second
+    # at 40 a second) is in alice's counter
+    assert after - before >= 100, (before, after)
