@@ -148,15 +148,23 @@ class WholeEvents:
         """``data`` ends ``event`` (``parsed``: its JSON value, as its contract parsed
         it): asked of every reader, then taken by each (None), or refused (``data`` is
         not relayed; nothing is taken)."""
+        # once per event of every stream with readers: the helpers inlined
         self.parsed = parsed
-        piece = self._piece(data)
+        pending = self._pending
+        piece = b"".join(pending) + data if pending else data
         consumers = self.consumers
         for consumer in consumers:
             refusal = consumer.check(piece, event)
             if refusal is not None:
                 return refusal
-        self._pending = []
-        self._take(piece, event)
+        if pending:
+            self._pending = []
+        queue = self._queue
+        if queue is not None:
+            queue.append((piece, event))
+            return None
+        for consumer in consumers:
+            consumer.take(piece, event)
         return None
 
     def quiet(self, data: bytes) -> None:
