@@ -87,12 +87,12 @@ from gateway.proxy.owner import owner_from
 from gateway.proxy.pricing import Pricing, Receipts
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
+from gateway.proxy.tally import attempt_done
 from gateway.proxy.ws_upstream import (
     Opened,
     Refusal,
     close_upstream,
     open_upstream,
-    upstream_done,
 )
 from gateway.settings import ANONYMOUS, Settings
 
@@ -352,7 +352,7 @@ class WebSocketRelay:
                 record.attempts.append(
                     Attempt(opened.endpoint.name, Result.OK, time.monotonic() - opened.started)
                 )
-                upstream_done(route, opened.endpoint, opened.lease, health, self.metrics)
+                attempt_done(route, opened.endpoint, opened.lease, health, self.metrics)
             for attempt in record.attempts:
                 self.metrics.upstream_attempts.labels(
                     route.name, attempt.upstream, attempt.result

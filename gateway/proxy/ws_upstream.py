@@ -26,12 +26,13 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from gateway.observe import Attempt, Metrics
 from gateway.policy.errors import RequestError
 from gateway.policy.failover import Result, result_of_status, retryable
-from gateway.policy.pool import Change, Health, Lease
+from gateway.policy.pool import Health, Lease
 from gateway.policy.routing import Endpoint, Route, Target
 from gateway.protocols.openai import RESPONSES
 from gateway.proxy.headers import RawHeaders, with_credential
+from gateway.proxy.tally import attempt_done
 
-__all__ = ["Opened", "Refusal", "open_upstream", "upstream_done"]
+__all__ = ["Opened", "Refusal", "open_upstream"]
 
 log = logging.getLogger("gateway")
 
@@ -113,7 +114,7 @@ async def open_upstream(
             return Opened(ws, endpoint, lease, started)
         attempts.append(Attempt(endpoint.name, result, time.monotonic() - started))
         health = Health.OK if result is Result.STATUS_4XX else Health.FAILED
-        upstream_done(route, endpoint, lease, health, metrics)
+        attempt_done(route, endpoint, lease, health, metrics)
         if (
             len(tried) >= route.config.max_attempts
             or not retryable(result, route.retry_on)
@@ -122,22 +123,6 @@ async def open_upstream(
             break
         lease = route.pool.pick(tried, panic=False)
     return refusal
-
-
-def upstream_done(
-    route: Route, endpoint: Endpoint, lease: Lease, health: Health, metrics: Metrics
-) -> None:
-    """Hand the lease back, and say when the upstream left or rejoined the pool."""
-    metrics.upstream_ended(route.name, endpoint.name)
-    change = route.pool.done(lease, health)
-    if change is Change.NONE:
-        return
-    ejected = change is Change.EJECTED
-    metrics.upstream_out(route.name, endpoint.name, ejected)
-    if ejected:
-        log.warning(
-            "route %s: upstream %s ejected (consecutive failures)", route.name, endpoint.name
-        )
 
 
 async def close_upstream(ws: ClientConnection, code: int, reason: str) -> None:

@@ -428,3 +428,53 @@ def test_the_upstreams_request_id_is_read_from_its_protocols_header(spec: Any, h
             )
 
     assert asyncio.run(test()).headers["x-upstream-request-id"] == "up-1"
+
+
+def test_the_limits_settle_last_once_the_entry_is_kept_and_the_slot_is_free() -> None:
+    """The stages' order is a behaviour: a named client's reservation is settled after
+    the cache kept the answer's entry and the stream's slot was given back (the limits
+    are outermost of the cache's serve and the stream slot: ``app.py``'s ``_stages``).
+    Listed inside either, the settle would see the entry unended or the slot held."""
+    from gateway.cache.entry import entry_name
+
+    upstream = Upstream(lambda r: answer(200, chat_stream(usage=True), **SSE))
+    route = {"name": "r", "prefix": "/v1", "upstream": "http://upstream.test/v1", "cache": True}
+    clients = [
+        {
+            "name": "team",
+            "key_sha256": [hashlib.sha256(b"sk-team").hexdigest()],
+            "limits": {"tokens_per_minute": 10_000},
+        }
+    ]
+    settings = load_settings(access_log=False, routes=[route], clients=clients)
+    app = create_app(settings, transport=httpx.MockTransport(upstream))
+    gateway = app.gateway  # type: ignore[attr-defined]
+    at_settle: list[tuple[dict[str, Any], int]] = []
+
+    async def test() -> tuple[httpx.Response, str | None]:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
+        ):
+            limiter, store = gateway.limiter, gateway.store
+            settle = limiter.settle
+
+            async def observed(reservation: Any, cost: Any, served: bool = True) -> None:
+                ends = {sid: log.end for sid, log in store._logs.items()}
+                at_settle.append((ends, gateway.relay.admission.active_streams))
+                await settle(reservation, cost, served)
+
+            limiter.settle = observed
+            response = await c.post(
+                "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-team"}
+            )
+            entry = await store.resolve(entry_name(response.headers["x-gateway-cache-key"]))
+            return response, entry
+
+    response, entry = asyncio.run(test())
+    assert response.headers["x-gateway-cache"] == "MISS"
+    assert len(at_settle) == 1
+    ends, active = at_settle[0]
+    assert ends[entry] is not None  # the entry's log had its end
+    assert ends[entry].fields["stored"] == "1"  # and was kept
+    assert active == 0

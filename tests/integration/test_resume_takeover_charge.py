@@ -16,7 +16,6 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,15 @@ from redis import Redis
 from tests import web
 from tests.conftest import GatewayProcess, ServerThread
 from tests.integration.helpers import annotation, metric_value, wait_until
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer
 from tests.integration.test_resume_failures import two_gateways
 from tests.integration.test_resume_streams import cut_after, resume
 
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
+
 CHAT = "/v1/chat/completions"
 KEY = "sk-alice-takeover"
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _tokens_today(client: Redis) -> int:
@@ -50,7 +46,7 @@ def _config(tmp_path: Path, simulator: ServerThread, redis: RedisServer, tokens:
     path.write_text(f"""
 stream_store = "redis"
 limits_backend = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 [[routes]]
 name = "v1"
@@ -87,7 +83,7 @@ def _owner_killed(a: GatewayProcess) -> tuple[str, bytes]:
 def test_a_takeovers_continuation_is_charged_to_its_client(
     tmp_path: Path, simulator: ServerThread, redis: RedisServer
 ) -> None:
-    counters = Redis.from_url(redis.url)
+    counters = redis.client()
     with two_gateways(_config(tmp_path, simulator, redis, 10_000_000)) as (a, b):
         stream_id, head = _owner_killed(a)
         before = _tokens_today(counters)  # the dead owner's reservation
@@ -121,7 +117,7 @@ def test_a_client_its_limits_refuse_is_not_continued(
     """1,500 tokens a day: the owner's reservation (its input and 1,024 output tokens)
     fits, a second one for the continuation does not: the log ends owner_lost, and
     nothing more is counted."""
-    counters = Redis.from_url(redis.url)
+    counters = redis.client()
     with two_gateways(_config(tmp_path, simulator, redis, 1500)) as (a, b):
         stream_id, head = _owner_killed(a)
         before = _tokens_today(counters)

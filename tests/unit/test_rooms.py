@@ -44,6 +44,7 @@ ROOMS = (
     "__main__",
 )
 
+
 def _room(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
