@@ -134,6 +134,7 @@ async def end_orphan(
     """Write the adopted log's end: continued, or ``owner_lost``; the resume result.
     ``charge``: the stage a named client's continuation goes through (its limits)."""
     guard, head = await _logged_guard(store, stream_id, info, route)
+    writer.max_bytes += head  # the log's bound is its body's, as its recorder kept it
     logged = guard.verdict  # the logged events may hold a whole answer: then it stands
     request_id = info.meta.get("request_id", "-")
     ending = None
