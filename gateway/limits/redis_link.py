@@ -17,7 +17,11 @@ at most for the round trip before it and its own: about twice the timeout.
 Durable calls (settlements and cancellations) that fail are kept, bounded
 in number and each until its ``durable_until``, and sent again once Redis
 answers: their scripts are idempotent (``redis_backend``), so a settlement
-whose first attempt did run counts once.
+whose first attempt did run counts once. A call fails whether the batch
+raised or its own reply says it did not run (``gateway.redisconn.away``: a
+cluster's pipeline answers a failing master's commands so, among good
+replies; a master with ``min-replicas-to-write`` and no replica answers
+NOREPLICAS).
 
 Outages are logged when they start and when they end (with their length
 and how many calls failed). ``ready`` turns true at the first answer and
@@ -39,6 +43,7 @@ from redis.exceptions import NoScriptError
 
 from gateway.limits.backend import BackendError
 from gateway.redisconn import RedisTarget
+from gateway.redisconn.away import is_away
 from gateway.redisconn.clients import sync_client
 
 __all__ = ["Call", "RedisLink", "Script"]
@@ -199,11 +204,23 @@ class RedisLink:
             for call in batch:
                 self._failed(call, BackendError(type(exc).__name__))
             return False
+        # A cluster's pipeline answers a node's absence per command (a failing master's
+        # slots), among good replies: those calls did not run, and are kept like a batch
+        # that failed whole; a batch that met only absences is an outage.
+        away = [next((r for r in reply if is_away(r)), None) for reply in replies]
+        if all(error is not None for error in away):
+            self._went_down(away[0] or Exception(), len(batch))
+            for call, error in zip(batch, away, strict=True):
+                self._failed(call, BackendError(type(error).__name__))
+            return False
         self._answered()
-        for call, reply in zip(batch, replies, strict=True):
+        for call, reply, absent in zip(batch, replies, away, strict=True):
+            if absent is not None:
+                self._failed(call, BackendError(type(absent).__name__))
+                continue
             error = next((r for r in reply if isinstance(r, Exception)), None)
             self._answer(call, BackendError(str(error)) if error is not None else reply)
-        return True
+        return not any(away)
 
     def _execute(self, batch: list[Call]) -> list[list[Any]]:
         if self._client is None:

@@ -50,6 +50,7 @@ from redis.exceptions import (
     NoScriptError,
     RedisClusterException,
     RedisError,
+    ResponseError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -92,6 +93,21 @@ FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 #: script refused: the call is sent again, its events kept.
 AWAY = (ConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError,
         TimeoutError)  # fmt: skip
+#: Replies of a master that cannot take a write now (as ``gateway.redisconn.away`` says
+#: for the limits: the store imports nothing of the package): NOREPLICAS, a master with
+#: ``min-replicas-to-write`` whose replicas are away or behind; READONLY, a demoted one.
+_AWAY_CODES = frozenset({"NOREPLICAS", "READONLY", "LOADING", "TRYAGAIN", "MASTERDOWN"})
+
+
+def _away(error: object) -> bool:
+    """Whether a call's error says it did not run for want of a master that takes it."""
+    if isinstance(error, AWAY):
+        return True
+    if isinstance(error, ResponseError):
+        code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
+        return code in _AWAY_CODES
+    return False
+
 
 #: Events written in one script call at most.
 WRITE_BATCH = 256
@@ -412,9 +428,12 @@ class RedisStore:
             written.set_result(None)
         return StoreError(type(exc).__name__)
 
-    def _blocking_ping(self) -> None:
+    def _make_pinger(self) -> None:
         if self._pinger is None:
             self._pinger = self._connection.blocking()
+
+    def _blocking_ping(self) -> None:
+        self._make_pinger()
         # a cluster's PING goes to every node, a failed one too: ask its masters
         self._pinger.ping(**self._ping_to)
 
@@ -533,7 +552,7 @@ class RedisStore:
                 if any(isinstance(answer, NoScriptError) for answer in answers):
                     await self._reload()  # a promoted replica: scripts are not replicated
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    if isinstance(answer, (*AWAY, NoScriptError)):  # sent again
+                    if _away(answer) or isinstance(answer, NoScriptError):  # again
                         writer.behind = True
                         self._dirty[writer] = None
                     else:
@@ -560,9 +579,9 @@ class RedisStore:
             try:
                 async with asyncio.timeout(self.timeout):
                     return await self.write(keys=writer.keys, args=args)
-            except AWAY:
-                return None  # its node is away: behind
-            except RedisError as exc:
+            except FAILURES as exc:
+                if _away(exc):
+                    return None  # its node is away: behind
                 return exc  # the script's own error: written() says what it means
 
         answers = await asyncio.gather(*(one(w, args) for w, _, args, _ in calls))
@@ -593,6 +612,11 @@ class RedisStore:
                     script.sha = await self._redis.script_load(script.script)
         except FAILURES as exc:
             raise self._trip(exc) from None
+        # The probe's client built while Redis answers: a cluster client asks its seeds as
+        # it is built, each for up to the timeout, which at an outage's first failure
+        # would add one wait a seed to the request that met it.
+        with contextlib.suppress(*FAILURES):
+            await asyncio.to_thread(self._make_pinger)
 
     async def close(self) -> None:
         for task in [*self._tasks, *([self._prober] if self._prober else [])]:

@@ -10,6 +10,11 @@ stop it after the module's last test. Without a module's own settings,
 is true gets its named clients (``clients`` in its settings) issued at run time
 through the admin API instead (``gateway_with_clients``): parametrized, each test of
 named clients runs against configured clients and against issued keys.
+
+``redis`` is the Redis of a Redis-backed test: one ``redis-server`` of its own, or a
+cluster of three masters (``TEST_REDIS_MODE=cluster``, or the ``cluster`` param of a
+test marked ``also_on_a_cluster``: a representative of each Redis user runs on a
+cluster in every ``make test``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pytest
 
 from tests.conftest import ServerThread
 from tests.integration.helpers import gateway_for, gateway_with_clients
+from tests.integration.redis_server import redis_server, suite_mode
 
 
 @pytest.fixture(scope="module")
@@ -44,4 +50,13 @@ def gateway(gateway_settings: dict[str, Any], clients_issued: bool) -> Iterator[
 @pytest.fixture(scope="module")
 def strict_gateway(strict_gateway_settings: dict[str, Any]) -> Iterator[ServerThread]:
     with gateway_for("", **strict_gateway_settings) as server:
+        yield server
+
+
+@pytest.fixture
+def redis(request: pytest.FixtureRequest) -> Iterator[Any]:
+    mode = getattr(request, "param", None)
+    if mode == "cluster" and suite_mode() == "cluster":
+        pytest.skip("the suite's own Redis is a cluster: this test runs on one already")
+    with redis_server(mode=mode) as server:
         yield server

@@ -5,27 +5,67 @@ The server keeps nothing on disk (no RDB, no AOF) unless given a directory to ke
 append-only file in (``persist``), is stopped by its PID (``kill``: as a crash would), and
 can be stopped and started again on the same port (Redis going away mid-run, and coming
 back). ``persistence`` gives other options instead (a shipped file's own).
+
+``redis_server()`` is the Redis of every Redis-backed test. With ``mode="cluster"``, or
+for every such test with ``TEST_REDIS_MODE=cluster`` in the environment (``make
+test-redis-cluster``), it is a cluster of three masters instead
+(``tests.integration.redis_sets.ClusterServer``), with the same face: a test names its
+Redis to a gateway with ``settings`` (``toml`` in a config file), reads it with
+``client()``, and stops, kills or pauses it through these methods, never through one
+process or one port, so that it runs unchanged on either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gateway.redisconn import RedisTarget
 from tests.conftest import free_port
 
-__all__ = ["DelayingProxy", "RedisServer", "redis_server"]
+__all__ = [
+    "MODE_VARIABLE",
+    "DelayingProxy",
+    "RedisServer",
+    "also_on_a_cluster",
+    "redis_server",
+    "suite_mode",
+]
+
+#: The environment variable that makes every Redis-backed test's Redis a cluster.
+MODE_VARIABLE = "TEST_REDIS_MODE"
+
+
+#: A test run twice: on the suite's Redis, then on a cluster of three masters (the
+#: ``redis`` fixture of tests/integration/conftest.py reads the param): a representative
+#: of its Redis user on a cluster in every ``make test``, where ``make
+#: test-redis-cluster`` runs every Redis-backed test on one.
+also_on_a_cluster = pytest.mark.parametrize(
+    "redis", [None, "cluster"], indirect=True, ids=["redis", "cluster"]
+)
+
+
+def suite_mode() -> str:
+    """``server`` (one redis-server) or ``cluster``, as the environment says."""
+    mode = os.environ.get(MODE_VARIABLE, "").strip().lower() or "server"
+    if mode not in ("server", "cluster"):
+        raise ValueError(f"{MODE_VARIABLE} must be server or cluster, not {mode!r}")
+    return mode
 
 
 def _binary() -> str:
@@ -40,6 +80,8 @@ def _binary() -> str:
 class RedisServer:
     """With ``tls`` (a directory), it speaks TLS only, with a self-signed certificate for
     127.0.0.1 that it makes there (``ca``), and ``url`` is a ``rediss://`` URL."""
+
+    mode = "server"
 
     def __init__(
         self,
@@ -68,6 +110,41 @@ class RedisServer:
         if self.tls is not None:
             return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def target(self) -> RedisTarget:
+        return RedisTarget.build("standalone", self.url)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The gateway's settings naming it."""
+        return {"redis_url": self.url}
+
+    @property
+    def toml(self) -> str:
+        return f"redis_url = {json.dumps(self.url)}"
+
+    def client(self, **options: Any) -> Any:
+        """A blocking client (``redis.Redis``)."""
+        import redis
+
+        return redis.Redis.from_url(self.url, **options)
+
+    def calls(self, *commands: str) -> int:
+        """How many times the server ran these commands (``INFO commandstats``)."""
+        with self.client() as client:
+            stats = client.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands)
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """The process stopped (SIGSTOP) for the block: connections open, nothing answered."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
 
     def _certificate(self) -> dict[str, str]:
         assert self.tls is not None
@@ -154,8 +231,24 @@ class RedisServer:
 
 @contextlib.contextmanager
 def redis_server(
-    password: str | None = None, tls: Path | None = None, persist: Path | None = None
-) -> Iterator[RedisServer]:
+    password: str | None = None,
+    tls: Path | None = None,
+    persist: Path | None = None,
+    mode: str | None = None,
+) -> Iterator[Any]:
+    """A ``RedisServer``, or a ``ClusterServer`` (``mode="cluster"``; by default as
+    ``TEST_REDIS_MODE`` says). A password, TLS or persistence asked for is a server's."""
+    mode = mode or ("server" if (password or tls or persist) else suite_mode())
+    if mode == "cluster":
+        from tests.integration.redis_sets import ClusterServer
+
+        with tempfile.TemporaryDirectory(prefix="cluster-") as directory:
+            cluster = ClusterServer(Path(directory))
+            try:
+                yield cluster.start()
+            finally:
+                cluster.stop()
+        return
     server = RedisServer(password, tls, persist).start()
     try:
         yield server

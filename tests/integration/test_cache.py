@@ -374,11 +374,18 @@ def store_settings(kind: str) -> Iterator[dict[str, Any]]:
         return
     from tests.integration.redis_server import redis_server
 
-    with redis_server() as redis:
-        yield {"stream_store": "redis", "redis_url": redis.url}
+    with redis_server(mode="cluster" if kind == "cluster" else None) as redis:
+        yield {"stream_store": "redis", **redis.settings}
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize(
+    "store",
+    [
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=pytest.mark.redis),
+    ],
+)
 def test_fifty_identical_requests_make_one_upstream_call(sim: ServerThread, store: str) -> None:
     slow = {"x-sim-tps": "20", "x-sim-tokens": "20"}  # about a second of stream
 
@@ -415,7 +422,7 @@ def test_followers_end_as_the_leader_did_whole_or_not(sim: ServerThread) -> None
         assert follower.headers["x-request-id"].encode() in follower.content
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_followers_get_the_whole_answer_when_the_leaders_client_leaves(
     sim: ServerThread, store: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -573,7 +580,7 @@ def test_a_hit_costs_a_named_client_no_tokens(sim: ServerThread) -> None:
         assert metric_value(after_hit, "gateway_requests_total", client="alice", code="200") == 2
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis"])
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_client_past_its_token_limit_still_gets_a_hit(sim: ServerThread, backend: str) -> None:
     """A hit reserves no tokens, so a token limit that is over does not refuse it; a miss
     (an answer that would spend tokens) is refused as before."""
@@ -589,7 +596,7 @@ def test_a_client_past_its_token_limit_still_gets_a_hit(sim: ServerThread, backe
             from tests.integration.redis_server import redis_server
 
             redis = stack.enter_context(redis_server())
-            extra = {"limits_backend": "redis", "redis_url": redis.url}
+            extra = {"limits_backend": "redis", **redis.settings}
         gw = stack.enter_context(gateway_for("", routes=caching, clients=clients, **extra))
         miss = post(gw, CHAT, headers={**auth("alice"), **many})
         assert miss.headers["x-gateway-cache"] == "MISS"
@@ -606,6 +613,7 @@ def test_a_client_past_its_token_limit_still_gets_a_hit(sim: ServerThread, backe
         assert upstream_count(sim) == 1
 
 
+@pytest.mark.redis
 def test_two_gateway_processes_share_entries_through_redis(
     sim: ServerThread, tmp_path: Path
 ) -> None:
@@ -614,7 +622,7 @@ def test_two_gateway_processes_share_entries_through_redis(
     with redis_server() as redis:
         config = tmp_path / "gateway.toml"
         config.write_text(
-            f'stream_store = "redis"\nredis_url = "{redis.url}"\naccess_log = false\n'
+            f'stream_store = "redis"\n{redis.toml}\naccess_log = false\n'
             f'[[routes]]\nname = "r"\nprefix = "/v1"\nupstream = "{sim.url}/v1"\n'
             "cache = true\n"
         )
@@ -661,11 +669,12 @@ def test_the_access_log_says_what_the_cache_did(
     assert (hit_line["outcome"], hit_line["reason"]) == ("complete", "stop")
 
 
+@pytest.mark.redis
 def test_a_store_that_fails_never_fails_a_request(sim: ServerThread) -> None:
     from tests.integration.redis_server import redis_server
 
     with redis_server() as redis:
-        settings = {"stream_store": "redis", "redis_url": redis.url}
+        settings = {"stream_store": "redis", **redis.settings}
         with gateway_for("", routes=routes(sim), **settings) as gw:
             assert post(gw, CHAT).headers["x-gateway-cache"] == "MISS"
             redis.stop()

@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +26,21 @@ from tests import web
 from tests.client_events import Splitter
 from tests.conftest import ServerThread
 from tests.integration.helpers import annotation
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer
 from tests.integration.test_cache import without_trailer
 from tests.integration.test_resume_failures import paused, two_gateways
 
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
+
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _config(tmp_path: Path, simulator: ServerThread, redis: RedisServer) -> Path:
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 stream_store_timeout = 0.5
 [[routes]]

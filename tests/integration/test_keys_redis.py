@@ -22,8 +22,11 @@ import yaml
 
 from tests import web
 from tests.conftest import GatewayProcess, ServerThread, gateway_process
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer, also_on_a_cluster
 from tests.sdk import anthropic, openai
+
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
 
 ADMIN = "sk-keys-admin-0123"
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +37,7 @@ AGREEMENT_SECONDS = 1.0
 def _toml(simulator: ServerThread, redis: RedisServer) -> str:
     digest = hashlib.sha256(ADMIN.encode()).hexdigest()
     return f"""
-redis_url = "{redis.url}"
+{redis.toml}
 [keys]
 store = "redis"
 last_used_seconds = 0.2
@@ -47,12 +50,6 @@ name = "ops"
 key_sha256 = ["{digest}"]
 keys_admin = true
 """
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 @pytest.fixture
@@ -99,6 +96,7 @@ def _within(seconds: float, holds: Callable[[], bool]) -> float:
     return time.monotonic() - started
 
 
+@also_on_a_cluster
 def test_a_change_on_one_gateway_holds_on_the_other_within_a_second(
     pair: tuple[GatewayProcess, GatewayProcess],
 ) -> None:

@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,19 @@ import pytest
 from tests import web
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import access_log_lines, gateway_for, metric_value
-from tests.integration.redis_server import DelayingProxy, RedisServer, redis_server
+from tests.integration.redis_server import (
+    DelayingProxy,
+    RedisServer,
+    also_on_a_cluster,
+    redis_server,
+)
+
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
 
 KEY = "sk-shared-team-0123"
 DIGEST = hashlib.sha256(KEY.encode()).hexdigest()
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _client(limits: dict[str, int]) -> list[dict[str, Any]]:
@@ -48,7 +49,7 @@ def _chat(content: str, **extra: Any) -> dict[str, Any]:
 def _toml(simulator: ServerThread, redis: RedisServer, tpm: int) -> str:
     return f"""
 limits_backend = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 # A reservation that cannot be made in time is refused (503), never admitted unlimited:
 # this test is about concurrency, and a loaded machine may be slow to answer.
 limits_timeout = 2.0
@@ -173,12 +174,13 @@ def _until_limited_again(gw: ServerThread, rid: str) -> list[int]:
 
 
 @pytest.mark.parametrize("policy", ["allow", "deny"])
+@also_on_a_cluster
 def test_redis_stopped_mid_run_then_restarted(
     simulator: ServerThread, redis: RedisServer, policy: str
 ) -> None:
     settings = {
         "limits_backend": "redis",
-        "redis_url": redis.url,
+        **redis.settings,
         "on_backend_error": policy,
         "limits_timeout": 1.0,  # about Redis gone and back, not slow: a loaded machine is slow
         "clients": _client({"requests_per_minute": 3}),
@@ -218,12 +220,15 @@ def test_redis_stopped_mid_run_then_restarted(
 
 
 def test_a_slow_redis_adds_at_most_about_twice_the_timeout(
-    simulator: ServerThread, redis: RedisServer, capsys: pytest.CaptureFixture[str]
+    simulator: ServerThread, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Redis answers at start, then turns slow (60 s on every call): a request waits for
     its reservation at most about twice limits_timeout (a batch in flight, then its own),
-    is served unreserved (on_backend_error = "allow") and charged all the same."""
-    with DelayingProxy(redis.port, delay=0.0) as slow:
+    is served unreserved (on_backend_error = "allow") and charged all the same.
+
+    One server behind the proxy, whatever the suite's mode (a cluster's client would
+    learn its nodes' own ports and go round the proxy)."""
+    with redis_server(mode="server") as redis, DelayingProxy(redis.port, delay=0.0) as slow:
         settings = {
             "limits_backend": "redis",
             "redis_url": slow.url,

@@ -62,7 +62,7 @@ def redis(request: pytest.FixtureRequest) -> Iterator[Where]:
             cluster_target(request.getfixturevalue("redis_cluster")), f"t{uuid.uuid4().hex}"
         )
         return
-    with redis_server() as server:
+    with redis_server(mode="server") as server:  # the cluster is the other param
         yield Where(RedisTarget.build("standalone", server.url), "gateway")
 
 

@@ -420,3 +420,83 @@ def test_a_tls_cluster_with_a_password(tmp_path: Path) -> None:
         assert first.refused is None
         assert second.refused == 0  # the limit of one held, over TLS
         assert batch.events == [b"data: 1\n\n"]
+
+
+@pytest.mark.parametrize("which", ["port", "bus port"])
+def test_a_cluster_starts_though_a_nodes_port_was_taken_meanwhile(
+    tmp_path: Path, which: str
+) -> None:
+    """A port chosen free can be taken before its node binds it (an outgoing connection's
+    ephemeral port, another test's server): the node exits at start, and is started again
+    on fresh ports, rather than awaited until a deadline (the flake "node3 not within
+    20 s" of a loaded machine)."""
+    import socket
+
+    deployment = ClusterSet(tmp_path, replicas=0)
+    node = deployment.nodes_[1]
+    taken = node.port if which == "port" else node.bus
+    assert taken is not None
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            deployment.start()
+            assert taken not in (node.port, node.bus)
+            assert "cluster_state:ok" in deployment.ask(node, "CLUSTER", "INFO")
+            assert len(deployment.masters()) == 3
+        finally:
+            deployment.stop()
+
+
+def test_a_tls_sentinel_set_with_a_password(tmp_path: Path) -> None:
+    """rediss:// on a Sentinel set whose every node (the master, its replicas, the
+    sentinels, and replication between them) speaks TLS only: the start-up question
+    asks the sentinels and the master over TLS, and the limits' scripts and a stream log
+    go through the master they name; plain redis:// is refused at start."""
+    from gateway.app import store_connection
+    from gateway.store import End
+    from gateway.store.redis_store import RedisStore
+    from tests.integration.redis_sets import sentinel_set
+
+    with sentinel_set(tmp_path, password=PASSWORD, tls=True) as deployment:
+        target = sentinel_target(deployment)
+        assert target.tls
+        found = asyncio.run(inspect(target))
+        assert found.startswith(
+            f"redis: sentinel, service 'gw': master 127.0.0.1:{deployment.master_port()}"
+        )
+        rule = Rule("tls", {Limit.REQUESTS_PER_MINUTE: 1})
+        checks = checks_for([rule], True, NOW)
+
+        async def main() -> tuple[Any, Any, Any]:
+            backend = RedisBackend(target, timeout=2.0, prefix="tls")
+            store = RedisStore(store_connection(target, 5.0), 5.0, 1 << 20, prefix="tls")
+            try:
+                await backend.prepare()
+                first = await backend.reserve(checks, Ask("a", 1, 1, False, 60.0), NOW)
+                second = await backend.reserve(checks, Ask("b", 1, 1, False, 60.0), NOW)
+                await store.prepare()
+                writer = await store.open("alice", {}, max_bytes=1 << 16, ttl=30, lease=3)
+                assert writer is not None
+                writer.append(b"data: 1\n\n")
+                await writer.finish(End(b": end\n\n"))
+                return first, second, await store.read(writer.id, 0)
+            finally:
+                await backend.close()
+                await store.close()
+
+        first, second, batch = asyncio.run(main())
+        assert first.refused is None
+        assert second.refused == 0  # the limit of one held, over TLS
+        assert batch.events == [b"data: 1\n\n"]
+        # what a master the sentinels named holds, read over TLS on its own
+        assert "role:master" in deployment.ask(deployment.master, "INFO", "replication")
+        plain = RedisTarget.build(
+            "sentinel", deployment.url.replace("rediss://", "redis://").split("?")[0],
+            deployment.nodes, SERVICE,
+        )  # fmt: skip
+        with pytest.raises(RedisUnusable, match="does not answer"):
+            asyncio.run(inspect(plain, bound=2.0))
+        result = run_cli("check-config", env=_env(target))
+        assert result.returncode == 0, result.stderr
+        assert "gateway: redis: sentinel, service 'gw': master" in result.stderr

@@ -27,24 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis import Redis
 
 from gateway.resume.ids import new_id
 from tests import web
 from tests.client_events import Splitter
 from tests.conftest import GatewayProcess, ServerThread, gateway_process
 from tests.integration.helpers import access_log_lines, annotation, metric_value
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer, also_on_a_cluster
 from tests.integration.test_resume_streams import REQUEST_ID, cut_after, resume
+
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
 
 BODY = {"model": "sim-model", "messages": [], "stream": True}
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _config(
@@ -56,7 +52,7 @@ def _config(
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = {lease}
 stream_store_timeout = 2.0
 [[routes]]
@@ -92,17 +88,8 @@ def two_gateways(config: Path) -> Iterator[tuple[GatewayProcess, GatewayProcess]
 @contextlib.contextmanager
 def paused(redis: RedisServer) -> Iterator[None]:
     """Redis SIGSTOPped for the block (SIGCONT whatever happens)."""
-    assert redis.proc is not None
-    redis.proc.send_signal(signal.SIGSTOP)
-    try:
+    with redis.pause():
         yield
-    finally:
-        redis.proc.send_signal(signal.SIGCONT)
-
-
-def _hgetall_calls(client: Redis) -> int:
-    stats = client.info("commandstats")
-    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
 
 
 def test_a_stream_resumes_only_on_its_own_route(
@@ -130,7 +117,6 @@ def test_a_made_up_young_id_costs_what_any_unknown_id_costs(
 ) -> None:
     """A well-formed id stamped now, another owner's real id and an old made-up id:
     the same 404 after the same one look at the store (counted in Redis itself)."""
-    client = Redis.from_url(redis.url)
     with two_gateways(_config(tmp_path, simulator, redis)) as (a, b):
         theirs = web.post(
             a.url + CHAT,
@@ -140,9 +126,9 @@ def test_a_made_up_young_id_costs_what_any_unknown_id_costs(
         ).headers["x-gateway-stream-id"]
         young, old = new_id(), new_id()[:-8] + "00000001"
         for stream_id in (young, theirs, young, old):
-            before = _hgetall_calls(client)
+            before = redis.calls("hgetall")
             answer = resume(b.url + "/v1", stream_id, 0, headers={})
-            looks = _hgetall_calls(client) - before
+            looks = redis.calls("hgetall") - before
             assert answer.status_code in (404, 410), stream_id
             if stream_id != old:
                 assert (answer.status_code, answer.json()["error"]["code"]) == (
@@ -161,6 +147,7 @@ def _first_byte(url: str) -> tuple[float, dict[str, str], bytes]:
         return waited, dict(answer.headers), answer.read()
 
 
+@also_on_a_cluster
 def test_a_redis_pause_costs_new_streams_one_bounded_wait(
     tmp_path: Path, simulator: ServerThread, redis: RedisServer
 ) -> None:
@@ -291,7 +278,7 @@ def test_a_client_is_never_ahead_of_a_killed_owners_log(
     """The owner SIGKILLed at once after an event reached its client: the cursor of
     every event the client holds resumes on the other gateway, at once and after the
     lease, to the same owner_lost ending (before: 400 bad_cursor, one event ahead)."""
-    client = Redis.from_url(redis.url)
+    client = redis.client()
     with two_gateways(_config(tmp_path, simulator, redis)) as (a, b):
         stream_id, events = _held_then_kill(a.url, a, k)
         logged = client.xlen(f"gateway:s:{{{stream_id}}}:log")
@@ -376,7 +363,7 @@ def test_a_takeovers_continuation_withholds_the_usage_the_gateway_asked_for(
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 [[routes]]
 name = "v1"
@@ -413,7 +400,7 @@ def test_a_redis_pause_under_a_cached_leader_never_cuts_its_followers(
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_store_timeout = 1.0
 [[routes]]
 name = "v1"

@@ -10,33 +10,28 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis import Redis
 
 from tests import web
 from tests.client_events import Splitter
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import annotation, metric_value, wait_until
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer, also_on_a_cluster
 from tests.integration.test_resume_streams import REQUEST_ID, cut_after, resume
 
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
+
 BODY = {"model": "sim-model", "messages": [], "stream": True}
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _config(tmp_path: Path, simulator: ServerThread, redis: RedisServer, ttl: float) -> Path:
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 [[routes]]
 name = "v1"
@@ -50,10 +45,11 @@ resume_ttl_seconds = {ttl}
 
 def _logged(redis: RedisServer, stream_id: str) -> int:
     """How many events the store holds of a stream (its log's length in Redis)."""
-    with Redis.from_url(redis.url) as client:
+    with redis.client() as client:
         return int(client.xlen(f"gateway:s:{{{stream_id}}}:log"))
 
 
+@also_on_a_cluster
 def test_two_gateways_share_the_streams_and_a_killed_one_is_taken_over(
     tmp_path: Path, simulator: ServerThread, redis: RedisServer
 ) -> None:
@@ -99,7 +95,7 @@ def test_two_gateways_share_the_streams_and_a_killed_one_is_taken_over(
         metrics = web.get(b.url + "/metrics").text
         assert metric_value(metrics, "gateway_resumes_total", result="owner_lost") == 1
         # Nothing is left once the TTLs passed.
-        client = Redis.from_url(redis.url)
+        client = redis.client()
         assert client.dbsize() > 0
         deadline = time.monotonic() + 30
         while client.dbsize() and time.monotonic() < deadline:
@@ -117,7 +113,7 @@ def test_a_killed_gateways_stream_is_continued_on_a_route_that_continues(
     path = tmp_path / "gateway.toml"
     path.write_text(f"""
 stream_store = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 [[routes]]
 name = "v1"
@@ -163,7 +159,7 @@ def test_redis_going_away_never_touches_the_clients_stream(
     routes = [{"name": "v1", "prefix": "/v1", "upstream": simulator.url + "/v1", "resume": True}]
     headers = {"x-sim-tokens": "100", "x-sim-tps": "50", "x-sim-seed": "2"}
     with gateway_for(
-        "", routes=routes, stream_store="redis", redis_url=redis.url, stream_store_timeout=0.5
+        "", routes=routes, stream_store="redis", **redis.settings, stream_store_timeout=0.5
     ) as gw:
         with web.stream("POST", gw.url + "/v1/chat/completions", json=BODY, headers=headers,
                         timeout=60) as live:  # fmt: skip

@@ -323,7 +323,7 @@ def test_a_hundred_resumers_of_one_live_stream(simulator: ServerThread) -> None:
         assert copy == original
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_thousand_resumable_streams_stay_within_the_store(
     simulator: ServerThread, store: str
 ) -> None:
@@ -346,7 +346,7 @@ def test_a_thousand_resumable_streams_stay_within_the_store(
         options: dict[str, Any] = {}
         if store == "redis":
             server = stack.enter_context(redis_server())
-            options = {"stream_store": "redis", "redis_url": server.url}
+            options = {"stream_store": "redis", **server.settings}
         gw = stack.enter_context(
             gateway_for("", routes=routes, clients=CLIENTS, stream_store_max_bytes=bound, **options)
         )
@@ -371,7 +371,7 @@ def test_a_thousand_resumable_streams_stay_within_the_store(
     assert stopped.status_code == 410  # beyond what its log kept
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_cursor_past_a_live_streams_kept_part_is_gone(
     simulator: ServerThread, store: str
 ) -> None:
@@ -385,7 +385,7 @@ def test_a_cursor_past_a_live_streams_kept_part_is_gone(
         options: dict[str, Any] = {}
         if store == "redis":
             server = stack.enter_context(redis_server())
-            options = {"stream_store": "redis", "redis_url": server.url}
+            options = {"stream_store": "redis", **server.settings}
         gw = stack.enter_context(gateway_for("", routes=routes, clients=CLIENTS, **options))
         stream_id, _, head = cut_after(gw.url + path, body, headers, 20)
         assert len(head) > 2048  # the client got past what the log keeps

@@ -14,7 +14,6 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,15 @@ from redis import Redis
 
 from tests.conftest import ServerThread
 from tests.integration.helpers import annotation
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer
 from tests.integration.test_resume_failures import two_gateways
 from tests.integration.test_resume_streams import cut_after, resume
 
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
+
 CHAT = "/v1/chat/completions"
 KEY = "sk-alice-takeover"
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _tokens_today(client: Redis) -> int:
@@ -49,7 +45,7 @@ def test_a_takeovers_continuation_is_charged_to_its_client(
     path.write_text(f"""
 stream_store = "redis"
 limits_backend = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_lease_seconds = 1.0
 [[routes]]
 name = "v1"
@@ -69,7 +65,7 @@ tokens_per_day = 10000000
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     auth = {"authorization": f"Bearer {KEY}"}
     headers = {"x-sim-tokens": "200", "x-sim-tps": "40", "x-sim-seed": "8", **auth}
-    counters = Redis.from_url(redis.url)
+    counters = redis.client()
     with two_gateways(path) as (a, b):
         stream_id, _, head = cut_after(a.url + CHAT, body, headers, 5)
         time.sleep(0.3)  # a few more events reach the log

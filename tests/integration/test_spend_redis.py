@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,10 @@ import pytest
 from tests import web
 from tests.conftest import ServerThread, gateway_process
 from tests.integration.helpers import gateway_for, metric_value
-from tests.integration.redis_server import RedisServer, redis_server
+from tests.integration.redis_server import RedisServer, also_on_a_cluster, redis_server
+
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
 
 #: The strict test's runs: each with fresh budgets (a client, its team mate and their
 #: team of their own), on the same two gateways and Redis. One in the suite (about 25 s
@@ -30,12 +32,6 @@ KEYS = {
 #: The simulator reports a prompt of its body's bytes / 4: a prompt of some length keeps
 #: that below the strict bound (a token a byte of the text), as any real tokenizer is.
 PROMPT = "hello there " * 30
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    with redis_server() as server:
-        yield server
 
 
 def _sha(key: str) -> str:
@@ -66,7 +62,7 @@ team = "eng-{run}"
     )
     return f"""
 limits_backend = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 limits_timeout = 2.0
 on_backend_error = "deny"
 [[routes]]
@@ -137,9 +133,8 @@ def test_two_gateways_on_one_redis_never_spend_past_a_strict_money_budget(
 
 def _snapshot(redis: RedisServer) -> dict[str, object]:
     """Every key Redis holds (counters, totals, receipts) with its value."""
-    import redis as redis_client
 
-    client = redis_client.Redis.from_url(redis.url, decode_responses=True)
+    client = redis.client(decode_responses=True)
     try:
         found: dict[str, object] = {}
         for key in client.scan_iter(count=1000):
@@ -189,7 +184,7 @@ def test_redis_restarted_from_its_append_only_file_has_every_counter_and_receipt
         ]
         routes = [{"name": "chat", "prefix": "/v1", "upstream": f"{simulator.url}/v1"}]
         with gateway_for(
-            "", routes=routes, clients=clients, limits_backend="redis", redis_url=redis.url
+            "", routes=routes, clients=clients, limits_backend="redis", **redis.settings
         ) as gw:
             body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
             ids = [f"kept-{i}" for i in range(5)]
@@ -218,13 +213,13 @@ def test_redis_restarted_from_its_append_only_file_has_every_counter_and_receipt
 
 
 @pytest.mark.parametrize("policy", ["allow", "deny"])
+@also_on_a_cluster
 def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
     simulator: ServerThread, redis: RedisServer, policy: str
 ) -> None:
     """Redis goes away: a money-budgeted client is served unreserved (allow) or refused
     (deny), like the token limits; when Redis is back, what was served while it was away
     is settled at its whole cost (allow), and nothing refused is charged (deny)."""
-    import redis as redis_client
 
     clients = [
         {"name": "strict", "key_sha256": [_sha(KEYS["strict-0"])], "limits": {"usd_per_day": "5"}}
@@ -232,7 +227,7 @@ def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
     routes = [{"name": "chat", "prefix": "/v1", "upstream": f"{simulator.url}/v1"}]
     settings = {
         "limits_backend": "redis",
-        "redis_url": redis.url,
+        **redis.settings,
         "on_backend_error": policy,
         "limits_timeout": 1.0,
     }
@@ -240,7 +235,7 @@ def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
     headers = {"authorization": f"Bearer {KEYS['strict-0']}", "x-sim-tokens": "20"}
 
     def counted() -> int:
-        client = redis_client.Redis.from_url(redis.url, decode_responses=True)
+        client = redis.client(decode_responses=True)
         try:
             keys = [k for k in client.scan_iter(match="*usd_per_day*")]
             return sum(int(client.get(k) or 0) for k in keys)
@@ -296,7 +291,7 @@ usd_per_day = "{"0.01" if name == "mixed-b" else "100"}"
     config.write_text(
         f"""
 limits_backend = "redis"
-redis_url = "{redis.url}"
+{redis.toml}
 stream_store = "redis"
 limits_timeout = 2.0
 on_backend_error = "deny"

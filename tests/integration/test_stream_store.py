@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from redis import Redis
 
 from gateway.app import store_connection
 from gateway.redisconn import RedisTarget
@@ -27,6 +26,9 @@ from tests.integration.redis_sets import (
     redis_sentinel,  # noqa: F401 (a fixture)
     sentinel_target,
 )
+
+#: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
+pytestmark = pytest.mark.redis
 
 EVENTS = [b'data: {"n": %d}\r\n\r\n' % i for i in range(1, 41)] + [b": ping\n\n", b"\x00\xff\r\r"]
 
@@ -46,7 +48,7 @@ def make(request: pytest.FixtureRequest) -> Make:
     would fail (CROSSSLOT), and the stream ids spread the logs over every master."""
     where: RedisTarget | str | None = None
     if request.param == "redis":
-        where = request.getfixturevalue("redis").url
+        where = request.getfixturevalue("redis").target
     elif request.param == "cluster":
         where = cluster_target(request.getfixturevalue("redis_cluster"))
     elif request.param == "sentinel":
@@ -255,7 +257,7 @@ def test_names_point_at_one_stream(make: Make) -> None:
 
 
 def test_nothing_is_left_after_the_ttl(redis: RedisServer) -> None:
-    client = Redis.from_url(redis.url)
+    client = redis.client()
 
     async def body(store: StreamStore) -> None:
         done = await _open(store, ttl=1)
@@ -282,7 +284,7 @@ def test_nothing_is_left_after_the_ttl(redis: RedisServer) -> None:
         assert store.size == 0
 
     async def main() -> None:
-        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 20, prefix="ttl")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 20, prefix="ttl")
         await store.prepare()
         try:
             await body(store)
@@ -312,14 +314,11 @@ def test_the_memory_store_forgets_after_the_ttl() -> None:
 
 
 def test_redis_writes_are_batched(redis: RedisServer) -> None:
-    client = Redis.from_url(redis.url)
-
     def calls() -> int:
-        stats = client.info("commandstats")
-        return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+        return int(redis.calls("evalsha", "eval"))
 
     async def main() -> None:
-        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 24, prefix="batch")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 24, prefix="batch")
         await store.prepare()
         try:
             before = calls()
@@ -344,10 +343,10 @@ def test_a_log_that_lost_written_events_is_not_written_on(redis: RedisServer) ->
     replica ends before events its writer had written. The writer's next events would
     leave a hole a resume would skip in silence: the writer stops instead, and the log
     ends where it is (its readers get ``owner_lost``)."""
-    client = Redis.from_url(redis.url)
+    client = redis.client()
 
     async def main() -> None:
-        store = RedisStore(store_connection(redis.url, 5.0), 5.0, 1 << 20, prefix="hole")
+        store = RedisStore(store_connection(redis.target, 5.0), 5.0, 1 << 20, prefix="hole")
         await store.prepare()
         try:
             writer = await _open(store)

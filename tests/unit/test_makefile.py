@@ -145,3 +145,17 @@ def test_make_image_test_runs_the_image_tests_and_ci_runs_it(clone: Path) -> Non
     steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "make image-test" in steps
     assert steps.index("make image-test") > steps.index("make test")
+
+
+def test_make_test_redis_cluster_runs_the_redis_tests_on_a_cluster_and_ci_runs_it(
+    clone: Path,
+) -> None:
+    """`make test-redis-cluster` runs the tests marked ``redis`` with TEST_REDIS_MODE=cluster
+    (their Redis a cluster), and .ci/run runs it after `make test`."""
+    lines = _dry(clone, "test-redis-cluster")
+    joined = " ".join(" ".join(lines).replace("\\", " ").split())
+    last = joined[joined.index("TEST_REDIS_MODE") :]
+    assert last.startswith("TEST_REDIS_MODE=cluster .venv/bin/python -m pytest "), last
+    assert "-m redis tests/integration" in last, last
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert steps.index("make test-redis-cluster") > steps.index("make test")

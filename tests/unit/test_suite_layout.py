@@ -55,3 +55,16 @@ def test_an_integration_module_configures_its_gateway_and_defines_none() -> None
         and node.name in {"gateway", "strict_gateway"}
     ]
     assert not own, own
+
+
+def test_every_test_of_the_shared_redis_is_marked_for_the_cluster_run() -> None:
+    """A test module that uses the shared Redis (``redis_server()`` or the ``redis``
+    fixture) marks its tests ``redis``: ``make test-redis-cluster`` runs the marked
+    tests against a cluster, and an unmarked one would never meet one."""
+    unmarked = [
+        path.name
+        for path in sorted(TESTS.glob("integration/test_*.py"))
+        if re.search(r"redis_server\(\)|\bredis: RedisServer\b", path.read_text())
+        and "pytest.mark.redis" not in path.read_text()
+    ]
+    assert unmarked == []
