@@ -136,6 +136,7 @@ async def end_orphan(
     ``charge``: the stage a named client's continuation goes through (its limits);
     ``payer``: the record that then carries the continuation's charge."""
     guard, head = await _logged_guard(store, stream_id, info, route)
+    writer.max_bytes += head  # the log's bound is its body's, as its recorder kept it
     logged = guard.verdict  # the logged events may hold a whole answer: then it stands
     request_id = info.meta.get("request_id", "-")
     ending = None
