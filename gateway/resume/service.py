@@ -35,7 +35,7 @@ from urllib.parse import parse_qs
 from starlette.types import Message
 
 from gateway.guard import StreamGuard
-from gateway.observe import Metrics
+from gateway.observe import Metrics, RequestRecord
 from gateway.policy.routing import Route
 from gateway.protocols import ANY_PATH, RETRIEVABLE
 from gateway.protocols.retrieval import Retrieval
@@ -410,10 +410,14 @@ class Resumes:
             start = event.end
         return [*pieces, end.trailer[start:]] if end.trailer[start:] else pieces
 
-    async def orphaned(self, route: Route, stream_id: str) -> str | None:
+    async def orphaned(
+        self, route: Route, stream_id: str, payer: RequestRecord | None = None
+    ) -> str | None:
         """Take over a stream whose writer is gone (lease run out, no end) and write its
         end (``gateway.resume.takeover``); the result (``continued``, ``owner_lost``)
-        when this call ended it, else None."""
+        when this call ended it, else None. ``payer``: the record of the request that
+        takes it over, which carries a continuation's charge (its receipt, the spend
+        report and the metrics say it)."""
         info = await self.store.info(stream_id)
         if info is None or info.leased or info.end is not None:
             return None
@@ -431,6 +435,7 @@ class Resumes:
             metrics=self.metrics,
             limits=self.settings.limits,
             charge=self.charge,
+            payer=payer,
         )
 
     async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
@@ -537,7 +542,8 @@ class _Resumed(LogReader):
         return b"".join(events)
 
     async def quiet(self) -> bool:
-        ended = await self.resumes.orphaned(self.exchange.route, self.stream_id)
+        exchange = self.exchange
+        ended = await self.resumes.orphaned(exchange.route, self.stream_id, exchange.record)
         self.result = ended or self.result
         return True
 
