@@ -34,10 +34,10 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import Reason, StreamGuard
+from gateway.guard import StreamGuard
 from gateway.observe import Metrics, RequestRecord
 from gateway.policy.routing import Route
-from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
+from gateway.protocols import ANY_PATH, RETRIEVABLE
 from gateway.protocols.retrieval import Retrieval
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
@@ -391,7 +391,8 @@ class Resumes:
             # lost to it. It ends as a lost owner's stream does, never with a reset.
             if not reader.started:
                 await reader.send_head(None)
-            await reader.body(_lost(exchange, info, self.settings.annotate), more=False)
+            spec = exchange.route.spec_for(info.meta.get("path", ""))
+            await reader.lost(spec, self.settings.annotate)
             return "expired" if isinstance(exc, Vanished) else "store_error"
         except (Gone, BeyondEnd):
             # The log stopped at its byte cap under the reader: cut.
@@ -496,18 +497,6 @@ class Resumes:
             code,
             record.request_id,
         )
-
-
-def _lost(exchange: Exchange, info: StreamInfo, annotate: bool) -> bytes:
-    """The ending of a stream whose log can no longer be read: the protocol's error
-    event and trailer, reason ``owner_lost``."""
-    route = exchange.route
-    contract = route.spec_for(info.meta.get("path", "")).new_contract(ContractOptions())
-    guard = StreamGuard(contract)
-    guard.abort(Reason.OWNER_LOST, force=True)
-    if not annotate:
-        return guard.withheld
-    return guard.withheld + guard.annotation(exchange.record.request_id)
 
 
 class _Resumed(LogReader):
