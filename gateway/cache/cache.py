@@ -49,9 +49,8 @@ from gateway.cache.entry import (
 )
 from gateway.cache.judge import judge, streamed
 from gateway.cache.key import Controls, body_digest, controls_of, key_of
-from gateway.guard import Outcome, Reason, StreamGuard, Usage, Verdict
+from gateway.guard import Outcome, Reason, Usage, Verdict
 from gateway.observe import Metrics
-from gateway.protocols import ContractOptions
 from gateway.proxy.detach import Detachment
 from gateway.proxy.exchange import AbortConnection, Exchange
 from gateway.proxy.headers import RawHeaders, get_header
@@ -526,19 +525,9 @@ class ResponseCache:
     async def _lost(self, reader: _Replay) -> None:
         """A follower whose leader's answer can no longer be read: a stream ends with the
         protocol's error event and trailer (``owner_lost``); any other answer is cut."""
-        exchange = reader.exchange
-        record = exchange.record
         if not reader.streamed:
             raise AbortConnection
-        guard = StreamGuard(exchange.spec.new_contract(ContractOptions()))
-        guard.abort(Reason.OWNER_LOST, force=True)
-        ending = guard.withheld
-        if self.annotate:
-            ending += guard.annotation(record.request_id)
-        await reader.body(ending, more=False)
-        exchange.response_done = True
-        record.stream = True
-        record.verdict = guard.verdict
+        await reader.lost(reader.exchange.spec, self.annotate)
 
     # -- the leader's end ------------------------------------------------------------------
 

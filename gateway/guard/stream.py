@@ -180,24 +180,33 @@ class StreamGuard:
         stop: int | None = None
         quiet = self._quiet
         q = 0
+        quiet_count = len(quiet)
+        contract = self.contract
+        comments = self._comments
+        sent = 0  # bytes of the events offered and let through (counted once, at the end)
         for event in events:
-            while q < len(quiet) and quiet[q] <= event.start:
+            while q < quiet_count and quiet[q] <= event.start:
                 whole.quiet(self._emit(held, base, cursor, quiet[q], out))
                 cursor = quiet[q]
                 q += 1
-            action = self.contract.on_event(event)
-            if action is Action.WITHHOLD:
+            action = contract.on_event(event)
+            if action is Action.FORWARD:
+                kept = False
+            elif action is Action.WITHHOLD:
                 whole.wait(self._emit(held, base, cursor, event.start, out))
                 cursor = event.end
                 continue
-            verdict = self.contract.verdict
-            kept = self.withhold_errors and verdict is not None and verdict.error_forwarded
+            else:
+                verdict = contract.verdict
+                kept = self.withhold_errors and verdict is not None and verdict.error_forwarded
             if action is Action.FORWARD or (action is Action.FINISH and not kept):
-                data = self._clean(held[cursor - base : event.end - base])
-                refusal = whole.offer(data, event, self.contract.parsed)
+                data = held[cursor - base : event.end - base]
+                if comments and _MARK in data:
+                    data = self._drop_forged(data)
+                refusal = whole.offer(data, event, contract.parsed)
                 if refusal is None:
                     out.append(data)
-                    self.forwarded_bytes += len(data)
+                    sent += len(data)
                     cursor = event.end
                     if action is Action.FORWARD:
                         continue
@@ -226,6 +235,7 @@ class StreamGuard:
             self._held_start = upto
         else:
             self._held = b""
+        self.forwarded_bytes += sent
         quiet.clear()
         if error is not None:
             self._held = b""

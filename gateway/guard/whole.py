@@ -35,6 +35,9 @@ The API, for a stage that reads a stream (a log writer, a schema check):
   - ``take(piece, event)``: a whole event every reader accepted (``event`` is
     None for a block that dispatched nothing, which is never checked).
 
+- A continuation's events, as the gateway renders them past the splice
+  (``relayed``), are asked of the readers too: a check judges the continued
+  answer as one document with what came before the cut.
 - ``pending`` is what the client got after the last whole event (comment
   lines of a block not ended yet): a log puts it before its trailer.
 - While the relay holds an answer's head (a retry is still possible), what
@@ -48,6 +51,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from gateway.guard.decoder import Event
+from gateway.guard.sse import SSEDecoder
 from gateway.guard.verdict import Reason
 
 __all__ = ["EventConsumer", "Refusal", "WholeEvents"]
@@ -118,12 +122,22 @@ class WholeEvents:
         for piece, event in queue or ():
             self._take(piece, event)
 
-    def relayed(self, pieces: list[bytes]) -> None:
-        """Whole events relayed as rendered by the gateway (a continuation's joint),
-        never checked: the readers take them."""
-        for piece in pieces:
+    def relayed(self, pieces: list[bytes]) -> tuple[int, Refusal | None]:
+        """Whole events relayed as rendered by the gateway (a continuation's joint: SSE
+        blocks, one event each), asked of every reader as the upstream's are, then
+        taken (with no event: a log writes the rendered bytes as they are). Returns
+        how many were taken, and the refusal of the next one (None: all were): a
+        continued answer is judged as one with what came before the cut."""
+        for count, piece in enumerate(pieces):
+            for event in SSEDecoder().feed(piece):
+                self.parsed = None
+                for consumer in self.consumers:
+                    refusal = consumer.check(piece, event)
+                    if refusal is not None:
+                        return count, refusal
             self._take(self._piece(piece), None)
             self._pending = []
+        return len(pieces), None
 
     def wait(self, data: bytes) -> None:
         """Relayed bytes that end no event yet."""
@@ -134,15 +148,23 @@ class WholeEvents:
         """``data`` ends ``event`` (``parsed``: its JSON value, as its contract parsed
         it): asked of every reader, then taken by each (None), or refused (``data`` is
         not relayed; nothing is taken)."""
+        # once per event of every stream with readers: the helpers inlined
         self.parsed = parsed
-        piece = self._piece(data)
+        pending = self._pending
+        piece = b"".join(pending) + data if pending else data
         consumers = self.consumers
         for consumer in consumers:
             refusal = consumer.check(piece, event)
             if refusal is not None:
                 return refusal
-        self._pending = []
-        self._take(piece, event)
+        if pending:
+            self._pending = []
+        queue = self._queue
+        if queue is not None:
+            queue.append((piece, event))
+            return None
+        for consumer in consumers:
+            consumer.take(piece, event)
         return None
 
     def quiet(self, data: bytes) -> None:

@@ -38,7 +38,7 @@ from gateway.observe.writer_thread import WriterThread
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 _dumps = orjson.dumps
 
-__all__ = ["QUEUE_LINES", "AccessLog", "encode_line", "log_fields"]
+__all__ = ["QUEUE_LINES", "AccessLog", "charged_fields", "encode_line", "log_fields"]
 
 log = logging.getLogger("gateway")
 
@@ -119,13 +119,7 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
         "bytes_in": record.bytes_in,
         "bytes_out": record.bytes_out,
         "usage": usage.as_dict() if usage is not None else None,
-        "charged": None
-        if record.charge is None
-        else {
-            "input": record.charge.input,
-            "output": record.charge.output,
-            "source": record.charge.source.value,
-        },
+        "charged": charged_fields(record),
         "spend": None
         if record.spend is None
         else {
@@ -149,6 +143,15 @@ def log_fields(record: RequestRecord) -> dict[str, Any]:
     if record.cache is not None:
         fields["cache"] = record.cache
     return fields
+
+
+def charged_fields(record: RequestRecord) -> dict[str, Any] | None:
+    """The tokens a named client was charged (its limits'), as the access log and the
+    receipt say them."""
+    charge = record.charge
+    if charge is None:
+        return None
+    return {"input": charge.input, "output": charge.output, "source": charge.source.value}
 
 
 def schema_fields(record: RequestRecord) -> dict[str, Any] | None:

@@ -48,6 +48,37 @@ def _chat_schemas(body: Json) -> Schemas:
 _TEXT = PartKind.TEXT
 
 
+def _chat_text(obj: Any) -> str | None:
+    """A chunk of one choice (the first) whose delta is text and nothing else, unfinished:
+    its text; None for any other chunk."""
+    if type(obj) is not dict:
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    delta = choice.get("delta") if type(choice) is dict else None
+    if (
+        type(delta) is dict
+        and len(delta) == 1
+        and choice.get("finish_reason") is None
+        and choice.get("index", 0) == 0
+    ):
+        content = delta.get("content")
+        if type(content) is str:
+            return content
+    return None
+
+
+def _responses_text(obj: Any) -> str | None:
+    """A ``response.output_text.delta``: its text; None for any other event."""
+    if type(obj) is dict and obj.get("type") == "response.output_text.delta":
+        delta = obj.get("delta")
+        if type(delta) is str:
+            return delta
+    return None
+
+
 def _chat_parts(event: Event, parsed: Any) -> list[Part]:
     obj = parsed if type(parsed) is dict else json_object(event.data)
     choices = obj.get("choices") if obj is not None else None
@@ -137,10 +168,16 @@ def _responses_parts(event: Event, parsed: Any) -> list[Part]:
 
 
 CHAT_STRUCTURED = Structured(
-    markers=(b'"response_format"', b'"tools"'), schemas=_chat_schemas, parts=_chat_parts
+    markers=(b'"response_format"', b'"tools"'),
+    schemas=_chat_schemas,
+    parts=_chat_parts,
+    text=_chat_text,
 )
 RESPONSES_STRUCTURED = Structured(
-    markers=(b'"format"', b'"tools"'), schemas=_responses_schemas, parts=_responses_parts
+    markers=(b'"format"', b'"tools"'),
+    schemas=_responses_schemas,
+    parts=_responses_parts,
+    text=_responses_text,
 )
 
 

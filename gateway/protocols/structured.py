@@ -8,6 +8,8 @@ what the schema check (``gateway.schema``) reads a request and a stream by:
   schema pays one substring search);
 - ``schemas``: the request's JSON body -> ``Schemas`` (the answer's schema,
   each declared tool's parameters);
+- ``text`` (optional): the common event, a delta of the answer's text and
+  nothing else, read straight off the contract's parse (the check's fast way);
 - ``parts``: one event (its type and data) and its JSON value as the
   contract parsed it (None: not parsed; the reader parses the data then) ->
   the ``Part`` s it carries. Sharing the contract's parse is most of the
@@ -39,6 +41,10 @@ class Structured:
     markers: tuple[bytes, ...]
     schemas: Callable[[Json], Schemas]
     parts: Callable[[Event, Any], list[Part]]
+    #: The common event's answer text, read straight off the contract's parse: a
+    #: delta of text and nothing else -> its text ("" for an empty one); None for any
+    #: other event (``parts`` reads it). Optional: a protocol without it pays ``parts``.
+    text: Callable[[Any], str | None] | None = None
 
 
 def json_object(data: str) -> Json | None:

@@ -267,6 +267,13 @@ class Rescuer:
                     output_tokens=(usage.output_tokens or 0) + (cut.output_tokens or 0),
                 )
                 return Rescued(guard, read, self.continued, total)
+            if verdict.reason is Reason.SCHEMA_MISMATCH:
+                # a reader refused the continued answer (judged as one across the splice):
+                # it was continued; the stream ends with that refusal, at that event
+                self.metrics.continuation(route.name, name, ContinuationResult.OK)
+                billed = _billed(guard, self.body_size, cut)
+                self._part(guard, name)
+                return Rescued(guard, read, self.continued, billed=billed)
             self.metrics.continuation(route.name, name, ContinuationResult.FAILED)
             if (
                 verdict.reason not in BLAMES_UPSTREAM
@@ -508,7 +515,16 @@ class Rescuer:
             return
         exchange = self.exchange
         if exchange.events:
-            exchange.events.relayed(events)  # logged before the client gets them
+            # asked of the readers (a schema check judges across the splice) and logged
+            # before the client gets them; one refused ends the continued stream there
+            taken, refusal = exchange.events.relayed(events)
+            if refusal is not None:
+                events = events[:taken]
+                live = self._live
+                if live is not None:
+                    live.abort(refusal.reason, refusal.detail, force=True)
+                if not events:
+                    return
         data = b"".join(events)
         try:
             async with asyncio.timeout(exchange.route.timeouts.client_send):

@@ -146,10 +146,23 @@ def _no_parts(event: Event, parsed: Any) -> list[Part]:
     return []
 
 
+def _no_text(parsed: Any) -> str | None:
+    return None
+
+
 class _Reader:
     """A reader of the stream's whole events that feeds their parts to the check."""
 
-    __slots__ = ("_check", "_ends", "_index", "_parts", "_verdicts", "_whole", "faulted")
+    __slots__ = (
+        "_check",
+        "_ends",
+        "_index",
+        "_parts",
+        "_text",
+        "_verdicts",
+        "_whole",
+        "faulted",
+    )
 
     def __init__(
         self,
@@ -163,6 +176,8 @@ class _Reader:
         #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
         self._whole = whole
         self._parts = structured.parts if structured is not None else _no_parts
+        text = structured.text if structured is not None else None
+        self._text = text if text is not None else _no_text
         self._ends = ends
         self._index = 0
         self._verdicts: list[SchemaVerdict] | None = None
@@ -194,8 +209,23 @@ class _Reader:
         return reader
 
     def check(self, piece: bytes, event: Event) -> Refusal | None:
+        # the common event first, the fast way: a delta of the answer's text alone
         whole = self._whole
-        return self.judge(event, whole.parsed if whole is not None else None)
+        parsed = whole.parsed if whole is not None else None
+        text = self._text(parsed) if parsed is not None else None
+        if text is None:
+            return self.judge(event, parsed)
+        index = self._index
+        self._index = index + 1
+        if self._verdicts is not None:
+            return None
+        fault = self._check.text(text, index)
+        if fault is not None and self._ends:
+            self.faulted = True
+            return Refusal(
+                Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
+            )
+        return None
 
     def judge(self, event: Event, parsed: Any) -> Refusal | None:
         """One event (``parsed``: its JSON value as its contract parsed it, or None): a

@@ -34,10 +34,10 @@ from urllib.parse import parse_qs
 
 from starlette.types import Message
 
-from gateway.guard import Reason, StreamGuard
-from gateway.observe import Metrics
+from gateway.guard import StreamGuard
+from gateway.observe import Metrics, RequestRecord
 from gateway.policy.routing import Route
-from gateway.protocols import ANY_PATH, RETRIEVABLE, ContractOptions
+from gateway.protocols import ANY_PATH, RETRIEVABLE
 from gateway.protocols.retrieval import Retrieval
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.continuation import Rescuer
@@ -391,7 +391,8 @@ class Resumes:
             # lost to it. It ends as a lost owner's stream does, never with a reset.
             if not reader.started:
                 await reader.send_head(None)
-            await reader.body(_lost(exchange, info, self.settings.annotate), more=False)
+            spec = exchange.route.spec_for(info.meta.get("path", ""))
+            await reader.lost(spec, self.settings.annotate)
             return "expired" if isinstance(exc, Vanished) else "store_error"
         except (Gone, BeyondEnd):
             # The log stopped at its byte cap under the reader: cut.
@@ -409,10 +410,14 @@ class Resumes:
             start = event.end
         return [*pieces, end.trailer[start:]] if end.trailer[start:] else pieces
 
-    async def orphaned(self, route: Route, stream_id: str) -> str | None:
+    async def orphaned(
+        self, route: Route, stream_id: str, payer: RequestRecord | None = None
+    ) -> str | None:
         """Take over a stream whose writer is gone (lease run out, no end) and write its
         end (``gateway.resume.takeover``); the result (``continued``, ``owner_lost``)
-        when this call ended it, else None."""
+        when this call ended it, else None. ``payer``: the record of the request that
+        takes it over, which carries a continuation's charge (its receipt, the spend
+        report and the metrics say it)."""
         info = await self.store.info(stream_id)
         if info is None or info.leased or info.end is not None:
             return None
@@ -430,6 +435,7 @@ class Resumes:
             metrics=self.metrics,
             limits=self.settings.limits,
             charge=self.charge,
+            payer=payer,
         )
 
     async def _cancel(self, exchange: Exchange, stream_id: str) -> None:
@@ -493,18 +499,6 @@ class Resumes:
         )
 
 
-def _lost(exchange: Exchange, info: StreamInfo, annotate: bool) -> bytes:
-    """The ending of a stream whose log can no longer be read: the protocol's error
-    event and trailer, reason ``owner_lost``."""
-    route = exchange.route
-    contract = route.spec_for(info.meta.get("path", "")).new_contract(ContractOptions())
-    guard = StreamGuard(contract)
-    guard.abort(Reason.OWNER_LOST, force=True)
-    if not annotate:
-        return guard.withheld
-    return guard.withheld + guard.annotation(exchange.record.request_id)
-
-
 class _Resumed(LogReader):
     """A resume (or a retrieve) of a stream: a 200 head of the stream's content type,
     the events after the cursor (numbered for an ``EventSource``, or those ``keep``
@@ -548,7 +542,8 @@ class _Resumed(LogReader):
         return b"".join(events)
 
     async def quiet(self) -> bool:
-        ended = await self.resumes.orphaned(self.exchange.route, self.stream_id)
+        exchange = self.exchange
+        ended = await self.resumes.orphaned(exchange.route, self.stream_id, exchange.record)
         self.result = ended or self.result
         return True
 

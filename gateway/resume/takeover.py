@@ -130,16 +130,19 @@ async def end_orphan(
     metrics: Metrics,
     limits: GatewayLimits,
     charge: Stage | None = None,
+    payer: RequestRecord | None = None,
 ) -> str:
     """Write the adopted log's end: continued, or ``owner_lost``; the resume result.
-    ``charge``: the stage a named client's continuation goes through (its limits)."""
+    ``charge``: the stage a named client's continuation goes through (its limits);
+    ``payer``: the record that then carries the continuation's charge."""
     guard, head = await _logged_guard(store, stream_id, info, route)
+    writer.max_bytes += head  # the log's bound is its body's, as its recorder kept it
     logged = guard.verdict  # the logged events may hold a whole answer: then it stands
     request_id = info.meta.get("request_id", "-")
     ending = None
     if upstream is not None and "request" in info.meta and logged is None:
         ending = await _continue(
-            info, head, writer, route, guard, upstream, metrics, limits, charge
+            info, head, writer, route, guard, upstream, metrics, limits, charge, payer
         )
     if ending is not None:
         continued, trailer, verdict_guard = ending
@@ -171,6 +174,7 @@ async def _continue(
     metrics: Metrics,
     limits: GatewayLimits,
     charge: Stage | None,
+    payer: RequestRecord | None,
 ) -> tuple[int, bytes, StreamGuard] | None:
     """The rest of the logged answer, by the existing continuation; None: not continued
     (the log then ends ``owner_lost``)."""
@@ -259,6 +263,8 @@ async def _continue(
             await go(exchange)
     finally:
         await rescuer.aclose()
+    if payer is not None and record.charge is not None:
+        _hand_over(record, payer)
     if not got or got[0].guard.verdict is None:
         return None
     return got[0].continued, exchange.events.pending, got[0].guard
@@ -288,3 +294,14 @@ def _bill(exchange: Exchange, rescued: Rescued, first: Usage | None, body_size: 
         input_tokens=max((billed.input_tokens or 0) - (before.input_tokens or 0), 0),
         output_tokens=max((billed.output_tokens or 0) - (before.output_tokens or 0), 0),
     )
+
+
+def _hand_over(takeover: RequestRecord, payer: RequestRecord) -> None:
+    """The request that took the stream over carries what its continuation was charged:
+    its receipt, the spend report, the access log and the metrics say it."""
+    payer.charge = takeover.charge
+    payer.spend = takeover.spend
+    payer.team = payer.team or takeover.team
+    payer.budgets = takeover.budgets
+    payer.parts = takeover.parts
+    payer.part_nanos = takeover.part_nanos

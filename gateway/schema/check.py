@@ -123,6 +123,22 @@ class StreamCheck:
                 fault = verdict
         return fault
 
+    def text(self, text: str, index: int) -> SchemaVerdict | None:
+        """A delta of the answer's text, the only part of event ``index`` (the common
+        event, the fast way): the ``invalid`` verdict it gives, or None."""
+        self._last_event = index
+        answer = self._answer
+        if answer is None:
+            return self._part(Part(_TEXT, "", text), index) if text else None
+        incremental = answer.incremental
+        if incremental is None or answer.done or not text:
+            return None
+        try:
+            incremental.feed(text)
+        except Fault as fault:
+            return answer.fail(fault.pointer, index, fault.detail)
+        return None
+
     def _part(self, part: Part, index: int) -> SchemaVerdict | None:
         kind = part.kind
         if kind is PartKind.TEXT:

@@ -99,6 +99,7 @@ class Incremental:
         self.root: Json = schema if isinstance(schema, dict) else {}
         self._false = schema is False
         self.bounds = bounds
+        self._most = bounds.max_answer_bytes
         self._events: Any = ijson.sendable_list()
         self._coro = ijson.basic_parse_coro(self._events, use_float=False)
         self._stack: list[_Frame] = []
@@ -120,7 +121,7 @@ class Incremental:
         data = text.encode()
         self.size += len(data)
         if not self.oversize:
-            if self.size > self.bounds.max_answer_bytes:
+            if self.size > self._most:
                 self.oversize = True
                 self.text = []
             else:
@@ -317,7 +318,7 @@ class Incremental:
         if name == "string":
             if "maxLength" in schema or "minLength" in schema or "pattern" in schema:
                 self._string(schema, pointer, value)
-        elif name != "boolean" and name != "null" and _BOUNDED.intersection(schema):
+        elif name != "boolean" and name != "null" and not _BOUNDED.isdisjoint(schema):
             self._number(schema, pointer, value)
 
     def _enum(self, schema: Json, pointer: str, value: Any) -> None:
@@ -341,13 +342,18 @@ class Incremental:
     def _number(self, schema: Json, pointer: str, value: Any) -> None:
         for key, bad, words in _NUMERIC:
             limit = schema.get(key)
-            numeric = isinstance(limit, (int, float)) and not isinstance(limit, bool)
-            if numeric and bad(Decimal(value), Decimal(str(limit))):
+            if limit is None or not isinstance(limit, (int, float)) or isinstance(limit, bool):
+                continue
+            if type(value) is int and type(limit) is int:  # exact as they are: no Decimals
+                failed = bad(value, limit)
+            else:
+                failed = bad(Decimal(value), Decimal(str(limit)))
+            if failed:
                 raise Fault(pointer, f"a number {words} {limit}")
 
 
 #: (keyword, the test a value fails it by, words): ``operator`` compares two Decimals.
-_NUMERIC: tuple[tuple[str, Callable[[Decimal, Decimal], bool], str], ...] = (
+_NUMERIC: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
     ("minimum", operator.lt, "below"),
     ("maximum", operator.gt, "above"),
     ("exclusiveMinimum", operator.le, "at or below"),

@@ -99,9 +99,8 @@ def continue_plan(plan: Plan, knobs: Knobs, prefill: str, accepts: str = "any") 
         lane.pieces = iter(())
         lane.count = 0
         return True
-    pieces = list(
-        text_deltas(lane.count, seed=knobs.seed, choice=lane.index, surrogate=knobs.surrogate)
-    )
+    # the lane's own pieces: a structured answer's too (``x-sim-structured``)
+    pieces = list(lane.pieces)
     full = "".join(pieces)
     if not full.startswith(prefill):
         return False

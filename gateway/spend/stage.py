@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 
 from gateway.guard.verdict import Usage
 from gateway.money.prices import nanos_to_usd
-from gateway.observe.accesslog import schema_fields
+from gateway.observe.accesslog import charged_fields, schema_fields
 from gateway.observe.record import RequestRecord
 from gateway.proxy.errors import send_error
 from gateway.proxy.exchange import Exchange
@@ -246,13 +246,7 @@ def receipt_of(record: RequestRecord, version: str, now: float) -> dict[str, Any
         ],
         "usage": usage.as_dict() if usage is not None else None,
         "usage_by_attempt": _by_attempt(record, usage),
-        "charged": None
-        if record.charge is None
-        else {
-            "input": record.charge.input,
-            "output": record.charge.output,
-            "source": record.charge.source.value,
-        },
+        "charged": charged_fields(record),
         "cost": {
             "usd": nanos_to_usd(spend.nanos if spend is not None else 0),
             "nanos": spend.nanos if spend is not None else 0,

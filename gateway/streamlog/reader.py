@@ -20,8 +20,9 @@ from typing import NoReturn
 
 from starlette.types import Message
 
-from gateway.guard import Outcome, Reason, Verdict
+from gateway.guard import Outcome, Reason, StreamGuard, Verdict
 from gateway.guard.verdict import COMPLETE_REASONS
+from gateway.protocols import ContractOptions, ProtocolSpec
 from gateway.proxy.answers import drop_stalled_client
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -182,6 +183,22 @@ class LogReader:
             await send_within(self.exchange, message, self.until)
         else:
             await send(message)
+
+    async def lost(self, spec: ProtocolSpec, annotate: bool) -> None:
+        """End an answer whose log can no longer be read (its writer is lost to this
+        reader): the protocol's error event and trailer, reason ``owner_lost``, as the
+        relay ends a cut stream; never a reset."""
+        exchange = self.exchange
+        record = exchange.record
+        guard = StreamGuard(spec.new_contract(ContractOptions()))
+        guard.abort(Reason.OWNER_LOST, force=True)
+        ending = guard.withheld
+        if annotate:
+            ending += guard.annotation(record.request_id)
+        await self.body(ending, more=False)
+        exchange.response_done = True
+        record.stream = True
+        record.verdict = guard.verdict
 
     def judged(self, end: End) -> None:
         """The access log's facts of a replayed answer: the log's verdict."""

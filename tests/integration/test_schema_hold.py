@@ -137,7 +137,7 @@ def _without_ids(direct: bytes, relayed: bytes) -> bytes:
     ("options", "headers", "result"),
     [
         ({"schema_hold_max_bytes": 1024}, {"x-sim-tps": "100"}, "over_bytes"),
-        ({"schema_hold_seconds": 0.3}, {"x-sim-tps": "5"}, "over_time"),
+        ({"schema_hold_seconds": 1}, {"x-sim-tps": "2"}, "over_time"),
     ],
 )
 def test_the_hold_bounds_end_the_stream_with_nothing_of_the_answer(

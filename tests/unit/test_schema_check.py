@@ -245,3 +245,27 @@ def test_same_text_any_split_same_verdict(doc: Any, cuts: list[int]) -> None:
     assert one is not None
     assert split is not None
     assert (one.result, one.pointer, one.detail) == (split.result, split.pointer, split.detail)
+
+
+def test_the_stage_reader_judges_the_contracts_parse_not_the_data_again() -> None:
+    """A reader handed the contract's parse (``WholeEvents.parsed``) judges that object:
+    it never parses the event's data a second time (the check's cost per event)."""
+    from gateway.guard import Event, WholeEvents
+    from gateway.protocols import spec_for
+    from gateway.proxy.schema_stage import _Reader
+    from gateway.schema import Bounds, StreamCheck
+
+    structured = spec_for("chat").structured
+    assert structured is not None
+    body = {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}
+    check = StreamCheck(structured.schemas(body), Bounds())
+    check.prepare()
+    whole = WholeEvents()
+    reader = _Reader(check, structured, ends=True, whole=whole)
+    unread = Event(data="not JSON: only the shared parse can be judged")
+    for piece in ('{"name": ', '"a", "age": 3}'):
+        whole.parsed = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+        assert reader.check(b"", unread) is None
+    whole.parsed = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    assert reader.check(b"", unread) is None
+    assert [str(v.result) for v in reader.verdicts()] == ["valid"]

@@ -182,3 +182,24 @@ def test_without_readers_the_guard_forwards_the_same_bytes() -> None:
     plain, read = StreamGuard(FramingOnly()), StreamGuard(FramingOnly())
     _guarded(read, Log())
     assert _feed(plain, body, [7, 30]) == _feed(read, body, [7, 30]) == body
+
+
+def test_a_reader_is_handed_the_contracts_own_parse_of_each_event() -> None:
+    """The schema check reads each event's JSON value as the contract parsed it (one
+    parse per event, not two): the very object, while the reader is asked."""
+    seen: list[object] = []
+    same: list[bool] = []
+
+    class Parsed(Log):
+        def check(self, piece: bytes, event: Event) -> Refusal | None:
+            seen.append(whole.parsed)
+            same.append(whole.parsed is guard.contract.parsed)
+            return None
+
+    guard = StreamGuard(ChatContract())
+    whole = _guarded(guard, Parsed())
+    guard.feed(text_chunk("a") + finish_chunk() + DONE)
+    parsed = [p for p in seen if isinstance(p, dict)]
+    assert [p["choices"][0].get("finish_reason") for p in parsed] == [None, "stop"]
+    assert seen[-1] is None  # [DONE] is no JSON the contract parsed
+    assert all(same)  # the contract's own object: never parsed a second time
