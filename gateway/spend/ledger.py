@@ -187,6 +187,10 @@ class RedisLedger:
         self._prefix = f"{prefix}:{{spend}}:"
         self._pending: collections.deque[_Item] = collections.deque(maxlen=_MAX_PENDING)
         self._retrying: asyncio.Task[None] | None = None
+        #: When the current outage started (monotonic; None while Redis answers), and the
+        #: receipts kept since: the outage is logged when it starts and when it ends.
+        self._down_since: float | None = None
+        self._kept = 0
 
     def _receipt_key(self, request_id: str) -> str:
         return f"{self._prefix}receipt:{request_id}"
@@ -209,9 +213,15 @@ class RedisLedger:
             await self._write(item)
         except Exception as exc:  # any failure of Redis: kept to be written when it is back
             self._pending.append(item)
-            log.warning(
-                "receipt %s not written yet (%s): retried until Redis answers", request_id, exc
-            )
+            self._kept += 1
+            if self._down_since is None:  # logged once an outage, not once a receipt
+                self._down_since = time.monotonic()
+                log.warning(
+                    "spend ledger: Redis does not answer (%s): receipts are kept (%d at most) "
+                    "and written when it answers",
+                    type(exc).__name__,
+                    _MAX_PENDING,
+                )
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.get_running_loop().create_task(self._retry())
 
@@ -240,6 +250,14 @@ class RedisLedger:
                 except Exception:
                     break
                 self._pending.popleft()
+        if self._down_since is not None:
+            log.warning(
+                "spend ledger: Redis answers again after %.1f s; the %d receipts kept "
+                "meanwhile are written",
+                time.monotonic() - self._down_since,
+                self._kept,
+            )
+            self._down_since, self._kept = None, 0
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
         async with asyncio.timeout(self._timeout * 4):

@@ -13,7 +13,7 @@ import pytest
 
 from tests import web
 from tests.conftest import ServerThread, gateway_process
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import gateway_for, metric_value, wait_until
 from tests.integration.redis_server import RedisServer, also_on_a_cluster, redis_server
 
 #: Every test here is Redis-backed: run against a cluster too (make test-redis-cluster).
@@ -215,11 +215,16 @@ def test_redis_restarted_from_its_append_only_file_has_every_counter_and_receipt
 @pytest.mark.parametrize("policy", ["allow", "deny"])
 @also_on_a_cluster
 def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
-    simulator: ServerThread, redis: RedisServer, policy: str
+    simulator: ServerThread,
+    redis: RedisServer,
+    policy: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Redis goes away: a money-budgeted client is served unreserved (allow) or refused
     (deny), like the token limits; when Redis is back, what was served while it was away
-    is settled at its whole cost (allow), and nothing refused is charged (deny)."""
+    is settled at its whole cost (allow), and nothing refused is charged (deny). The
+    receipts kept meanwhile are written when it is back: the ledger logs the outage
+    once when it starts and once when it ends, not once a receipt."""
 
     clients = [
         {"name": "strict", "key_sha256": [_sha(KEYS["strict-0"])], "limits": {"usd_per_day": "5"}}
@@ -263,6 +268,12 @@ def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
                     break
                 web.get(gw.url + "/healthz")
             assert counted() == expected
+            wait_until(
+                lambda: "spend ledger: Redis answers again" in caplog.text,
+                "the receipts kept written (the ledger retries every second)",
+            )
+            assert caplog.text.count("spend ledger: Redis does not answer") == 1
+            assert caplog.text.count("spend ledger: Redis answers again") == 1
         else:
             assert [r.status_code for r in during] == [503] * 4
             assert during[0].json()["error"]["code"] == "limits_backend_unavailable"
