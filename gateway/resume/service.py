@@ -143,6 +143,7 @@ class Resumes:
             "path": exchange.scope["path"][len(config.prefix) :],
             "request_id": record.request_id,
             "route": config.name,
+            "head": "1",  # its event 1 is the response head (``gateway.streamlog``)
         }
         if rescuer is not None:  # a takeover may continue it: what that needs
             endpoint = exchange.route.endpoints[rescuer.index]
@@ -557,8 +558,15 @@ def _body(info: StreamInfo) -> StreamInfo:
 
 def _belongs(info: StreamInfo, exchange: Exchange) -> bool:
     """Whether this request may read the stream: its owner's, on the route that made it
-    (another route has its own error shape, continuation upstream and credentials)."""
-    return info.owner == owner_of(exchange) and info.meta.get("route") == exchange.route.name
+    (another route has its own error shape, continuation upstream and credentials), and
+    written as this version writes a log (a log of a version that kept no head is not
+    read: its events would be miscounted)."""
+    meta = info.meta
+    return (
+        info.owner == owner_of(exchange)
+        and meta.get("route") == exchange.route.name
+        and meta.get("head") == "1"
+    )
 
 
 def build_resumes(

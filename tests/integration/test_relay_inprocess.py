@@ -22,6 +22,7 @@ import pytest
 from gateway.app import create_app
 from gateway.protocols import REGISTRY
 from gateway.settings import load_settings
+from gateway.store import End
 from tests.integration.helpers import access_log_line, annotation, metric_value
 
 Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
@@ -478,3 +479,45 @@ def test_the_limits_settle_last_once_the_entry_is_kept_and_the_slot_is_free() ->
     assert ends[entry] is not None  # the entry's log had its end
     assert ends[entry].fields["stored"] == "1"  # and was kept
     assert active == 0
+
+
+def test_a_log_written_before_logs_kept_their_head_is_not_read_as_one() -> None:
+    """A resumable stream logged by a version that kept no head (its event 1 is the
+    stream's first event, its content type in the meta) is answered 404, as a stream
+    that never was, never read with its first event taken for a head."""
+    from gateway.resume.ids import new_id
+
+    upstream = Upstream(lambda r: answer(200, chat_stream(), **SSE))
+    route = {"name": "r", "prefix": "/v1", "upstream": "http://upstream.test/v1", "resume": True}
+    clients = [{"name": "team", "key_sha256": [hashlib.sha256(b"sk-team").hexdigest()]}]
+    settings = load_settings(access_log=False, routes=[route], clients=clients)
+    app = create_app(settings, transport=httpx.MockTransport(upstream))
+    gateway = app.gateway  # type: ignore[attr-defined]
+    auth = {"authorization": "Bearer sk-team"}
+
+    async def test() -> tuple[httpx.Response, httpx.Response]:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c,
+        ):
+            old_meta = {"content_type": "text/event-stream", "path": "/chat/completions"}
+            writer = await gateway.store.open(
+                "client:team",
+                {**old_meta, "request_id": "old", "route": "r"},
+                max_bytes=1 << 20,
+                ttl=60,
+                lease=5,
+                stream_id=new_id(),
+            )
+            writer.append(chat_stream())
+            await writer.finish(End(b"", {"outcome": "complete", "reason": "stop"}))
+            old = await c.get(f"/v1/gateway/streams/{writer.id}", headers=auth)
+            fresh = await c.post("/v1/chat/completions", json=CHAT, headers=auth)
+            stream_id = fresh.headers["x-gateway-stream-id"]
+            return old, await c.get(f"/v1/gateway/streams/{stream_id}", headers=auth)
+
+    old, again = asyncio.run(test())
+    assert old.status_code == 404
+    assert old.json()["error"]["code"] == "stream_not_found"
+    assert again.status_code == 200  # a log of this version is read from its head on
+    assert again.content.startswith(chat_stream())
