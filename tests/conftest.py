@@ -261,13 +261,25 @@ class GatewayProcess:
                 self._stderr_seen += chunk
 
     def stop(self) -> tuple[bytes, bytes]:
+        import subprocess
+
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
             out, err = self.proc.communicate(timeout=30)
         except Exception:
             self.proc.kill()
-            out, err = self.proc.communicate()
+            try:
+                out, err = self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                # Gone, yet its pipes stay open: a process it started outlived it.
+                self.proc.wait()
+                for pipe in (self.proc.stdout, self.proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                raise AssertionError(
+                    "the gateway exited but a process it started still holds its output"
+                ) from None
         if self._drain is not None:
             self._drain.join(30)  # the process has exited: its stdout is at its end
             out = b"".join(self._stdout)

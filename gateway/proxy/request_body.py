@@ -43,6 +43,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -86,6 +89,8 @@ OFF_LOOP_BYTES = 1024 * 1024
 #: (224 MiB: a continuation of the largest admitted body, 32 MiB of long turns, is parsed,
 #: changed and written here: measured to need 192.)
 PARSE_BUDGET = 224 * 1024 * 1024
+#: How often the helper checks that the gateway process that started it still runs.
+PARENT_WATCH_SECONDS = 0.5
 #: What the helper answers for a body whose parse would pass ``PARSE_BUDGET``.
 _TOO_COMPLEX = "too complex"
 
@@ -272,6 +277,22 @@ def _bound_memory(budget: int) -> None:
         return
 
 
+def _helper_start(budget: int, parent: int) -> None:
+    """The helper's start: its memory bounded (``_bound_memory``), and a watch on the
+    gateway process that started it: when that process is gone (SIGKILLed, or exited
+    without stopping its pool), the helper ends too, never left behind holding memory
+    and the gateway's output pipes."""
+    _bound_memory(budget)
+    threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """End this process once its parent is no longer ``parent`` (it was re-parented)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_WATCH_SECONDS)
+    os._exit(0)
+
+
 def _in_helper(work: Callable[..., T], body: bytes, *args: Any) -> T | str:
     """``work`` in the helper: ``_TOO_COMPLEX`` when its memory passed the budget (what it
     had built is freed as the error unwinds)."""
@@ -345,8 +366,8 @@ class BodyParser:
             pool = self._pool = ProcessPoolExecutor(
                 1,
                 multiprocessing.get_context("spawn"),
-                initializer=_bound_memory,
-                initargs=(self.parse_budget,),
+                initializer=_helper_start,
+                initargs=(self.parse_budget, os.getpid()),
             )
         try:
             answer = await asyncio.get_running_loop().run_in_executor(

@@ -82,7 +82,7 @@ class _Frame:
     """One open object or array: its schema (None: not checked), where it is, what it
     has seen."""
 
-    __slots__ = ("count", "is_object", "key", "pointer", "schema")
+    __slots__ = ("child", "count", "is_object", "key", "pointer", "schema")
 
     def __init__(self, schema: Json | None, pointer: str, is_object: bool) -> None:
         self.schema = schema
@@ -90,6 +90,8 @@ class _Frame:
         self.is_object = is_object
         self.count = 0  # members or items so far
         self.key = ""  # an object's member being read
+        #: The schema of that member's value (found once, at its key).
+        self.child: Any = None
 
 
 class Incremental:
@@ -186,7 +188,10 @@ class Incremental:
                 self.too_deep = True
                 schema = None
             if schema is not None:
-                self._type(schema, pointer, "object" if event == "start_map" else "array", None)
+                kind = "object" if event == "start_map" else "array"
+                wanted = schema.get("type")
+                if wanted is not None and wanted != kind:
+                    self._type(schema, pointer, kind, None)
             stack.append(_Frame(schema, pointer, event == "start_map"))
             return
         if schema is not None:
@@ -206,7 +211,7 @@ class Incremental:
         if frame.is_object:
             if parent is None:
                 return
-            sub = self._child_of_object(parent, frame.key)
+            sub = frame.child  # found at its key (``_member``)
         else:
             index = frame.count
             frame.count = index + 1
@@ -236,7 +241,7 @@ class Incremental:
         schema = frame.schema
         if frame.is_object:
             pointer = f"{frame.pointer}/{_escape(frame.key)}"
-            sub = None if schema is None else self._child_of_object(schema, frame.key)
+            sub = None if schema is None else frame.child  # found at its key (``_member``)
             return self._node(sub), pointer
         index = frame.count
         frame.count += 1
@@ -266,7 +271,8 @@ class Incremental:
         most = schema.get("maxProperties")
         if isinstance(most, int) and frame.count > most:
             raise Fault(frame.pointer, f"more than {most} members")
-        if self._child_of_object(schema, key) is False:
+        child = frame.child = self._child_of_object(schema, key)
+        if child is False:
             raise Fault(f"{frame.pointer}/{_escape(key)}", f"member {key!r} is not allowed")
 
     def _child_of_object(self, schema: Json, key: str) -> Any:

@@ -33,7 +33,7 @@ from tests.integration.redis_server import redis_server
 KEY_A, KEY_B = "sk-resume-alice-0001", "sk-resume-bob-0002"
 AUTH_A = {"authorization": f"Bearer {KEY_A}"}
 AUTH_B = {"authorization": f"Bearer {KEY_B}"}
-STREAM_ID = re.compile(r"[A-Za-z0-9_-]{27}\.[0-9a-f]+")
+STREAM_ID = re.compile(r"[A-Za-z0-9_-]{27}~[0-9a-f]+")
 REQUEST_ID = re.compile(rb"request_id=[A-Za-z0-9._-]+")
 
 PROTOCOLS: dict[str, tuple[str, dict[str, Any]]] = {
