@@ -13,7 +13,7 @@
 #                (installs the `docs` extra only)
 #   make image-test     - build the container image with podman and serve a stream through it
 #   make test-redis-cluster - every Redis-backed test again, its Redis a three-master Cluster
-#                (about 9 minutes on two loaded cores; .ci/run runs it)
+#                (5 to 9 minutes on two shared cores; .ci/run runs it)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
