@@ -282,8 +282,9 @@ def _helper_start(budget: int, parent: int) -> None:
     gateway process that started it: when that process is gone (SIGKILLed, or exited
     without stopping its pool), the helper ends too, never left behind holding memory
     and the gateway's output pipes."""
-    _bound_memory(budget)
+    # The watch first: its thread's stack is part of the rest the budget is counted from.
     threading.Thread(target=_end_with, args=(parent,), name="parent-watch", daemon=True).start()
+    _bound_memory(budget)
 
 
 def _end_with(parent: int) -> None:
