@@ -7,7 +7,6 @@ reads whole, and the verdict reaches the access log and the metrics."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -19,7 +18,7 @@ from gateway.protocols.sigv4 import AwsKeys
 from gateway.simulator import STRUCTURED_SCHEMA, structured_answer
 from tests import web
 from tests.conftest import ServerThread
-from tests.integration.helpers import gateway_for, metric_value
+from tests.integration.helpers import metric_value
 from tests.integration.test_schema_simulator import WEATHER
 from tests.sdk import openai
 
@@ -38,7 +37,7 @@ VERDICTS = "gateway_schema_verdicts_total"
 
 
 @pytest.fixture(scope="module")
-def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
+def gateway_settings(simulator: ServerThread) -> dict[str, Any]:
     routes = [
         {
             "name": "bedrock",
@@ -56,8 +55,7 @@ def gateway(simulator: ServerThread) -> Iterator[ServerThread]:
         },
     ]
     keys = AwsKeys("AKIDSIMULATOR", "simulator-secret")
-    with gateway_for("", routes=routes, credentials={"bedrock": {"bedrock": keys.packed()}}) as gw:
-        yield gw
+    return {"routes": routes, "credentials": {"bedrock": {"bedrock": keys.packed()}}}
 
 
 def bedrock(gateway: ServerThread, shape: str) -> Any:
