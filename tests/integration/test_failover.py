@@ -307,12 +307,15 @@ def test_an_unreachable_upstream_is_retried(healthy: ServerThread, dead_port: in
 def test_a_first_byte_timeout_is_retried_only_when_the_route_opts_in(
     stalling: ServerThread, healthy: ServerThread, where: str
 ) -> None:
+    # Request ids of their own per case: the healthy simulator is the module's, and a
+    # first request the pool sent there in the other case must not be taken for this one's.
+    case = where.replace(" ", "-")
     with raw_upstream(_silent_after_head) as raw:
         slow_url = stalling.url + "/v1" if where == "before the head" else raw.url + "/v1"
         slow = up("primary", slow_url, weight=100, timeouts={"first_byte": 0.5})
         fallback = up("fallback", healthy.url + "/v1")
         with gateway_for("", routes=pool(slow, fallback)) as gw:
-            response = first_on(gw, "primary", lambda rid: stream(gw, rid), "fbt-default")
+            response = first_on(gw, "primary", lambda rid: stream(gw, rid), f"fbt-default-{case}")
             # Not retried by default: the slow upstream may bill the generation it started.
             rid = response.headers["x-request-id"]
             assert sim_saw(healthy, rid) is None
@@ -325,7 +328,7 @@ def test_a_first_byte_timeout_is_retried_only_when_the_route_opts_in(
             assert metric_value(metrics(gw), ATTEMPTS, upstream="primary", result="timeout") == 1
         routes = pool(slow, fallback, retry_on=["connect", "5xx", "first_byte_timeout"])
         with gateway_for("", routes=routes) as gw:
-            response = first_on(gw, "primary", lambda rid: stream(gw, rid), "fbt-opt-in")
+            response = first_on(gw, "primary", lambda rid: stream(gw, rid), f"fbt-opt-in-{case}")
             assert_complete_from(response, "fallback")
             assert metric_value(metrics(gw), ATTEMPTS, upstream="primary", result="timeout") == 1
 
