@@ -84,18 +84,9 @@ def _chat_parts(event: Event, parsed: Any) -> list[Part]:
     choices = obj.get("choices") if obj is not None else None
     if type(choices) is not list:
         return []
-    if len(choices) == 1:  # the common chunk: one choice, a text delta, nothing else
-        choice = choices[0]
-        delta = choice.get("delta") if type(choice) is dict else None
-        if (
-            type(delta) is dict
-            and len(delta) == 1
-            and choice.get("finish_reason") is None
-            and choice.get("index", 0) == 0
-        ):
-            content = delta.get("content")
-            if type(content) is str:
-                return [Part(_TEXT, "", content)] if content else []
+    text = _chat_text(obj)  # the common chunk: one choice, a text delta, nothing else
+    if text is not None:
+        return [Part(_TEXT, "", text)] if text else []
     out: list[Part] = []
     for choice in choices:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
