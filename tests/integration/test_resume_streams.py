@@ -357,7 +357,8 @@ def test_a_thousand_resumable_streams_stay_within_the_store(
         metrics = web.get(gw.url + "/metrics").text
         kept = [a for a in answers if "x-gateway-stream-id" in a.headers]
         stopped = resume(gw.url + "/v1", kept[0].headers["x-gateway-stream-id"], 30)
-    assert {a.status_code for a in answers} == {200}
+    refused = [(a.status_code, a.content[:300]) for a in answers if a.status_code != 200]
+    assert not refused, (len(refused), refused[:3])  # with what the gateway said
     assert {annotation(a.content)["outcome"] for a in answers} == {"complete"}
     assert len({_same(a.content, answers[0].content) for a in answers}) == 1
     assert len(answers[0].content) > 2 * cap  # every stream is past its cap
