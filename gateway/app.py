@@ -131,7 +131,8 @@ def stream_store(settings: Settings) -> StreamStore | None:
 def store_connection(target: RedisTarget | str, timeout: float) -> RedisConnection:
     """The Redis store's clients, from the one client factory (the store imports nothing
     of the package: they are handed in)."""
-    from gateway.redisconn.clients import async_client, sync_client  # redis only when used
+    from gateway.redisconn.away import is_away  # redis only when used
+    from gateway.redisconn.clients import async_client, sync_client
     from gateway.store.redis_store import MAX_CONNECTIONS
 
     where = as_target(target)
@@ -142,7 +143,7 @@ def store_connection(target: RedisTarget | str, timeout: float) -> RedisConnecti
         max_connections=MAX_CONNECTIONS,
     )
     return RedisConnection(
-        client, lambda: sync_client(where, timeout=timeout), where.mode == "cluster"
+        client, lambda: sync_client(where, timeout=timeout), is_away, where.mode == "cluster"
     )
 
 

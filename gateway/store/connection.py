@@ -24,5 +24,8 @@ class RedisConnection:
     client: Any
     #: Builds a blocking client whose every socket wait is bounded.
     blocking: Callable[[], Any]
+    #: Whether an error (raised, or a pipeline's answer per command) says the command did
+    #: not run for want of a master that takes it now (``gateway.redisconn.away``).
+    away: Callable[[object], bool]
     #: A Redis Cluster: a failing master fails a pipeline whole, a PING goes to masters.
     cluster: bool = False

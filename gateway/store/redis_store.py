@@ -45,14 +45,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.exceptions import (
-    ClusterError,
-    ConnectionError,
     NoScriptError,
     RedisClusterException,
     RedisError,
-    ResponseError,
 )
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.api import (
     READ_LIMIT,
@@ -88,27 +84,6 @@ RETRY_SECONDS = 1.0
 
 #: Every way a call can fail (a cluster client's own errors are no RedisError).
 FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
-#: A call's errors that say its node is away (a cluster's pipeline answers them per
-#: call: a failing master, or CLUSTERDOWN while its slots fail over), not that the
-#: script refused: the call is sent again, its events kept.
-AWAY = (ConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError,
-        TimeoutError)  # fmt: skip
-#: Replies of a master that cannot take a write now (as ``gateway.redisconn.away`` says
-#: for the limits: the store imports nothing of the package): NOREPLICAS, a master with
-#: ``min-replicas-to-write`` whose replicas are away or behind; READONLY, a demoted one.
-_AWAY_CODES = frozenset({"NOREPLICAS", "READONLY", "LOADING", "TRYAGAIN", "MASTERDOWN"})
-
-
-def _away(error: object) -> bool:
-    """Whether a call's error says it did not run for want of a master that takes it."""
-    if isinstance(error, AWAY):
-        return True
-    if isinstance(error, ResponseError):
-        code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
-        return code in _AWAY_CODES
-    return False
-
-
 #: Events written in one script call at most.
 WRITE_BATCH = 256
 
@@ -371,6 +346,9 @@ class RedisStore:
         one client factory; the asyncio one without a socket timeout (every call here
         has its own bound, a blocking read a long one) and up to ``MAX_CONNECTIONS``."""
         self._connection = redis
+        #: Whether a call's error (raised, or a pipeline's answer) says its node is away,
+        #: not that the script refused: the call is sent again, its events kept.
+        self._away = redis.away
         #: The probe's own blocking client (made in its thread, when first needed).
         self._pinger: Any = None
         #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
@@ -552,7 +530,7 @@ class RedisStore:
                 if any(isinstance(answer, NoScriptError) for answer in answers):
                     await self._reload()  # a promoted replica: scripts are not replicated
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    if _away(answer) or isinstance(answer, NoScriptError):  # again
+                    if self._away(answer) or isinstance(answer, NoScriptError):  # again
                         writer.behind = True
                         self._dirty[writer] = None
                     else:
@@ -580,7 +558,7 @@ class RedisStore:
                 async with asyncio.timeout(self.timeout):
                     return await self.write(keys=writer.keys, args=args)
             except FAILURES as exc:
-                if _away(exc):
+                if self._away(exc):
                     return None  # its node is away: behind
                 return exc  # the script's own error: written() says what it means
 
