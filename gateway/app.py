@@ -903,8 +903,10 @@ def create_app(
 def create_worker_app() -> Starlette:
     """Factory for worker processes (``--workers N``): settings come from the parent."""
     from gateway.logsetup import configure_logging
+    from gateway.server.memory import return_large_buffers
     from gateway.settings import settings_for_worker
 
     settings = settings_for_worker()
     configure_logging(settings.log_level, settings.log_format)
+    return_large_buffers()
     return create_app(settings)

@@ -458,6 +458,9 @@ def serve(settings: Settings) -> None:
     _prepare_metrics_dir(settings)
     configure_logging(settings.log_level, settings.log_format)
     _log_start(settings)
+    from gateway.server.memory import return_large_buffers
+
+    return_large_buffers()
     found = _check_redis(settings, wait_standalone=True)
     if found is not None:
         log.info("%s", found)

@@ -72,6 +72,7 @@ class NDJSONDecoder(Decoder):
             start -= self._tail_len
             self._tail.append(data[:cut] if cut < size else data)
             complete = b"".join(self._tail)
+            self._tail.clear()  # the pieces go now, not after the line was judged
         else:
             complete = data[:cut] if cut < size else data
         rest = data[cut:]

@@ -147,6 +147,7 @@ class SSEDecoder(Decoder):
                     size += self._tail_len
                     tail.append(lines[0])
                     lines[0] = b"".join(tail)
+                    tail.clear()  # the pieces go now, not after the line was judged
                 self._tail = [rest] if rest else []
                 self._tail_len = len(rest)
                 # A region no longer than both budgets cannot hold a line or an

@@ -61,6 +61,11 @@ class StreamGuard:
         )
         self.max_stream_bytes = max_stream_bytes
         self._held = b""  # bytes received but not yet forwarded or dropped
+        #: Reads after ``_held`` that completed nothing, kept as they came and joined
+        #: once when something does: a large event is neither copied on every read
+        #: (quadratic) nor held twice (the decoder's pieces are these same objects).
+        self._more: list[bytes] = []
+        self._more_len = 0
         self._held_start = 0  # stream offset of the first held byte
         self.forwarded_bytes = 0
         #: Bytes that became forwardable only at the end of the upstream body (``eof``).
@@ -92,7 +97,21 @@ class StreamGuard:
 
     @property
     def held_bytes(self) -> int:
-        return len(self._held)
+        return len(self._held) + self._more_len
+
+    def _all_held(self) -> bytes:
+        """``_held`` with the reads kept after it, joined once."""
+        if self._more:
+            self._more.insert(0, self._held)
+            self._held = b"".join(self._more)
+            self._more.clear()
+            self._more_len = 0
+        return self._held
+
+    def _drop_held(self) -> None:
+        self._held = b""
+        self._more.clear()
+        self._more_len = 0
 
     def feed(self, chunk: bytes) -> bytes:
         """Take one upstream chunk; return the bytes to forward to the client now."""
@@ -108,14 +127,13 @@ class StreamGuard:
                 over = True
         data = self._feed(chunk) if chunk else b""
         if over and not self.done:
-            self._held = b""
+            self._drop_held()
             self.contract.abort(
                 Reason.LIMIT_EXCEEDED, f"the stream exceeded {self.max_stream_bytes} bytes"
             )
         return data
 
     def _feed(self, chunk: bytes) -> bytes:
-        held = self._held + chunk if self._held else chunk
         error: GuardError | None = None
         try:
             events = self.decoder.feed(chunk)
@@ -123,6 +141,22 @@ class StreamGuard:
             # The events completed before the offending line are whole: judge them.
             error = exc
             events = self.decoder.events_before_error
+        if (
+            not events
+            and error is None
+            and self._held
+            and not self._quiet
+            and self.decoder.boundary == self._held_start
+        ):
+            # Inside an event that is not whole yet: nothing to judge or forward.
+            self._more.append(chunk)
+            self._more_len += len(chunk)
+            return b""
+        if self._more:
+            self._more.append(chunk)  # joined with the rest, once
+            held = self._all_held()
+        else:
+            held = self._held + chunk if self._held else chunk
         return self._judge(events, held, error)
 
     def _judge(self, events: list[Event], held: bytes, error: GuardError | None) -> bytes:
@@ -154,7 +188,7 @@ class StreamGuard:
         upto = stop if stop is not None else self.decoder.boundary
         out.append(held[cursor - base : upto - base])
         if stop is not None or error is not None:
-            self._held = b""
+            self._drop_held()
         else:
             self._held = held[upto - base :]
             self._held_start = upto
@@ -234,11 +268,11 @@ class StreamGuard:
             self._held = held[upto - base :]
             self._held_start = upto
         else:
-            self._held = b""
+            self._drop_held()
         self.forwarded_bytes += sent
         quiet.clear()
         if error is not None:
-            self._held = b""
+            self._drop_held()
             self.contract.abort(Reason(error.reason), str(error))  # no-op after a FINISH
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -279,9 +313,9 @@ class StreamGuard:
             except GuardError:
                 events = []
             if events:
-                self.final = self._judge(events, self._held, None)
-        clean = self.decoder.clean_end(self._held)  # no unfinished event left over
-        self._held = b""
+                self.final = self._judge(events, self._all_held(), None)
+        clean = self.decoder.clean_end(self._all_held())  # no unfinished event left over
+        self._drop_held()
         return self.contract.on_eof(clean=clean)
 
     def abort(self, reason: Reason, detail: str = "", *, force: bool = False) -> Verdict:
@@ -290,7 +324,7 @@ class StreamGuard:
         ``force`` replaces a final verdict too: the bytes it was reached on were
         not delivered (their send was interrupted).
         """
-        self._held = b""
+        self._drop_held()
         return self.contract.abort(reason, detail, force=force)
 
     def annotation(self, request_id: str, continued: int = 0, words: str = "") -> bytes:

@@ -4,7 +4,7 @@ A stream's guard keeps the bytes of an event until the event is whole (an SSE
 event up to its blank line, an NDJSON line, an event stream frame), up to
 ``limits.max_event_bytes`` (16 MiB) for one event. Held by many streams at
 once, those bytes (and what reading, joining and judging a large event costs
-at its peak: about 2.6 times its size) were the one part of a worker's memory
+at its peak: about 4 times its size) were the one part of a worker's memory
 no setting bounded: 20 streams carrying a 15 MiB event each took a worker from
 62 to 838 MiB. ``limits.max_partial_event_bytes`` bounds their sum: a stream
 whose unfinished event would grow the sum past it ends incomplete with

@@ -1214,9 +1214,10 @@ STREAM_BYTES = 48 * 1024  # one stream in flight (measured about 45 KiB)
 #: most its data may grow while it parses a body (PARSE_BUDGET).
 PARSER_BYTES = 69 * MIB + PARSE_BUDGET + 27 * MIB
 #: What the unfinished events all streams may hold (limits.max_partial_event_bytes) cost
-#: a worker at their peak: 7 times the bound (measured about 6,
-#: tests/integration/test_partial_events.py).
-PARTIAL_FACTOR = 7
+#: a worker at their peak: the bound, the event that completes judged at 4 times its
+#: size (at most the bound), and a judged event its client has not read yet: 6 times
+#: the bound (measured 3.3 to 5.1, tests/integration/test_partial_events.py).
+PARTIAL_FACTOR = 6
 
 
 def quantity_bytes(quantity: str) -> int:

@@ -87,6 +87,34 @@ def test_held_bytes_are_at_most_one_unfinished_event() -> None:
     assert guard.held_bytes == 20
 
 
+def test_a_large_event_is_held_once_and_judged_with_few_copies() -> None:
+    """docs/deployment.md, "Memory": an unfinished 8 MiB event fed in 64 KiB reads is
+    held once (the decoder's pieces and the guard's are the same objects; before, the
+    guard copied what it held on every read, a second copy and quadratic work), and
+    judging it whole costs a few copies of its size, not more."""
+    import tracemalloc
+
+    event = text_chunk("x" * (8 * 1024 * 1024))
+    size = len(event)
+    guard = StreamGuard(ChatContract())
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(0, size - 2, 64 * 1024):  # all but the data line's end
+            assert guard.feed(event[i : min(i + 64 * 1024, size - 2)]) == b""
+        holding, peak = tracemalloc.get_traced_memory()
+        assert guard.held_bytes == size - 2
+        assert holding - base < 1.1 * size, (holding - base) / size
+        assert peak - base < 1.2 * size, (peak - base) / size
+        tracemalloc.reset_peak()
+        assert guard.feed(event[-2:]) == event
+        judged = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert guard.held_bytes == 0
+    assert judged - base < 4.5 * size, (judged - base) / size
+
+
 def test_eof_discards_pending_bytes() -> None:
     guard = StreamGuard(ChatContract())
     assert guard.feed(HELLO + STOP[:30]) == HELLO
