@@ -377,6 +377,7 @@ class _Gateway:
                 settings.upstream_transport,
                 settings.upstream_max_connections,
                 settings.timeouts.connect,
+                settings.upstream_keepalive_seconds,
             )
             if self.transport is None
             else Upstream(self.transport, settings.timeouts.connect)

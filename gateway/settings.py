@@ -1006,6 +1006,13 @@ class Settings(BaseSettings):
     )
     upstream_transport: Literal["aiohttp", "httpx"] = "aiohttp"
     upstream_max_connections: int = Field(10000, ge=1)
+    upstream_keepalive_seconds: float = Field(
+        4.0,
+        gt=0,
+        description="An idle upstream connection is reused within this time, then closed: "
+        "keep it below the upstream's own keep-alive (uvicorn, vLLM, Node: 5 s), or a "
+        "request sent as the upstream closes the connection fails (502 upstream_disconnect).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         "text",

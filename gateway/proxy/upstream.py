@@ -213,7 +213,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def __init__(
         self,
         max_connections: int,
-        keepalive_expiry: float = 30.0,
+        keepalive_expiry: float = 4.0,
         request_class: type[aiohttp.ClientRequest] = _Request,
     ) -> None:
         self._request_class = request_class
@@ -434,14 +434,20 @@ class Upstream:
 
 
 def create_upstream(
-    transport: Literal["aiohttp", "httpx"], max_connections: int, connect_timeout: float
+    transport: Literal["aiohttp", "httpx"],
+    max_connections: int,
+    connect_timeout: float,
+    keepalive: float = 4.0,
 ) -> Upstream:
+    """The upstream client; an idle connection is reused for ``keepalive`` seconds, then
+    closed: before the upstream closes it (uvicorn's, vLLM's and Node's keep-alive is
+    5 s), or a request written as it does fails, and a POST is never sent twice."""
     if transport == "aiohttp":
-        return Upstream(AiohttpTransport(max_connections), connect_timeout)
+        return Upstream(AiohttpTransport(max_connections, keepalive), connect_timeout)
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
-        keepalive_expiry=30.0,
+        keepalive_expiry=keepalive,
     )
     return Upstream(httpx.AsyncHTTPTransport(limits=limits, retries=0), connect_timeout)
 

@@ -12,6 +12,7 @@ import asyncio
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -261,6 +262,48 @@ def test_a_bad_chunk_size_mid_stream_is_upstream_disconnect_at_once(transport: s
             == 1
         )
         assert metric_value(metrics, "gateway_active_streams") == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_idle_upstream_connection_is_closed_before_the_upstream_closes_it(
+    transport: str,
+) -> None:
+    """An upstream closes an idle connection when its own keep-alive runs out (uvicorn,
+    vLLM, Node: 5 s); a POST written on it just then fails, and is never sent twice
+    (502 ``upstream_disconnect``). This upstream is that race at its worst: it answers
+    one request per connection and closes the connection when a second one arrives on
+    it. With ``upstream_keepalive_seconds`` shorter than the idle time, the gateway
+    has closed the connection itself and opens a new one; with a keep-alive longer
+    than the idle time (what the gateway had, 30 s), the second request fails."""
+
+    async def one_per_connection(
+        request: RawRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        writer.write(sse_head() + chunk(CHAT_STREAM) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # a second request: closed unanswered
+
+    def two_requests(keepalive: float) -> list[httpx.Response]:
+        with (
+            raw_upstream(one_per_connection) as upstream,
+            gateway_for(
+                upstream.url + "/v1",
+                upstream_transport=transport,
+                upstream_keepalive_seconds=keepalive,
+            ) as gw,
+        ):
+            first = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            time.sleep(0.5)  # idle: past a 0.1 s keep-alive (longer under load, never less)
+            second = web.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        return [first, second]
+
+    for answer in two_requests(0.1):
+        assert answer.status_code == 200
+        assert annotation(answer.content)["outcome"] == "complete"
+    first, second = two_requests(30.0)
+    assert annotation(first.content)["outcome"] == "complete"
+    assert second.status_code == 502
+    assert second.json()["error"]["code"] == "upstream_disconnect"
 
 
 # ------------------------------------------------------------ exit status
