@@ -214,7 +214,9 @@ class AccessLog:
         self.enabled = enabled
         self._stream = stream
         self._interval = flush_interval
-        self._max = max_buffered
+        # A batch is handed over once it is as long as the queue: a late timer (a loaded
+        # machine) must not gather one the writer thread can never take.
+        self._max = min(max_buffered, queue_lines)
         self._lines: list[str] = []
         self._scheduled = False
         self.on_error = on_error

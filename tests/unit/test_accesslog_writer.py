@@ -205,6 +205,24 @@ def test_what_waits_is_bounded_in_lines_not_batches(pipe: Pipe) -> None:
     assert len(lines) <= 65536 // min(len(line) for line in lines) + 10 + 50
 
 
+def test_a_late_flush_never_makes_a_batch_the_queue_cannot_take(pipe: Pipe) -> None:
+    """On a loaded machine the 0.1 s flush timer fires late, and more lines than the
+    queue holds may gather before it does: a batch is handed over once it is as long as
+    the queue, never longer (a longer one was refused whole, every line dropped while
+    the writer thread sat idle: the loaded suite's test_hostile_input saw 40 of 40)."""
+    log, dropped, stream = _stalled(pipe, queue_lines=8, flush_interval=3600.0)
+
+    async def late() -> None:  # the timer never fires during the test: as late as it gets
+        for n in range(20):
+            log.write(_record(n))
+
+    asyncio.run(late())
+    log.flush()
+    lines = _drain(pipe, log, stream)
+    assert len(lines) + sum(dropped) == 20
+    assert len(lines) >= 8, (len(lines), dropped)  # the thread took the first full batch
+
+
 def test_a_flush_while_closing_is_written_not_lost(pipe: Pipe) -> None:
     log, dropped, stream = _stalled(pipe)
     log.write(_record(1))
