@@ -250,15 +250,30 @@ def test_redis_stopped_while_traffic_flows_money_follows_on_backend_error(
     with gateway_for("", routes=routes, clients=clients, **settings) as gw:
         url = gw.url + "/v1/chat/completions"
         assert web.post(url, json=body, headers=headers).status_code == 200
+
+        def spent() -> float:
+            text = web.get(gw.url + "/metrics").text
+            return metric_value(text, "gateway_spend_usd_total", client="strict")
+
+        # settled just after the answer's last byte (until then Redis holds the larger
+        # reservation): wait until it holds the request's cost
+        wait_until(
+            lambda: 0 < counted() == round(spent() * 10**9),
+            "the first request settled in Redis at its cost",
+        )
         before = counted()
-        assert before > 0
         redis.stop()
         during = [web.post(url, json=body, headers=headers) for _ in range(4)]
-        for _ in range(200):  # a request is counted just after its answer's last byte: poll
-            text = web.get(gw.url + "/metrics").text
-            if metric_value(text, "gateway_requests_total", client="strict") == 5:
-                break
-        spent_during = metric_value(text, "gateway_spend_usd_total", client="strict")
+        wait_until(  # a request is counted just after its answer's last byte
+            lambda: (
+                metric_value(
+                    web.get(gw.url + "/metrics").text, "gateway_requests_total", client="strict"
+                )
+                == 5
+            ),
+            "the five requests counted",
+        )
+        spent_during = spent()
         redis.start()  # empty: what it holds now is what was settled since
         if policy == "allow":
             assert [r.status_code for r in during] == [200] * 4
