@@ -24,9 +24,11 @@ ARGS   ?=
 
 # setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
 # to its source reinstalls.
-INSTALL_INPUTS := pyproject.toml setup.py $(wildcard gateway/guard/*.py)
-# What a compiling install leaves beside the guard's source (and the group's shared module).
-COMPILED_GUARD := gateway/guard/*.so gateway_guard__mypyc*.so
+INSTALL_INPUTS := pyproject.toml setup.py \
+	$(wildcard gateway/guard/*.py gateway/schema/incremental.py gateway/schema/bounds.py)
+# What a compiling install leaves beside the guard's source (and the schema check's walker,
+# compiled with it), and the group's shared module.
+COMPILED_GUARD := gateway/guard/*.so gateway/schema/*.so gateway_guard__mypyc*.so
 
 # The pip the venv comes with (Python 3.11's does editable installs): upgrading it first
 # cost about 10 s of a first `make run` on a loaded two-core machine.

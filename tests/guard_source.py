@@ -1,6 +1,7 @@
 """Which guard the tests run: the compiled one the install built, or its Python source.
 
-setup.py compiles ``gateway/guard/`` with mypyc when it can; the compiled
+setup.py compiles ``gateway/guard/`` (and the schema check's walker with it) with
+mypyc when it can; the compiled
 modules sit beside their ``.py`` files and Python imports them first. So that
 no test ever runs a guard older than its source, a compiled module older than
 its ``.py`` stops the run (``make test`` rebuilds it). With
@@ -23,13 +24,17 @@ from pathlib import Path
 from types import ModuleType
 
 GUARD = Path(__file__).resolve().parents[1] / "gateway" / "guard"
+#: The schema check's walker, compiled with the guard (setup.py's ``SCHEMA_WALKER``).
+SCHEMA = GUARD.parent / "schema"
+WALKER = ("incremental", "bounds")
 PURE = os.environ.get("PURE_PYTHON_GUARD") == "1"
 
 
 def stale_compiled_modules() -> list[str]:
-    """Compiled guard modules older than their source."""
+    """Compiled guard (and walker) modules older than their source."""
     stale = []
-    for source in GUARD.glob("*.py"):
+    sources = [*GUARD.glob("*.py"), *(SCHEMA / f"{name}.py" for name in WALKER)]
+    for source in sources:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             compiled = source.with_name(source.stem + suffix)
             if compiled.exists() and compiled.stat().st_mtime < source.stat().st_mtime:
@@ -54,7 +59,14 @@ class _GuardFromSource(importlib.abc.MetaPathFinder):
             source = GUARD / (fullname.rpartition(".")[2] + ".py")
             if source.exists():
                 return importlib.util.spec_from_file_location(fullname, source)
+        if fullname in _WALKER_MODULES:
+            return importlib.util.spec_from_file_location(
+                fullname, SCHEMA / (fullname.rpartition(".")[2] + ".py")
+            )
         return None
+
+
+_WALKER_MODULES = frozenset(f"gateway.schema.{name}" for name in WALKER)
 
 
 def install() -> None:

@@ -130,13 +130,12 @@ class StreamCheck:
         answer = self._answer
         if answer is None:
             return self._part(Part(_TEXT, "", text), index) if text else None
-        incremental = answer.incremental
-        if incremental is None or answer.done or not text:
-            return None
-        try:
-            incremental.feed(text)
-        except Fault as fault:
-            return answer.fail(fault.pointer, index, fault.detail)
+        incremental = answer.incremental  # None once judged whole, or failed
+        if incremental is not None and text:
+            try:
+                incremental.feed(text)
+            except Fault as fault:
+                return answer.fail(fault.pointer, index, fault.detail)
         return None
 
     def _part(self, part: Part, index: int) -> SchemaVerdict | None:
@@ -228,8 +227,8 @@ _TEXT = PartKind.TEXT
 
 
 def _feed(doc: _Doc, text: str, index: int) -> SchemaVerdict | None:
-    incremental = doc.incremental
-    if incremental is None or doc.done:
+    incremental = doc.incremental  # None once judged whole, or failed
+    if incremental is None:
         return None
     try:
         incremental.feed(text)
@@ -244,6 +243,7 @@ def _close(doc: _Doc, index: int) -> SchemaVerdict | None:
         return doc.verdict if doc.verdict and doc.verdict.result is Result.INVALID else None
     doc.done = True
     incremental = doc.incremental
+    doc.incremental = None  # nothing more is fed
     if incremental is None:
         return doc.verdict if doc.verdict and doc.verdict.result is Result.INVALID else None
     try:

@@ -120,14 +120,14 @@ class Incremental:
 
     def feed(self, text: str) -> None:
         """One delta of the document's text; raises ``Fault`` at the first fault."""
+        # once per delta of a checked part: the fewest steps
         data = text.encode()
-        self.size += len(data)
-        if not self.oversize:
-            if self.size > self._most:
-                self.oversize = True
-                self.text = []
-            else:
-                self.text.append(text)
+        size = self.size = self.size + len(data)
+        if size <= self._most:
+            self.text.append(text)
+        elif not self.oversize:
+            self.oversize = True
+            self.text = []
         try:
             self._coro.send(data)
         except ijson.JSONError as exc:
@@ -156,27 +156,26 @@ class Incremental:
         return top.pointer
 
     def _drain(self) -> None:
+        # the common events inlined: a member's key, a scalar inside an open container
         events = self._events
-        if not events:
-            return
+        stack = self._stack
         try:
-            scalar, event_of = self._scalar_fast, self._event
             for event, value in events:
-                if event in _SCALARS:
-                    scalar(value)
+                if event == "map_key":
+                    frame = stack[-1]
+                    frame.key = value
+                    frame.count += 1
+                    if frame.schema is not None:
+                        self._member(frame, value)
+                elif event in _SCALARS and stack:
+                    self._scalar_fast(stack[-1], value)
                 else:
-                    event_of(event, value)
+                    self._event(event, value)
         finally:
-            del events[:]
+            events.clear()
 
     def _event(self, event: str, value: Any) -> None:
         stack = self._stack
-        if event == "map_key":
-            frame = stack[-1]
-            frame.key = value
-            frame.count += 1
-            self._member(frame, value)
-            return
         if event == "end_map" or event == "end_array":
             stack.pop()
             if not stack:
@@ -199,14 +198,9 @@ class Incremental:
         if not stack:
             self._ended = True
 
-    def _scalar_fast(self, value: Any) -> None:
-        """A scalar's event, the common way: its schema found and judged, its pointer
-        built only for a fault."""
-        stack = self._stack
-        if not stack:
-            self._event("scalar", value)
-            return
-        frame = stack[-1]
+    def _scalar_fast(self, frame: _Frame, value: Any) -> None:
+        """A scalar's event inside ``frame``, the common way: its schema found and
+        judged, its pointer built only for a fault."""
         parent = frame.schema
         if frame.is_object:
             if parent is None:
@@ -266,8 +260,7 @@ class Incremental:
 
     def _member(self, frame: _Frame, key: str) -> None:
         schema = frame.schema
-        if schema is None:
-            return
+        assert schema is not None
         most = schema.get("maxProperties")
         if isinstance(most, int) and frame.count > most:
             raise Fault(frame.pointer, f"more than {most} members")

@@ -41,3 +41,13 @@ def test_the_build_is_the_one_installed_or_the_source_when_asked() -> None:
 
 def test_no_compiled_module_is_older_than_its_source() -> None:
     assert guard_source.PURE or guard_source.stale_compiled_modules() == []
+
+
+def test_the_schema_walker_comes_from_the_same_build_as_the_guard() -> None:
+    """setup.py compiles the schema check's walker with the guard (``SCHEMA_WALKER``)."""
+    import gateway.schema.bounds
+    import gateway.schema.incremental
+
+    modules = (gateway.schema.incremental, gateway.schema.bounds)
+    kinds = {"python" if (m.__file__ or "").endswith(".py") else "compiled" for m in modules}
+    assert kinds == {guard_build()}, [m.__file__ for m in modules]
