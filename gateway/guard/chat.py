@@ -115,6 +115,29 @@ class ChatContract(Contract):
     def tool_calls(self) -> int:
         return sum(len(choice.tools) for choice in self._choices.values())
 
+    def delta_text(self) -> str | None:
+        """A chunk of one choice (the first) whose delta is text and nothing else,
+        unfinished: its text (the common chunk, read here in compiled code)."""
+        obj = self.parsed
+        if type(obj) is not dict:
+            return None
+        choices = obj.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict:
+            return None
+        delta = choice.get("delta")
+        if (
+            type(delta) is not dict
+            or len(delta) != 1
+            or choice.get("finish_reason")  # "" (some servers' "not yet") is unfinished
+            or choice.get("index", 0) != 0
+        ):
+            return None
+        content = delta.get("content")
+        return content if type(content) is str else None
+
     # -- the contract ----------------------------------------------------------
 
     def _on_event(self, event: Event) -> Action:

@@ -182,6 +182,13 @@ class Contract(abc.ABC):
         #: it did not): a reader of the same event shares it instead of parsing again.
         self.parsed: Any = None
 
+    def delta_text(self) -> str | None:
+        """The answer's text the event just judged carries, when that event is a delta
+        of the answer's text and nothing else; None for any other event, or where the
+        contract does not say (a reader then reads ``parsed``). Asked by a reader of
+        the event (the schema check) while it is offered, never computed unasked."""
+        return None
+
     # -- the interface the stream guard drives -----------------------------
 
     def on_event(self, event: Event) -> Action:

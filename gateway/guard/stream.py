@@ -237,7 +237,7 @@ class StreamGuard:
                 data = held[cursor - base : event.end - base]
                 if comments and _MARK in data:
                     data = self._drop_forged(data)
-                refusal = whole.offer(data, event, contract.parsed)
+                refusal = whole.offer(data, event, contract)
                 if refusal is None:
                     out.append(data)
                     sent += len(data)

@@ -31,9 +31,12 @@ The API, for a stage that reads a stream (a log writer, a schema check):
     ends the stream with the protocol's error event and trailer. Readers that
     only record return None. While it is asked, ``WholeEvents.parsed`` is the
     event's JSON value as its contract parsed it (None: not parsed): a reader
-    never parses the event's data a second time.
+    never parses the event's data a second time; ``WholeEvents.delta_text()``
+    asks the contract for the event's answer text, when it is a delta of text
+    and nothing else.
   - ``take(piece, event)``: a whole event every reader accepted (``event`` is
-    None for a block that dispatched nothing, which is never checked).
+    None for a block that dispatched nothing, which is never checked). A reader
+    that only checks says ``takes = False`` and is never handed one.
 
 - A continuation's events, as the gateway renders them past the splice
   (``relayed``), are asked of the readers too: a check judges the continued
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+from gateway.guard.contract import Contract
 from gateway.guard.decoder import Event
 from gateway.guard.sse import SSEDecoder
 from gateway.guard.verdict import Reason
@@ -77,10 +81,20 @@ class EventConsumer(Protocol):
 class WholeEvents:
     """The readers of one response's whole events, and the bytes of an unended one."""
 
-    __slots__ = ("_pending", "_queue", "consumers", "parsed", "streaming")
+    __slots__ = (
+        "_contract",
+        "_pending",
+        "_queue",
+        "_takers",
+        "consumers",
+        "parsed",
+        "streaming",
+    )
 
     def __init__(self) -> None:
         self.consumers: list[EventConsumer] = []
+        #: The readers that take what they accepted (a check alone sets ``takes = False``).
+        self._takers: list[EventConsumer] = []
         self._pending: list[bytes] = []
         #: While the head is held: the whole events judged, not yet taken.
         self._queue: list[tuple[bytes, Event | None]] | None = None
@@ -89,16 +103,22 @@ class WholeEvents:
         #: The JSON value of the event being offered, as its contract parsed it (None:
         #: not parsed): a reader's ``check`` reads it here instead of parsing again.
         self.parsed: Any = None
+        #: The contract that judged the event being offered (None: the gateway's own).
+        self._contract: Contract | None = None
 
     def __bool__(self) -> bool:
         return bool(self.consumers)
 
     def add(self, consumer: EventConsumer) -> None:
         self.consumers.append(consumer)
+        if getattr(consumer, "takes", True):
+            self._takers.append(consumer)
 
     def remove(self, consumer: EventConsumer) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if consumer in self._takers:
+            self._takers.remove(consumer)
 
     @property
     def pending(self) -> bytes:
@@ -131,6 +151,7 @@ class WholeEvents:
         for count, piece in enumerate(pieces):
             for event in SSEDecoder().feed(piece):
                 self.parsed = None
+                self._contract = None
                 for consumer in self.consumers:
                     refusal = consumer.check(piece, event)
                     if refusal is not None:
@@ -144,12 +165,19 @@ class WholeEvents:
         if data:
             self._pending.append(data)
 
-    def offer(self, data: bytes, event: Event, parsed: Any = None) -> Refusal | None:
-        """``data`` ends ``event`` (``parsed``: its JSON value, as its contract parsed
-        it): asked of every reader, then taken by each (None), or refused (``data`` is
-        not relayed; nothing is taken)."""
+    def delta_text(self) -> str | None:
+        """The offered event's answer text, when its contract says it is a delta of text
+        and nothing else (``Contract.delta_text``); None otherwise."""
+        contract = self._contract
+        return contract.delta_text() if contract is not None else None
+
+    def offer(self, data: bytes, event: Event, contract: Contract | None = None) -> Refusal | None:
+        """``data`` ends ``event``, as ``contract`` judged it (its ``parsed`` JSON value):
+        asked of every reader, then taken by each (None), or refused (``data`` is not
+        relayed; nothing is taken)."""
         # once per event of every stream with readers: the helpers inlined
-        self.parsed = parsed
+        self._contract = contract
+        self.parsed = contract.parsed if contract is not None else None
         pending = self._pending
         piece = b"".join(pending) + data if pending else data
         consumers = self.consumers
@@ -163,7 +191,7 @@ class WholeEvents:
         if queue is not None:
             queue.append((piece, event))
             return None
-        for consumer in consumers:
+        for consumer in self._takers:
             consumer.take(piece, event)
         return None
 
@@ -178,7 +206,7 @@ class WholeEvents:
         if queue is not None:
             queue.append((piece, event))
             return
-        for consumer in self.consumers:
+        for consumer in self._takers:
             consumer.take(piece, event)
 
     def _piece(self, data: bytes) -> bytes:

@@ -174,7 +174,7 @@ class _Reader:
     ) -> None:
         self._check = check
         #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
-        self._whole = whole
+        self._whole = whole if whole is not None else WholeEvents()
         self._parts = structured.parts if structured is not None else _no_parts
         text = structured.text if structured is not None else None
         self._text = text if text is not None else _no_text
@@ -209,22 +209,21 @@ class _Reader:
         return reader
 
     def check(self, piece: bytes, event: Event) -> Refusal | None:
-        # the common event first, the fast way: a delta of the answer's text alone
+        # once per event of a checked stream: the common event first, the fewest steps
+        # (a delta of the answer's text alone, read off the contract's parse)
         whole = self._whole
-        parsed = whole.parsed if whole is not None else None
-        text = self._text(parsed) if parsed is not None else None
+        text = whole.delta_text()  # the contract's word, where it gives it
         if text is None:
-            return self.judge(event, parsed)
+            parsed = whole.parsed
+            text = self._text(parsed)
+            if text is None:
+                return self.judge(event, parsed)
         index = self._index
         self._index = index + 1
-        if self._verdicts is not None:
-            return None
-        fault = self._check.text(text, index)
-        if fault is not None and self._ends:
-            self.faulted = True
-            return Refusal(
-                Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
-            )
+        if self._verdicts is None:
+            fault = self._check.text(text, index)
+            if fault is not None and self._ends:
+                return self._refuse(fault)
         return None
 
     def judge(self, event: Event, parsed: Any) -> Refusal | None:
@@ -237,11 +236,17 @@ class _Reader:
             return None
         fault = self._check.feed(parts, index)
         if fault is not None and self._ends:
-            self.faulted = True
-            return Refusal(
-                Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
-            )
+            return self._refuse(fault)
         return None
+
+    def _refuse(self, fault: SchemaVerdict) -> Refusal:
+        self.faulted = True
+        return Refusal(
+            Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
+        )
+
+    #: It only checks: ``WholeEvents`` never hands it what it accepted.
+    takes = False
 
     def take(self, piece: bytes, event: Event | None) -> None:
         pass

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.guard import Event
-from gateway.protocols import spec_for
+from gateway.protocols import ContractOptions, spec_for
 from gateway.schema import Kind, Result, StreamCheck
 
 PERSON = {
@@ -62,6 +62,40 @@ def test_chat_answer_valid_and_invalid_at_the_event() -> None:
     missing = [chat('{"age": 1}'), chat(finish="stop")]
     at, verdict = judge("chat", CHAT_BODY, missing)
     assert (at, verdict.result) == (1, Result.INVALID)
+
+
+def test_chat_chunks_with_an_empty_finish_reason_are_unfinished() -> None:
+    """Some servers send ``finish_reason: ""`` on every chunk, meaning "not yet" (the
+    contract reads it so): the answer is not closed at the first chunk."""
+    ok = [chat('{"name": ', finish=""), chat('"a"}', finish=""), chat(finish="stop")]
+    at, verdict = judge("chat", CHAT_BODY, ok)
+    assert (at, verdict.result) == (None, Result.VALID), verdict
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (chat("ab"), "ab"),
+        (chat("ab", finish=""), "ab"),
+        (chat(""), ""),
+        (chat("ab", finish="stop"), None),
+        (chat("ab", role="assistant"), None),
+        (chat(refusal="no"), None),
+        ({"choices": [chat("a")["choices"][0], chat("b")["choices"][0]]}, None),
+        ({"choices": [{"index": 1, "delta": {"content": "ab"}}]}, None),
+        ({"choices": []}, None),
+        ({"choices": [{"index": 0, "delta": {"content": 1}}]}, None),
+    ],
+)
+def test_the_chat_contract_gives_the_text_of_a_lone_text_delta(
+    value: dict[str, Any], text: str | None
+) -> None:
+    """The schema check reads a Chat chunk's text off its contract (compiled), not by a
+    second walk of the chunk: the contract's word for each shape."""
+    spec = spec_for("chat")
+    contract = spec.new_contract(ContractOptions())
+    contract.on_event(Event("message", json.dumps({"model": "m", **value})))
+    assert contract.delta_text() == text
 
 
 def test_chat_json_object_mode_refuses_prose_first_and_a_refusal_is_refused() -> None:
