@@ -22,10 +22,12 @@ ARGS   ?=
 .PHONY: run test test-guard-python lint typecheck docs bench clean compiled-guard examples \
 	image-test test-redis-cluster
 
+# The schema check's modules setup.py compiles with the guard (its SCHEMA_WALKER).
+SCHEMA_WALKER := incremental.py bounds.py check.py reader.py
 # setup.py compiles the guard with mypyc at install (unless PURE_PYTHON_GUARD=1): a change
 # to its source reinstalls.
 INSTALL_INPUTS := pyproject.toml setup.py \
-	$(wildcard gateway/guard/*.py gateway/schema/incremental.py gateway/schema/bounds.py)
+	$(wildcard gateway/guard/*.py $(addprefix gateway/schema/,$(SCHEMA_WALKER)))
 # What a compiling install leaves beside the guard's source (and the schema check's walker,
 # compiled with it), and the group's shared module.
 COMPILED_GUARD := gateway/guard/*.so gateway/schema/*.so gateway_guard__mypyc*.so

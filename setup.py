@@ -2,13 +2,13 @@
 
 The guard runs on every event of every stream; compiled, it costs about half
 as much CPU (docs/performance.md). The schema check's walker
-(``gateway/schema/incremental.py`` and the bounds it reads) runs on every
-delta of a checked answer, and is compiled with it: about half its CPU too
-(``tests/perf/bench_schema.py``). Everything else is declared in
-pyproject.toml. The compiled modules are optional: without a C compiler the
-build warns and installs the pure-Python guard, which behaves the same
-(the test suite runs against whichever is installed). ``PURE_PYTHON_GUARD=1``
-skips the compilation.
+(``gateway/schema/incremental.py``, the bounds it reads, the check and the
+reader that feed it) runs on every event of a checked answer, and is
+compiled with it: about half its CPU too (``tests/perf/bench_schema.py``).
+Everything else is declared in pyproject.toml. The compiled modules are
+optional: without a C compiler the build warns and installs the pure-Python
+guard, which behaves the same (the test suite runs against whichever is
+installed). ``PURE_PYTHON_GUARD=1`` skips the compilation.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ import os
 from setuptools import setup
 
 #: The schema check's modules compiled with the guard (sans-IO, like it).
-SCHEMA_WALKER = ["gateway/schema/incremental.py", "gateway/schema/bounds.py"]
+SCHEMA_WALKER = [
+    "gateway/schema/incremental.py",
+    "gateway/schema/bounds.py",
+    "gateway/schema/check.py",
+    "gateway/schema/reader.py",
+]
 
 
 def _compiled_guard() -> list[object]:

@@ -26,7 +26,7 @@ from types import ModuleType
 GUARD = Path(__file__).resolve().parents[1] / "gateway" / "guard"
 #: The schema check's walker, compiled with the guard (setup.py's ``SCHEMA_WALKER``).
 SCHEMA = GUARD.parent / "schema"
-WALKER = ("incremental", "bounds")
+WALKER = ("incremental", "bounds", "check", "reader")
 PURE = os.environ.get("PURE_PYTHON_GUARD") == "1"
 
 

@@ -33,20 +33,12 @@ from typing import Any
 
 import orjson
 
-from gateway.guard import Event, Reason, Refusal, WholeEvents
+from gateway.guard import WholeEvents
 from gateway.protocols.structured import Structured
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.stages import Next
-from gateway.schema import (
-    Bounds,
-    Kind,
-    Part,
-    Result,
-    Schemas,
-    SchemaVerdict,
-    StreamCheck,
-    worst,
-)
+from gateway.schema import Bounds, StreamCheck
+from gateway.schema.reader import Reader
 
 __all__ = ["OFF_HEADER", "SchemaStage", "reader_for", "turned_off"]
 
@@ -104,16 +96,16 @@ def turned_off(headers: Any) -> bool:
     return any(name == OFF_HEADER and value.strip().lower() == b"off" for name, value in headers)
 
 
-async def _reader(exchange: Exchange, structured: Structured, most: int) -> _Reader | None:
+async def _reader(exchange: Exchange, structured: Structured, most: int) -> Reader | None:
     body = exchange.body
     if len(body) > MAX_BODY_BYTES:
-        return _Reader.unchecked(f"the request body is over {MAX_BODY_BYTES} bytes")
+        return Reader.unchecked(f"the request body is over {MAX_BODY_BYTES} bytes")
     try:
         document: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         words = str(exc).lower()
         if "depth" in words or "recursion" in words:  # nested past the parser: too deep
-            return _Reader.unchecked("the request's schema is nested too deeply to read")
+            return Reader.unchecked("the request's schema is nested too deeply to read")
         return None  # not JSON: no schema asked for
     if not isinstance(document, dict):
         return None
@@ -128,7 +120,7 @@ async def reader_for(
     mode: str,
     most: int,
     whole: WholeEvents | None = None,
-) -> _Reader | None:
+) -> Reader | None:
     """The reader of one request's answer (``document``: its JSON body, or a WebSocket
     ``response.create``) on a route whose ``schema_check`` is ``mode``; None when the
     request asks for no schema. The validator's compile runs in a thread, once per
@@ -139,130 +131,7 @@ async def reader_for(
     check = StreamCheck(schemas, Bounds(max_answer_bytes=most))
     if not check.prepare(cached_only=True):  # a schema seen before costs no thread
         await asyncio.to_thread(check.prepare)
-    return _Reader(check, structured, ends=mode != "record", whole=whole)
-
-
-def _no_parts(event: Event, parsed: Any) -> list[Part]:
-    return []
-
-
-def _no_text(parsed: Any) -> str | None:
-    return None
-
-
-class _Reader:
-    """A reader of the stream's whole events that feeds their parts to the check."""
-
-    __slots__ = (
-        "_check",
-        "_ends",
-        "_index",
-        "_parts",
-        "_text",
-        "_verdicts",
-        "_whole",
-        "faulted",
-    )
-
-    def __init__(
-        self,
-        check: StreamCheck,
-        structured: Structured | None,
-        *,
-        ends: bool,
-        whole: WholeEvents | None = None,
-    ) -> None:
-        self._check = check
-        #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
-        self._whole = whole if whole is not None else WholeEvents()
-        self._parts = structured.parts if structured is not None else _no_parts
-        text = structured.text if structured is not None else None
-        self._text = text if text is not None else _no_text
-        self._ends = ends
-        self._index = 0
-        self._verdicts: list[SchemaVerdict] | None = None
-        #: A part broke its schema (the stream ends there, or a held answer is retried).
-        self.faulted = False
-
-    def restart(self) -> None:
-        """Another answer to the same request comes (a held answer's retry)."""
-        self._check = self._check.fresh()
-        self._index = 0
-        self._verdicts = None
-        self.faulted = False
-
-    def judges(self) -> bool:
-        """Whether the request's schemas can be judged at all (else: nothing to hold)."""
-        return self._verdicts is None and self._check.judges()
-
-    @property
-    def ended(self) -> bool:
-        """The answer finished, every part judged (and none broke its schema)."""
-        return self._check.ended and not self.faulted
-
-    @classmethod
-    def unchecked(cls, reason: str) -> _Reader:
-        """A reader of a request whose schemas cannot be read: its verdict is
-        ``unchecked`` with ``reason``, whatever the answer."""
-        reader = cls(StreamCheck(Schemas()), None, ends=False)
-        reader._verdicts = [SchemaVerdict(Result.UNCHECKED, Kind.ANSWER, detail=reason)]
-        return reader
-
-    def check(self, piece: bytes, event: Event) -> Refusal | None:
-        # once per event of a checked stream: the common event first, the fewest steps
-        # (a delta of the answer's text alone, read off the contract's parse)
-        whole = self._whole
-        text = whole.delta_text()  # the contract's word, where it gives it
-        if text is None:
-            parsed = whole.parsed
-            text = self._text(parsed)
-            if text is None:
-                return self.judge(event, parsed)
-        index = self._index
-        self._index = index + 1
-        if self._verdicts is None:
-            fault = self._check.text(text, index)
-            if fault is not None and self._ends:
-                return self._refuse(fault)
-        return None
-
-    def judge(self, event: Event, parsed: Any) -> Refusal | None:
-        """One event (``parsed``: its JSON value as its contract parsed it, or None): a
-        refusal when it breaks the schema on a route that ends or holds, else None."""
-        index = self._index
-        self._index = index + 1
-        parts: list[Part] = self._parts(event, parsed)
-        if not parts or self._verdicts is not None:
-            return None
-        fault = self._check.feed(parts, index)
-        if fault is not None and self._ends:
-            return self._refuse(fault)
-        return None
-
-    def _refuse(self, fault: SchemaVerdict) -> Refusal:
-        self.faulted = True
-        return Refusal(
-            Reason.SCHEMA_MISMATCH, f"{fault.kind} at {fault.pointer or '/'}: {fault.detail}"
-        )
-
-    #: It only checks: ``WholeEvents`` never hands it what it accepted.
-    takes = False
-
-    def take(self, piece: bytes, event: Event | None) -> None:
-        pass
-
-    def verdicts(self) -> list[SchemaVerdict]:
-        """Each judged part's verdict (the stream's end: computed once); none when no
-        event came (a plain answer, an error before the stream)."""
-        if self._verdicts is None:
-            self._verdicts = self._check.finish() if self._index else []
-        return self._verdicts
-
-    def words(self) -> str:
-        """The trailer's words: the verdict that speaks for the stream ("" when no part of
-        it was judged, e.g. a request that declared tools and got text)."""
-        verdict = worst(self.verdicts())
-        return verdict.trailer() if verdict is not None else ""
+    return Reader(check, structured.parts, structured.text, ends=mode != "record", whole=whole)
 
 
 class _Hold:
@@ -271,7 +140,7 @@ class _Hold:
 
     __slots__ = ("_holding", "_reader", "_results", "max_bytes", "seconds")
 
-    def __init__(self, reader: _Reader, max_bytes: int, seconds: float) -> None:
+    def __init__(self, reader: Reader, max_bytes: int, seconds: float) -> None:
         self._reader = reader
         self.max_bytes = max_bytes
         self.seconds = seconds

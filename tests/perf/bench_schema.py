@@ -40,8 +40,8 @@ from typing import Any
 
 from gateway.guard import Event, Refusal, StreamGuard, WholeEvents
 from gateway.protocols import spec_for
-from gateway.proxy.schema_stage import _Reader
 from gateway.schema import Bounds, StreamCheck
+from gateway.schema.reader import Reader
 
 SCHEMA = {
     "type": "object",
@@ -113,7 +113,7 @@ def run_once(data: bytes, way: str, *, counted: bool = False) -> float:
         else:
             check = StreamCheck(structured.schemas({"response_format": _format()}), Bounds())
             check.prepare()
-            reader = _Reader(check, structured, ends=True, whole=whole)
+            reader = Reader(check, structured.parts, structured.text, ends=True, whole=whole)
             whole.add(reader)
         guard.whole = whole
 

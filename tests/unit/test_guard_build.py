@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import re
 import sys
 from pathlib import Path
 
@@ -46,8 +47,28 @@ def test_no_compiled_module_is_older_than_its_source() -> None:
 def test_the_schema_walker_comes_from_the_same_build_as_the_guard() -> None:
     """setup.py compiles the schema check's walker with the guard (``SCHEMA_WALKER``)."""
     import gateway.schema.bounds
+    import gateway.schema.check
     import gateway.schema.incremental
+    import gateway.schema.reader
 
-    modules = (gateway.schema.incremental, gateway.schema.bounds)
+    modules = (
+        gateway.schema.incremental,
+        gateway.schema.bounds,
+        gateway.schema.check,
+        gateway.schema.reader,
+    )
     kinds = {"python" if (m.__file__ or "").endswith(".py") else "compiled" for m in modules}
     assert kinds == {guard_build()}, [m.__file__ for m in modules]
+
+
+def test_setup_the_makefile_and_the_tests_name_the_same_compiled_schema_modules() -> None:
+    """setup.py compiles them, the Makefile reinstalls when one changes, and
+    ``make test-guard-python`` loads them from source: the three lists agree."""
+    root = Path(__file__).resolve().parents[2]
+    setup = (root / "setup.py").read_text()
+    compiled = set(re.findall(r'"gateway/schema/(\w+)\.py"', setup))
+    makefile = (root / "Makefile").read_text()
+    listed = re.search(r"^SCHEMA_WALKER := (.+)$", makefile, re.M)
+    assert listed is not None
+    assert compiled == {name.removesuffix(".py") for name in listed.group(1).split()}
+    assert compiled == set(guard_source.WALKER)

@@ -252,8 +252,8 @@ def test_the_stage_reader_judges_the_contracts_parse_not_the_data_again() -> Non
     it never parses the event's data a second time (the check's cost per event)."""
     from gateway.guard import Event, WholeEvents
     from gateway.protocols import spec_for
-    from gateway.proxy.schema_stage import _Reader
     from gateway.schema import Bounds, StreamCheck
+    from gateway.schema.reader import Reader
 
     structured = spec_for("chat").structured
     assert structured is not None
@@ -261,7 +261,7 @@ def test_the_stage_reader_judges_the_contracts_parse_not_the_data_again() -> Non
     check = StreamCheck(structured.schemas(body), Bounds())
     check.prepare()
     whole = WholeEvents()
-    reader = _Reader(check, structured, ends=True, whole=whole)
+    reader = Reader(check, structured.parts, structured.text, ends=True, whole=whole)
     unread = Event(data="not JSON: only the shared parse can be judged")
     for piece in ('{"name": ', '"a", "age": 3}'):
         whole.parsed = {"choices": [{"index": 0, "delta": {"content": piece}}]}
