@@ -24,18 +24,20 @@ issue's bound: 1.5 us).
 On a loaded machine CPU time drifts with what else runs; ``--instructions``
 counts instructions instead (``valgrind --tool=callgrind``, load-independent)::
 
-    .venv/bin/python tests/perf/bench_schema.py --instructions --events 500
+    .venv/bin/python tests/perf/bench_schema.py --instructions --events 2000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.guard import Event, Refusal, StreamGuard, WholeEvents
@@ -185,7 +187,10 @@ def no_schema_cost(rounds: int = 200_000) -> float:
 
 def _instructions(way: str, events: int) -> int:
     """Instructions callgrind counts while this script judges the stream once one way
-    (after a first time uncounted): the judging alone, inside ``sorted``."""
+    (after a first time uncounted): the judging alone, inside ``sorted``. With
+    pymalloc (Python turns it off under valgrind, which would count the system
+    allocator instead) and a fixed hash seed: the same count run after run."""
+    env = {**os.environ, "PYTHONMALLOC": "pymalloc", "PYTHONHASHSEED": "0"}
     out = subprocess.run(
         [
             "valgrind",
@@ -203,19 +208,27 @@ def _instructions(way: str, events: int) -> int:
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     found = re.search(r"Collected : (\d+)", out.stderr)
     assert found is not None, out.stderr[-500:]
     return int(found.group(1))
 
 
-def instructions(events: int, requested: int) -> None:
+def instructions(requested: int) -> None:
     """Instructions per content event of each way, load-independent
-    (``valgrind --tool=callgrind``, counting only the judging)."""
+    (``valgrind --tool=callgrind``, counting only the judging): the slope between a
+    stream of ``requested`` events and one of a fifth as many, so that what a stream
+    costs once (the first call of each path, the end check) is left out."""
+    small = max(50, requested // 5)
+    counts = {n: stream(n)[1] for n in (small, requested)}
     per: dict[str, float] = {}
-    for way in ("plain", "off", "schema"):
-        per[way] = _instructions(way, requested) / events
-        print(f"{way:7s} {per[way]:8.0f} instructions per content event ({events} events)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for way in ("plain", "off", "schema"):
+            runs = {n: pool.submit(_instructions, way, n) for n in counts}
+            spread = runs[requested].result() - runs[small].result()
+            per[way] = spread / (counts[requested] - counts[small])
+            print(f"{way:7s} {per[way]:8.0f} instructions per content event")
     print(f"added by the schema check: {per['schema'] - per['plain']:.0f} instructions per event")
     print(f"added by the check alone (schema - off): {per['schema'] - per['off']:.0f}")
 
@@ -237,7 +250,7 @@ def main() -> None:
         run_once(data, args.way, counted=True)
         return
     if args.instructions:
-        instructions(events, args.events)
+        instructions(args.events)
         return
     results: dict[str, list[float]] = {"plain": [], "off": [], "schema": []}
     for way in results:  # warm up
