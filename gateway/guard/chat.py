@@ -24,7 +24,7 @@ from gateway.guard.sse import Event
 from gateway.guard.usage import chat_usage
 from gateway.guard.verdict import ERROR_FINISHES, Reason, Usage
 
-__all__ = ["ChatContract", "CompletionsContract"]
+__all__ = ["ChatContract", "CompletionsContract", "lone_text"]
 
 
 @dataclass(slots=True)
@@ -47,6 +47,30 @@ class _Choice:
 
 #: Delta fields that make an answer more than text (not continued after a cut).
 _NOT_TEXT = ("refusal", "reasoning_content", "reasoning", "audio")
+
+
+def lone_text(obj: Any) -> str | None:
+    """A chunk of one choice (the first) whose delta is text and nothing else,
+    unfinished: its text; None for any other chunk (the common chunk of an answer,
+    read in compiled code by the contract and by the schema check's parts reader)."""
+    if type(obj) is not dict:
+        return None
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict:
+        return None
+    delta = choice.get("delta")
+    if (
+        type(delta) is not dict
+        or len(delta) != 1
+        or choice.get("finish_reason")  # "" (some servers' "not yet") is unfinished
+        or choice.get("index", 0) != 0
+    ):
+        return None
+    content = delta.get("content")
+    return content if type(content) is str else None
 
 
 def _is_done(data: str) -> bool:
@@ -116,27 +140,8 @@ class ChatContract(Contract):
         return sum(len(choice.tools) for choice in self._choices.values())
 
     def delta_text(self) -> str | None:
-        """A chunk of one choice (the first) whose delta is text and nothing else,
-        unfinished: its text (the common chunk, read here in compiled code)."""
-        obj = self.parsed
-        if type(obj) is not dict:
-            return None
-        choices = obj.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return None
-        choice = choices[0]
-        if type(choice) is not dict:
-            return None
-        delta = choice.get("delta")
-        if (
-            type(delta) is not dict
-            or len(delta) != 1
-            or choice.get("finish_reason")  # "" (some servers' "not yet") is unfinished
-            or choice.get("index", 0) != 0
-        ):
-            return None
-        content = delta.get("content")
-        return content if type(content) is str else None
+        """The event's text, when it is a lone text delta (``lone_text``)."""
+        return lone_text(self.parsed)
 
     # -- the contract ----------------------------------------------------------
 

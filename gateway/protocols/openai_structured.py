@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.guard.chat import lone_text
 from gateway.guard.decoder import Event
 from gateway.protocols.structured import Structured, event_object, function_tools, json_object
 from gateway.schema import ANY_JSON, Part, PartKind, Schemas
@@ -48,27 +49,6 @@ def _chat_schemas(body: Json) -> Schemas:
 _TEXT = PartKind.TEXT
 
 
-def _chat_text(obj: Any) -> str | None:
-    """A chunk of one choice (the first) whose delta is text and nothing else, unfinished:
-    its text; None for any other chunk."""
-    # once per content event of a checked stream: the fewest steps (any other shape
-    # of ``choices`` or its choice raises one of these)
-    try:
-        (choice,) = obj["choices"]
-        delta = choice["delta"]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if type(delta) is dict and len(delta) == 1:
-        content = delta.get("content")
-        if (
-            type(content) is str
-            and not choice.get("finish_reason")  # "": some servers' "not yet"
-            and choice.get("index", 0) == 0
-        ):
-            return content
-    return None
-
-
 def _responses_text(obj: Any) -> str | None:
     """A ``response.output_text.delta``: its text; None for any other event."""
     if type(obj) is dict and obj.get("type") == "response.output_text.delta":
@@ -83,7 +63,7 @@ def _chat_parts(event: Event, parsed: Any) -> list[Part]:
     choices = obj.get("choices") if obj is not None else None
     if type(choices) is not list:
         return []
-    text = _chat_text(obj)  # the common chunk: one choice, a text delta, nothing else
+    text = lone_text(obj)  # the common chunk: one choice, a text delta, nothing else
     if text is not None:
         return [Part(_TEXT, "", text)] if text else []
     out: list[Part] = []
