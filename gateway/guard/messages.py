@@ -46,7 +46,7 @@ from gateway.guard.sse import Event
 from gateway.guard.usage import messages_usage
 from gateway.guard.verdict import Reason, Usage
 
-__all__ = ["MessagesContract"]
+__all__ = ["MessagesContract", "text_delta"]
 
 
 @dataclass(slots=True)
@@ -66,6 +66,18 @@ _TEXT_FIELDS = {
     "input_json_delta": "partial_json",
     "thinking_delta": "thinking",
 }
+
+
+def text_delta(obj: Any) -> str | None:
+    """A ``text_delta``'s text; None for any other event (the common event of an
+    answer, read in compiled code by the contract)."""
+    if type(obj) is dict and obj.get("type") == "content_block_delta":
+        delta = obj.get("delta")
+        if type(delta) is dict and delta.get("type") == "text_delta":
+            text = delta.get("text")
+            if type(text) is str:
+                return text
+    return None
 
 
 class MessagesContract(Contract):
@@ -157,6 +169,10 @@ class MessagesContract(Contract):
         return sum(1 for block in self._blocks.values() if block.type == "tool_use")
 
     # -- the contract ----------------------------------------------------------
+
+    def delta_text(self) -> str | None:
+        """The event's text, when it is a ``text_delta`` (``text_delta``)."""
+        return text_delta(self.parsed)
 
     def _on_event(self, event: Event) -> Action:
         if event.event == "error":

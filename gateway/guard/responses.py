@@ -47,7 +47,7 @@ from gateway.guard.sse import Event
 from gateway.guard.usage import responses_usage
 from gateway.guard.verdict import Reason
 
-__all__ = ["ResponsesContract"]
+__all__ = ["ResponsesContract", "output_text"]
 
 #: Deltas that carry output the client asked for: counted as content.
 _TEXT_DELTAS = frozenset(
@@ -86,6 +86,16 @@ class _FunctionCall:
 
 def _is_index(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def output_text(obj: Any) -> str | None:
+    """A ``response.output_text.delta``'s text; None for any other event (the common
+    event of an answer, read in compiled code by the contract)."""
+    if type(obj) is dict and obj.get("type") == "response.output_text.delta":
+        delta = obj.get("delta")
+        if type(delta) is str:
+            return delta
+    return None
 
 
 class ResponsesContract(Contract):
@@ -161,6 +171,10 @@ class ResponsesContract(Contract):
         return self._last_sequence
 
     # -- the contract ----------------------------------------------------------
+
+    def delta_text(self) -> str | None:
+        """The event's text, when it is an ``output_text`` delta (``output_text``)."""
+        return output_text(self.parsed)
 
     def _on_event(self, event: Event) -> Action:
         if event.event == "error":

@@ -79,22 +79,10 @@ def _parts(event: Event, parsed: Any) -> list[Part]:
     return []
 
 
-def _text(obj: Any) -> str | None:
-    """A ``text_delta``'s text; None for any other event."""
-    if type(obj) is dict and obj.get("type") == "content_block_delta":
-        delta = obj.get("delta")
-        if type(delta) is dict and delta.get("type") == "text_delta":
-            text = delta.get("text")
-            if type(text) is str:
-                return text
-    return None
-
-
 MESSAGES_STRUCTURED = Structured(
     markers=(b'"output_format"', b'"output_config"', b'"tools"'),
     schemas=_schemas,
     parts=_parts,
-    text=_text,
 )
 
 

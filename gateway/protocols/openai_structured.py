@@ -49,15 +49,6 @@ def _chat_schemas(body: Json) -> Schemas:
 _TEXT = PartKind.TEXT
 
 
-def _responses_text(obj: Any) -> str | None:
-    """A ``response.output_text.delta``: its text; None for any other event."""
-    if type(obj) is dict and obj.get("type") == "response.output_text.delta":
-        delta = obj.get("delta")
-        if type(delta) is str:
-            return delta
-    return None
-
-
 def _chat_parts(event: Event, parsed: Any) -> list[Part]:
     obj = parsed if type(parsed) is dict else json_object(event.data)
     choices = obj.get("choices") if obj is not None else None
@@ -141,13 +132,11 @@ CHAT_STRUCTURED = Structured(
     markers=(b'"response_format"', b'"tools"'),
     schemas=_chat_schemas,
     parts=_chat_parts,
-    text=None,  # its contract reads a text delta (``ChatContract.delta_text``)
 )
 RESPONSES_STRUCTURED = Structured(
     markers=(b'"format"', b'"tools"'),
     schemas=_responses_schemas,
     parts=_responses_parts,
-    text=_responses_text,
 )
 
 

@@ -40,11 +40,10 @@ class Structured:
 
     markers: tuple[bytes, ...]
     schemas: Callable[[Json], Schemas]
+    #: Every event's parts. The common event, a delta of the answer's text alone, is
+    #: read first by its contract, in compiled code (``Contract.delta_text``: Chat,
+    #: Responses, Messages); ``parts`` reads the rest, and every event of the others.
     parts: Callable[[Event, Any], list[Part]]
-    #: The common event's answer text, read straight off the contract's parse: a
-    #: delta of text and nothing else -> its text ("" for an empty one); None for any
-    #: other event (``parts`` reads it). Optional: a protocol without it pays ``parts``.
-    text: Callable[[Any], str | None] | None = None
 
 
 def json_object(data: str) -> Json | None:

@@ -131,7 +131,7 @@ async def reader_for(
     check = StreamCheck(schemas, Bounds(max_answer_bytes=most))
     if not check.prepare(cached_only=True):  # a schema seen before costs no thread
         await asyncio.to_thread(check.prepare)
-    return Reader(check, structured.parts, structured.text, ends=mode != "record", whole=whole)
+    return Reader(check, structured.parts, ends=mode != "record", whole=whole)
 
 
 class _Hold:

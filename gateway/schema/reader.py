@@ -3,9 +3,8 @@
 Registered with a response's ``WholeEvents`` by the schema stage, it is
 asked about each whole event before the relay sends it (``check``) and
 feeds the event's parts to its ``StreamCheck``: the common event, a delta
-of the answer's text alone, as its contract reads it (``delta_text``) or
-as the protocol's spec reads the contract's parse (``text``); any other
-event through the spec's ``parts``. A fault on a route that ends or holds
+of the answer's text alone, as its contract reads it (``delta_text``); any
+other event through the protocol's spec (``parts``). A fault on a route that ends or holds
 refuses the event (``schema_mismatch``). It only checks: it takes nothing.
 
 Sans-IO, and compiled with the guard (setup.py): it runs on every event of
@@ -26,8 +25,6 @@ __all__ = ["Reader"]
 
 #: A protocol's reader of an event's parts (its spec's ``structured.parts``).
 Parts = Callable[[Event, Any], list[Part]]
-#: A protocol's reader of the common event's answer text (``structured.text``).
-Text = Callable[[Any], "str | None"]
 
 
 def _no_parts(event: Event, parsed: Any) -> list[Part]:
@@ -44,7 +41,6 @@ class Reader:
         self,
         check: StreamCheck,
         parts: Parts | None = None,
-        text: Text | None = None,
         *,
         ends: bool,
         whole: WholeEvents | None = None,
@@ -53,7 +49,6 @@ class Reader:
         #: The stream's readers, whose ``parsed`` is the offered event's JSON value.
         self._whole = whole if whole is not None else WholeEvents()
         self._parts: Parts = parts if parts is not None else _no_parts
-        self._text = text
         self._ends = ends
         self._index = 0
         self._verdicts: list[SchemaVerdict] | None = None
@@ -89,11 +84,7 @@ class Reader:
         whole = self._whole
         text = whole.delta_text()  # the contract's word, where it gives it
         if text is None:
-            parsed = whole.parsed
-            reads = self._text
-            text = reads(parsed) if reads is not None else None
-            if text is None:
-                return self.judge(event, parsed)
+            return self.judge(event, whole.parsed)
         index = self._index
         self._index = index + 1
         if self._verdicts is None:

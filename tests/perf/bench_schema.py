@@ -115,7 +115,7 @@ def run_once(data: bytes, way: str, *, counted: bool = False) -> float:
         else:
             check = StreamCheck(structured.schemas({"response_format": _format()}), Bounds())
             check.prepare()
-            reader = Reader(check, structured.parts, structured.text, ends=True, whole=whole)
+            reader = Reader(check, structured.parts, ends=True, whole=whole)
             whole.add(reader)
         guard.whole = whole
 

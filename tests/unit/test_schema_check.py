@@ -261,7 +261,7 @@ def test_the_stage_reader_judges_the_contracts_parse_not_the_data_again() -> Non
     check = StreamCheck(structured.schemas(body), Bounds())
     check.prepare()
     whole = WholeEvents()
-    reader = Reader(check, structured.parts, structured.text, ends=True, whole=whole)
+    reader = Reader(check, structured.parts, ends=True, whole=whole)
     unread = Event(data="not JSON: only the shared parse can be judged")
     for piece in ('{"name": ', '"a", "age": 3}'):
         whole.parsed = {"choices": [{"index": 0, "delta": {"content": piece}}]}

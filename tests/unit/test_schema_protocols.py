@@ -272,3 +272,34 @@ def test_bedrock_converse_output_config_and_tool_use_blocks() -> None:
     assert (at, verdict.kind, verdict.pointer) == (2, Kind.TOOL, "/name")
     at, verdict = judge("bedrock", tool_body, [start, *tool(1, "launch", "{}"), use])
     assert (at, verdict.kind, verdict.tool) == (1, Kind.TOOL, "launch")
+
+
+@pytest.mark.parametrize(
+    ("protocol", "value", "text"),
+    [
+        ("responses", {"type": "response.output_text.delta", "delta": "ab"}, "ab"),
+        ("responses", {"type": "response.refusal.delta", "delta": "no"}, None),
+        ("responses", {"type": "response.output_text.delta", "delta": 1}, None),
+        (
+            "messages",
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "ab"}},
+            "ab",
+        ),
+        (
+            "messages",
+            {
+                "type": "content_block_delta",
+                "delta": {"type": "input_json_delta", "partial_json": "{"},
+            },
+            None,
+        ),
+        ("messages", {"type": "message_stop"}, None),
+    ],
+)
+def test_the_responses_and_messages_contracts_give_a_text_delta(
+    protocol: str, value: dict[str, Any], text: str | None
+) -> None:
+    """As Chat's: the schema check reads the common event's text off the contract."""
+    contract = spec_for(protocol).new_contract(ContractOptions())
+    contract.on_event(Event(str(value["type"]), json.dumps(value)))
+    assert contract.delta_text() == text
