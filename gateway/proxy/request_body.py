@@ -91,6 +91,11 @@ OFF_LOOP_BYTES = 1024 * 1024
 PARSE_BUDGET = 224 * 1024 * 1024
 #: How often the helper checks that the gateway process that started it still runs.
 PARENT_WATCH_SECONDS = 0.5
+#: The longest the helper may take over one body: past it the body goes on unparsed (as
+#: one too complex to parse) and the helper is killed and replaced, so that no body
+#: holds the ones queued behind it. (A 30 MB body is parsed in about a second; a helper
+#: was seen spinning over 30 s in the kernel near its memory budget.)
+HELPER_SECONDS = 10.0
 #: What the helper answers for a body whose parse would pass ``PARSE_BUDGET``.
 _TOO_COMPLEX = "too complex"
 
@@ -303,6 +308,14 @@ def _in_helper(work: Callable[..., T], body: bytes, *args: Any) -> T | str:
         return _TOO_COMPLEX
 
 
+def _kill_helpers(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's helper processes (Python 3.14 has ``kill_workers``; before it, the
+    pool's own map of them)."""
+    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        process.kill()
+
+
 class BodyParser:
     """``summary`` and ``rewrite`` for the relay: on the loop for small bodies, in the
     helper process for large ones."""
@@ -313,9 +326,11 @@ class BodyParser:
         *,
         count_input: bool = False,
         parse_budget: int = PARSE_BUDGET,
+        helper_seconds: float = HELPER_SECONDS,
     ) -> None:
         self.off_loop_bytes = off_loop_bytes
         self.parse_budget = parse_budget
+        self.helper_seconds = helper_seconds
         self._too_complex_log = LogGate()
         #: Estimate each body's input tokens (named clients are charged for them).
         self.count_input = count_input
@@ -371,9 +386,23 @@ class BodyParser:
                 initargs=(self.parse_budget, os.getpid()),
             )
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(
-                pool, _in_helper, work, body, *args
+            answer = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(pool, _in_helper, work, body, *args),
+                self.helper_seconds,
             )
+        except TimeoutError:
+            log.warning(
+                "the body parser's helper process took over %g s on a body of %d bytes: "
+                "forwarded unparsed; a new one is started",
+                self.helper_seconds,
+                len(body),
+            )
+            # Killed, not shut down: the bodies queued on it see it broken (answered
+            # None just below), never cancelled; the next body starts a new pool.
+            _kill_helpers(pool)
+            if self._pool is pool:
+                self._pool = None
+            return None
         except BrokenProcessPool:
             # Died on this body (its memory bound can end it outside Python's reach): the
             # body is one it cannot parse, never parsed on the loop instead.

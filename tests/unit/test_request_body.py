@@ -131,3 +131,30 @@ def test_bodies_waiting_on_a_helper_that_dies_all_go_on_unparsed() -> None:
             parser.close()
 
     assert asyncio.run(run()) == [None, None, 100]
+
+
+def test_a_helper_that_takes_too_long_is_replaced_and_its_bodies_go_on_unparsed() -> None:
+    """A helper stuck on a body (seen: spinning in the kernel near its memory budget)
+    holds it past ``helper_seconds``: that body and the one queued behind it are
+    answered None (forwarded unparsed, none cancelled), and the next body gets a new
+    helper."""
+    import asyncio
+
+    async def run() -> list[int | None]:
+        parser = BodyParser(off_loop_bytes=10, helper_seconds=1.0)
+        try:
+            answers = await asyncio.gather(
+                parser.run(_stall, b"x" * 100), parser.run(_size, b"z" * 50)
+            )
+            return [*answers, await parser.run(_size, b"y" * 100)]
+        finally:
+            parser.close()
+
+    assert asyncio.run(run()) == [None, None, 100]
+
+
+def _stall(body: bytes) -> int:
+    import time
+
+    time.sleep(3600)
+    return len(body)
