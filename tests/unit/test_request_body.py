@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
-from gateway.proxy.request_body import BodyParser, rewrite, summary
+import pytest
+
+from gateway.proxy.request_body import HELPER_SECONDS, BodyParser, rewrite, summary
 
 BOM = b"\xef\xbb\xbf"
 
@@ -115,46 +118,38 @@ def test_a_body_the_helper_dies_on_is_not_parsed_on_the_loop() -> None:
     assert asyncio.run(run()) == (None, 100)
 
 
-def test_bodies_waiting_on_a_helper_that_dies_all_go_on_unparsed() -> None:
-    """Two bodies queued on the helper when it dies: each is answered None (none raises,
-    none is parsed on the loop), and the next body gets a new helper."""
-    import asyncio
-
-    async def run() -> list[int | None]:
-        parser = BodyParser(off_loop_bytes=10)
-        try:
-            answers = await asyncio.gather(
-                parser.run(_die, b"x" * 100), parser.run(_size, b"z" * 50)
-            )
-            return [*answers, await parser.run(_size, b"y" * 100)]
-        finally:
-            parser.close()
-
-    assert asyncio.run(run()) == [None, None, 100]
-
-
-def test_a_helper_that_takes_too_long_is_replaced_and_its_bodies_go_on_unparsed() -> None:
-    """A helper stuck on a body (seen: spinning in the kernel near its memory budget)
-    holds it past ``helper_seconds``: that body and the one queued behind it are
-    answered None (forwarded unparsed, none cancelled), and the next body gets a new
-    helper."""
-    import asyncio
-
-    async def run() -> list[int | None]:
-        parser = BodyParser(off_loop_bytes=10, helper_seconds=1.0)
-        try:
-            answers = await asyncio.gather(
-                parser.run(_stall, b"x" * 100), parser.run(_size, b"z" * 50)
-            )
-            return [*answers, await parser.run(_size, b"y" * 100)]
-        finally:
-            parser.close()
-
-    assert asyncio.run(run()) == [None, None, 100]
-
-
 def _stall(body: bytes) -> int:
     import time
 
     time.sleep(3600)
     return len(body)
+
+
+@pytest.mark.parametrize(
+    ("work", "seconds"),
+    [
+        pytest.param(_die, HELPER_SECONDS, id="dies"),
+        # stuck on a body (seen: spinning in the kernel near its memory budget): past
+        # ``helper_seconds`` it is killed and replaced, the body queued behind not cancelled
+        pytest.param(_stall, 1.0, id="stalls"),
+    ],
+)
+def test_bodies_waiting_on_a_helper_that_dies_or_stalls_all_go_on_unparsed(
+    work: Callable[[bytes], int], seconds: float
+) -> None:
+    """Two bodies queued on the helper when it dies or stalls past its deadline: each is
+    answered None (none raises or is cancelled, none is parsed on the loop), and the
+    next body gets a new helper."""
+    import asyncio
+
+    async def run() -> list[int | None]:
+        parser = BodyParser(off_loop_bytes=10, helper_seconds=seconds)
+        try:
+            answers = await asyncio.gather(
+                parser.run(work, b"x" * 100), parser.run(_size, b"z" * 50)
+            )
+            return [*answers, await parser.run(_size, b"y" * 100)]
+        finally:
+            parser.close()
+
+    assert asyncio.run(run()) == [None, None, 100]
