@@ -74,7 +74,7 @@ async def _round(
             gateway = not isinstance(trees[label], str)  # a floor has no annotation
             await bg.warm_up(proxy.port, gateway)
             warm = bg.Tally(gateway=gateway, keep_latency=False)
-            await bg.drive_keepalive(proxy.port, warm, 8, 1.0, query, expected)
+            await bg.drive_keepalive(proxy.port, warm, 8, 1.0, query, expected, opts.unique)
             if warm.failed:
                 raise RuntimeError(f"{proxy.name}: warm-up failed: {dict(warm.failures)}")
         tallies = {
@@ -101,7 +101,13 @@ async def _round(
             await asyncio.gather(
                 *(
                     bg.drive_keepalive(
-                        proxy.port, tallies[label], opts.conns, opts.seconds, query, expected
+                        proxy.port,
+                        tallies[label],
+                        opts.conns,
+                        opts.seconds,
+                        query,
+                        expected,
+                        opts.unique,
                     )
                     for label, proxy in proxies.items()
                 )
@@ -197,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=5, help="events per stream (stream mode)")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--conns", type=int, default=32, help="connections per version")
+    parser.add_argument(
+        "--unique",
+        action="store_true",
+        help="every request a target of its own (a cache that is on misses every time)",
+    )
     parser.add_argument(
         "--profile",
         default="",

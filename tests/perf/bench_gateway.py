@@ -92,6 +92,7 @@ import contextlib
 import datetime
 import functools
 import gc
+import itertools
 import json
 import os
 import platform
@@ -431,7 +432,10 @@ class UpstreamConn(asyncio.Protocol):
 
 _TS = re.compile(rb'"ts":(\d+)')
 _DONE_BLOCK = b"data: [DONE]\n\n"
-_GATEWAY_TRAILER = re.compile(rb": gateway outcome=complete reason=\S+ request_id=[^\s]+\n\Z")
+#: The gateway's trailer of a whole stream (a cache or resume may add ``name=value``s).
+_GATEWAY_TRAILER = re.compile(
+    rb": gateway outcome=complete reason=\S+(?: [a-z_]+=\S+)* request_id=[^\s]+\n\Z"
+)
 _BODY = b'{"model":"bench-model","stream":true,"messages":[{"role":"user","content":"Hi."}]}'
 
 
@@ -798,10 +802,20 @@ async def drive_streams(
 
 
 async def drive_keepalive(
-    port: int, tally: Tally, conns: int, duration: float, query: str, expected: int
+    port: int,
+    tally: Tally,
+    conns: int,
+    duration: float,
+    query: str,
+    expected: int,
+    unique: bool = False,
 ) -> float:
-    """``conns`` keep-alive connections issuing streams back to back for ``duration`` s."""
+    """``conns`` keep-alive connections issuing streams back to back for ``duration`` s.
+
+    ``unique``: each request's target gets its own ``&u=N`` (the upstream ignores it),
+    so that no two requests share a cache key: a cache that is on misses every time."""
     request = request_bytes(query, tally.model_route)
+    serial = itertools.count()
     loop = asyncio.get_running_loop()
     end = loop.time() + duration
     live: list[ClientConn] = []
@@ -817,7 +831,10 @@ async def drive_keepalive(
                     await asyncio.sleep(0.01)
                     continue
                 live.append(conn)
-            await conn.request(request, expected)
+            payload = request
+            if unique:
+                payload = request_bytes(f"{query}&u={next(serial)}", tally.model_route)
+            await conn.request(payload, expected)
         if conn is not None and conn.tr is not None:
             conn.tr.close()
 
