@@ -47,14 +47,13 @@ from __future__ import annotations
 import binascii
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gateway.guard.contract import (
     Action,
     Contract,
     Incomplete,
     Protocol,
-    int_or_none,
     parse_json_object,
     valid_tool_arguments,
 )
@@ -62,6 +61,7 @@ from gateway.guard.decoder import Event
 from gateway.guard.eventstream import encode_frame
 from gateway.guard.framing import EVENTSTREAM
 from gateway.guard.messages import MessagesContract
+from gateway.guard.usage import UsageKeys
 from gateway.guard.verdict import FINISH_REASONS, Reason, Usage
 
 __all__ = ["BEDROCK_FINISH", "BedrockContract", "bedrock_usage", "exception_frame"]
@@ -79,27 +79,20 @@ _METRICS = "amazon-bedrock-invocationMetrics"
 _STOP_KEYS = ("stop_reason", "stopReason", "completionReason", "finish_reason")
 
 
+_CONVERSE_USAGE: Final = UsageKeys(
+    "inputTokens",
+    "outputTokens",
+    cached=(None, "cacheReadInputTokens"),
+    cache_write="cacheWriteInputTokens",
+)
+#: ``amazon-bedrock-invocationMetrics``: ``inputTokenCount``, ``outputTokenCount``.
+_METRICS_USAGE: Final = UsageKeys("inputTokenCount", "outputTokenCount")
+
+
 def bedrock_usage(raw: object) -> Usage | None:
     """Converse's ``usage`` (``inputTokens``, ``outputTokens``, ``cacheReadInputTokens``,
     ``cacheWriteInputTokens``)."""
-    if not isinstance(raw, dict):
-        return None
-    return Usage(
-        input_tokens=int_or_none(raw.get("inputTokens")),
-        output_tokens=int_or_none(raw.get("outputTokens")),
-        cached_input_tokens=int_or_none(raw.get("cacheReadInputTokens")),
-        cache_write_tokens=int_or_none(raw.get("cacheWriteInputTokens")),
-    )
-
-
-def _metrics_usage(raw: object) -> Usage | None:
-    """``amazon-bedrock-invocationMetrics``: ``inputTokenCount``, ``outputTokenCount``."""
-    if not isinstance(raw, dict):
-        return None
-    return Usage(
-        input_tokens=int_or_none(raw.get("inputTokenCount")),
-        output_tokens=int_or_none(raw.get("outputTokenCount")),
-    )
+    return _CONVERSE_USAGE.read(raw)
 
 
 def exception_frame(exception_type: str, payload: dict[str, Any]) -> bytes:
@@ -300,7 +293,7 @@ class BedrockContract(Contract):
                 Reason.INVALID_SHAPE, "a chunk's bytes are not base64 UTF-8"
             ) from None
         inner = parse_json_object(inner_text)
-        metrics = _metrics_usage(inner.get(_METRICS))
+        metrics = _METRICS_USAGE.read(inner.get(_METRICS))
         kind = inner.get("type")
         if self._inner is None and self.events == 1 and kind == "message_start":
             self._inner = MessagesContract()

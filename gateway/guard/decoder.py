@@ -51,9 +51,12 @@ class Event(NamedTuple):
 
 
 class Decoder:
-    """Base of the incremental decoders: the byte offsets and the error state."""
+    """Base of the incremental decoders: the byte offsets, the error state, and the check
+    of the two budgets every framing's decoder is built from."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_bytes: int, max_event_bytes: int) -> None:
+        if max_line_bytes < 1 or max_event_bytes < 1:
+            raise ValueError("budgets must be positive")
         self._received = 0  # total bytes fed
         self._boundary = 0
         #: After a GuardError: the events the failing ``feed`` completed before the
@@ -85,8 +88,12 @@ class Decoder:
         if self._error is not None:
             raise self._error
         events: list[Event] = []
+        if not data:
+            return events
+        start = self._received
+        self._received = start + len(data)
         try:
-            self._feed(data, events)
+            self._feed(data, start, events)
         except GuardError as exc:
             self._error = exc
             self.events_before_error = events
@@ -101,8 +108,9 @@ class Decoder:
         self._close(events)
         return events
 
-    def _feed(self, data: bytes, events: list[Event]) -> None:
-        """Consume ``data``, appending the events it completes to ``events``."""
+    def _feed(self, data: bytes, start: int, events: list[Event]) -> None:
+        """Consume ``data`` (not empty; ``start`` the stream offset of its first byte,
+        ``received`` already counts it), appending the events it completes to ``events``."""
         raise NotImplementedError
 
     def _close(self, events: list[Event]) -> None:

@@ -149,16 +149,13 @@ class EventStreamDecoder(Decoder):
         max_line_bytes: int = MAX_HEADER_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
-        if max_line_bytes < 1 or max_event_bytes < 1:
-            raise ValueError("budgets must be positive")
-        super().__init__()
+        super().__init__(max_line_bytes, max_event_bytes)
         self.max_header_bytes = min(max_line_bytes, MAX_HEADER_BYTES)
         self.max_frame_bytes = max_event_bytes
         self._buffer = bytearray()  # bytes after ``boundary``
         self._need = 0  # the total length of the frame being buffered (0: unknown yet)
 
-    def _feed(self, data: bytes, events: list[Event]) -> None:
-        self._received += len(data)
+    def _feed(self, data: bytes, start: int, events: list[Event]) -> None:
         self._buffer += data
         self._frames(events)
 

@@ -47,20 +47,14 @@ class NDJSONDecoder(Decoder):
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
-        if max_line_bytes < 1 or max_event_bytes < 1:
-            raise ValueError("budgets must be positive")
-        super().__init__()
+        super().__init__(max_line_bytes, max_event_bytes)
         self.max_line_bytes = min(max_line_bytes, max_event_bytes)
         #: the unfinished line (no LF yet), as the pieces that brought it
         self._tail: list[bytes] = []
         self._tail_len = 0
 
-    def _feed(self, data: bytes, events: list[Event]) -> None:
+    def _feed(self, data: bytes, start: int, events: list[Event]) -> None:
         size = len(data)
-        if not size:
-            return
-        start = self._received
-        self._received = start + size
         last = data.rfind(b"\n")
         if last < 0:  # no line ends here: the unfinished line grows
             self._tail.append(data)

@@ -65,9 +65,7 @@ class SSEDecoder(Decoder):
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
-        if max_line_bytes < 1 or max_event_bytes < 1:
-            raise ValueError("budgets must be positive")
-        super().__init__()
+        super().__init__(max_line_bytes, max_event_bytes)
         self.max_line_bytes = max_line_bytes
         self.max_event_bytes = max_event_bytes
         self._max_block_bytes = 2 * max_event_bytes + max_line_bytes
@@ -111,12 +109,8 @@ class SSEDecoder(Decoder):
             at, self._blank_pending = self._blank_pending, None
             self._line(b"", at, at + 1, events)
 
-    def _feed(self, data: bytes, events: list[Event]) -> None:
+    def _feed(self, data: bytes, start: int, events: list[Event]) -> None:
         size = len(data)
-        if not size:
-            return
-        start = self._received
-        self._received = start + size
         if self._cr_pending or self._blank_pending is not None:
             lf = data[0] == 0x0A  # the LF of a CRLF split across chunks
             if lf:

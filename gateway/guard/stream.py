@@ -13,7 +13,8 @@ gateway's word alone. It holds at most one chunk plus one unfinished event.
 
 Sans-IO: the relay owns sockets and clocks and tells the guard when the
 upstream ended (``eof``) or when the stream must stop for a reason only the
-relay can see (``abort``).
+relay can see (``abort``). ``ContractGuard`` is what it shares with the
+WebSocket message guard (``gateway.guard.wsmessage``): the contract's verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gateway.guard.sse import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.guard.verdict import Reason, Verdict
 from gateway.guard.whole import WholeEvents
 
-__all__ = ["StreamGuard"]
+__all__ = ["ContractGuard", "StreamGuard"]
 
 #: Every line the annotation writes holds this word; a forwarded read without it
 #: needs no closer look.
@@ -40,7 +41,28 @@ def _forged(line: bytes) -> bool:
     return text.startswith(b"gateway") and text[7:8] in (b"", b" ", b"\t", b"\r", b"\n")
 
 
-class StreamGuard:
+class ContractGuard:
+    """What every guard of one contract tells the relay: the contract's verdict, whether
+    it is final, and the events that carried output (``MessageGuard`` is one too)."""
+
+    def __init__(self, contract: Contract) -> None:
+        self.contract = contract
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.contract.verdict
+
+    @property
+    def done(self) -> bool:
+        """True once the verdict is final: the relay stops reading the upstream."""
+        return self.contract.verdict is not None
+
+    @property
+    def content_events(self) -> int:
+        return self.contract.content_events
+
+
+class StreamGuard(ContractGuard):
     """Decode, judge and gate one upstream event stream."""
 
     def __init__(
@@ -50,7 +72,7 @@ class StreamGuard:
         *,
         max_stream_bytes: int | None = None,
     ) -> None:
-        self.contract = contract
+        super().__init__(contract)
         #: Only a framing with comment lines can carry a forged annotation line; the
         #: bytes of any other (NDJSON lines, binary frames) are never filtered.
         self._comments = contract.framing.comments
@@ -81,19 +103,6 @@ class StreamGuard:
         #: every guard of one answer; with none, the guard cuts nothing.
         self.whole: WholeEvents | None = None
         self._quiet = self.decoder.quiet_ends
-
-    @property
-    def verdict(self) -> Verdict | None:
-        return self.contract.verdict
-
-    @property
-    def done(self) -> bool:
-        """True once the verdict is final: the relay stops reading the upstream."""
-        return self.contract.verdict is not None
-
-    @property
-    def content_events(self) -> int:
-        return self.contract.content_events
 
     @property
     def held_bytes(self) -> int:

@@ -31,6 +31,7 @@ import json
 from gateway.guard.annotation import incomplete_message
 from gateway.guard.contract import Action, Contract
 from gateway.guard.sse import Event
+from gateway.guard.stream import ContractGuard
 from gateway.guard.verdict import Reason, Verdict
 
 __all__ = ["WS_STATUS", "MessageGuard", "error_message"]
@@ -72,25 +73,13 @@ def error_message(
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=True)
 
 
-class MessageGuard:
+class MessageGuard(ContractGuard):
     """Judge the upstream messages of one response (one ``response.create``)."""
 
     def __init__(self, contract: Contract, *, max_message_bytes: int | None = None) -> None:
-        self.contract = contract
+        super().__init__(contract)
         self.max_message_bytes = max_message_bytes
         self.received_bytes = 0
-
-    @property
-    def verdict(self) -> Verdict | None:
-        return self.contract.verdict
-
-    @property
-    def done(self) -> bool:
-        return self.contract.verdict is not None
-
-    @property
-    def content_events(self) -> int:
-        return self.contract.content_events
 
     def feed(self, text: str) -> Action:
         """Judge one upstream text message: FORWARD, FINISH (forward, then the verdict is

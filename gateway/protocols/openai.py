@@ -90,12 +90,19 @@ _openai = functools.partial(
     price_provider="openai",
     answer_headers=(b"openai-beta",),
 )
+#: What Chat Completions and legacy Completions share besides: an answer's usage and
+#: finish reasons read alike, and a cut stream continued.
+_chat_shaped = functools.partial(
+    _openai,
+    answer_usage=lambda body: chat_usage(body.get("usage")),
+    answer_finish=chat_finish,
+    continuable=True,
+)
 
-CHAT = _openai(
+CHAT = _chat_shaped(
     protocol=Protocol.CHAT,
     contract=ChatContract,
     matches=_ends_with("/chat/completions"),
-    answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: ChatContract(
         require_finish_reason=o.require_finish_reason,
         withhold_usage=o.withhold_usage,
@@ -111,16 +118,13 @@ CHAT = _openai(
     ),
     output_limit=("max_tokens", "max_completion_tokens"),
     genai_operation="chat",
-    continuable=True,
-    answer_finish=chat_finish,
     structured=CHAT_STRUCTURED,
 )
 
-COMPLETIONS = _openai(
+COMPLETIONS = _chat_shaped(
     protocol=Protocol.COMPLETIONS,
     contract=CompletionsContract,
     matches=_ends_with("/completions"),
-    answer_usage=lambda body: chat_usage(body.get("usage")),
     make_contract=lambda o: CompletionsContract(
         require_finish_reason=o.require_finish_reason, end_on_finish=o.end_on_finish
     ),
@@ -129,8 +133,6 @@ COMPLETIONS = _openai(
     ),
     output_limit=("max_tokens",),
     genai_operation="text_completion",
-    continuable=True,
-    answer_finish=chat_finish,
 )
 
 RESPONSES = _openai(

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -316,25 +317,19 @@ def _kill_helpers(pool: ProcessPoolExecutor) -> None:
         process.kill()
 
 
+@dataclass(eq=False)
 class BodyParser:
     """``summary`` and ``rewrite`` for the relay: on the loop for small bodies, in the
     helper process for large ones."""
 
-    def __init__(
-        self,
-        off_loop_bytes: int = OFF_LOOP_BYTES,
-        *,
-        count_input: bool = False,
-        parse_budget: int = PARSE_BUDGET,
-        helper_seconds: float = HELPER_SECONDS,
-    ) -> None:
-        self.off_loop_bytes = off_loop_bytes
-        self.parse_budget = parse_budget
-        self.helper_seconds = helper_seconds
-        self._too_complex_log = LogGate()
-        #: Estimate each body's input tokens (named clients are charged for them).
-        self.count_input = count_input
-        self._pool: ProcessPoolExecutor | None = None
+    off_loop_bytes: int = OFF_LOOP_BYTES
+    _: KW_ONLY
+    #: Estimate each body's input tokens (named clients are charged for them).
+    count_input: bool = False
+    parse_budget: int = PARSE_BUDGET
+    helper_seconds: float = HELPER_SECONDS
+    _too_complex_log: LogGate = field(default_factory=LogGate, init=False, repr=False)
+    _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
     async def summary(self, body: bytes) -> Summary | None:
         found = await self._run(summary, body, self.count_input)

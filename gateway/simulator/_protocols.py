@@ -97,6 +97,20 @@ class Lane:
     emitted: int = 0
     parts: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(
+        cls,
+        index: int,
+        kind: Literal["text", "tool"],
+        pieces: list[str],
+        finish: str,
+        tool_name: str = "",
+        call_id: str = "",
+    ) -> Lane:
+        """A lane whose pieces are all known at the start (a tool call's arguments, a
+        structured answer)."""
+        return cls(index, kind, iter(pieces), len(pieces), finish, tool_name, call_id)
+
 
 @dataclass(slots=True)
 class Plan:
@@ -258,31 +272,13 @@ def make_plan(
                 if protocol == "gemini" or protocol in OLLAMA
                 else split_arguments(arguments, seed=knobs.seed + index)
             )
-            lanes.append(
-                Lane(
-                    index=index,
-                    kind="tool",
-                    pieces=iter(pieces),
-                    count=len(pieces),
-                    finish="tool_calls",
-                    tool_name="launch_missiles"
-                    if shape == "undeclared_tool"
-                    else _tool_name(protocol, tools),
-                    call_id=f"call_{sim_id('call', knobs.seed + index)}",
-                )
-            )
+            name = "launch_missiles" if shape == "undeclared_tool" else _tool_name(protocol, tools)
+            call_id = f"call_{sim_id('call', knobs.seed + index)}"
+            lanes.append(Lane.of(index, "tool", pieces, "tool_calls", name, call_id))
             continue
         if shape:  # a structured answer, in small pieces, whatever the token count
             pieces = split_arguments(structured_answer(shape), seed=knobs.seed + index)
-            lanes.append(
-                Lane(
-                    index=index,
-                    kind="text",
-                    pieces=iter(pieces),
-                    count=len(pieces),
-                    finish=text_finish,
-                )
-            )
+            lanes.append(Lane.of(index, "text", pieces, text_finish))
             continue
         count = knobs.tokens if index == 0 or fault != "choices_2" else knobs.tokens // 2
         finish = text_finish
@@ -550,6 +546,10 @@ class ResponsesRenderer(Renderer):
         self.sequence += 1
         return self.framer.event(dumps(payload), name=kind)
 
+    def _item_event(self, kind: str, lane: Lane, **fields: Any) -> bytes:
+        """An event of one output item: its id and output index, then ``fields``."""
+        return self._event(kind, item_id=lane.item_id, output_index=lane.index, **fields)
+
     def _item(self, lane: Lane) -> dict[str, Any]:
         status = "in_progress" if not lane.closed else "completed"
         if lane.closed and lane.finish in ("length", "content_filter"):
@@ -641,32 +641,22 @@ class ResponsesRenderer(Renderer):
         ]
         if lane.kind == "text":
             events.append(
-                self._event(
-                    "response.content_part.added",
-                    item_id=lane.item_id,
-                    output_index=lane.index,
-                    content_index=0,
-                    part=self._part(""),
+                self._item_event(
+                    "response.content_part.added", lane, content_index=0, part=self._part("")
                 )
             )
         return events
 
     def delta(self, lane: Lane, piece: str) -> bytes:
         lane.parts.append(piece)
+        return self._delta(lane, piece)
+
+    def _delta(self, lane: Lane, delta: object) -> bytes:
+        """A lane's delta event (``delta`` not a string: the invalid shape)."""
         if lane.kind == "tool":
-            return self._event(
-                "response.function_call_arguments.delta",
-                item_id=lane.item_id,
-                output_index=lane.index,
-                delta=piece,
-            )
-        return self._event(
-            "response.output_text.delta",
-            item_id=lane.item_id,
-            output_index=lane.index,
-            content_index=0,
-            delta=piece,
-            logprobs=[],
+            return self._item_event("response.function_call_arguments.delta", lane, delta=delta)
+        return self._item_event(
+            "response.output_text.delta", lane, content_index=0, delta=delta, logprobs=[]
         )
 
     def close_lane(self, lane: Lane) -> list[bytes]:
@@ -674,21 +664,23 @@ class ResponsesRenderer(Renderer):
         events = []
         if lane.kind == "tool":
             events.append(
-                self._event(
+                self._item_event(
                     "response.function_call_arguments.done",
-                    item_id=lane.item_id,
-                    output_index=lane.index,
+                    lane,
                     name=lane.tool_name,
                     arguments=text,
                 )
             )
         else:
-            common = {"item_id": lane.item_id, "output_index": lane.index, "content_index": 0}
             events.append(
-                self._event("response.output_text.done", **common, text=text, logprobs=[])
+                self._item_event(
+                    "response.output_text.done", lane, content_index=0, text=text, logprobs=[]
+                )
             )
             events.append(
-                self._event("response.content_part.done", **common, part=self._part(text))
+                self._item_event(
+                    "response.content_part.done", lane, content_index=0, part=self._part(text)
+                )
             )
         lane.closed = True
         events.append(
@@ -708,21 +700,7 @@ class ResponsesRenderer(Renderer):
         return self._event("response.failed", response=response)
 
     def invalid_shape_event(self, lane: Lane) -> bytes:
-        if lane.kind == "tool":
-            return self._event(
-                "response.function_call_arguments.delta",
-                item_id=lane.item_id,
-                output_index=lane.index,
-                delta=42,
-            )
-        return self._event(
-            "response.output_text.delta",
-            item_id=lane.item_id,
-            output_index=lane.index,
-            content_index=0,
-            delta=42,
-            logprobs=[],
-        )
+        return self._delta(lane, 42)
 
     def body(self) -> dict[str, Any]:
         for lane in self.plan.lanes:
