@@ -270,6 +270,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     common(keys)
     add_key_commands(keys)
+    from gateway.simulator.__main__ import add_arguments as add_simulator_arguments
+
     sim = sub.add_parser(
         "simulate",
         help="run the built-in fake provider",
@@ -278,19 +280,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_simulate_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=9000)
-    sim.add_argument("--tps", type=float, default=0.0, help="deltas per second (0: no pacing)")
-    sim.add_argument("--tokens", type=int, default=20, help="content deltas per answer")
-    sim.add_argument(
-        "--fault",
-        default="none",
-        metavar="NAME",
-        help="the fault of every request that names none (a provider that always fails)",
-    )
-    sim.add_argument(
-        "--status", type=int, default=500, help="the status of fault 'status' (default 500)"
-    )
+    add_simulator_arguments(sim)
     return parser
 
 
@@ -590,17 +580,10 @@ def replay(files: list[str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "simulate":
-        from gateway.simulator import serve as simulate
+        from gateway.simulator.__main__ import run as simulate
 
         try:
-            simulate(
-                args.host,
-                args.port,
-                default_tps=args.tps,
-                default_tokens=args.tokens,
-                default_fault=args.fault,
-                default_status=args.status,
-            )
+            simulate(args)
         except ValueError as exc:
             _die(str(exc))
         return

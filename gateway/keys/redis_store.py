@@ -42,30 +42,34 @@ DOCS, NAMES, DIGESTS, VERSION, USED = (
 )
 CHANNEL = "gateway-keys:changed"
 
+
+def _save(claim: int, version: int, channel: int) -> str:
+    """The end of every write (Lua): the id (``ARGV[1]``) claims ``ARGV[claim]`` in
+    ``KEYS[2]`` unless empty, its document (``ARGV[3]``) is saved in ``KEYS[1]``, and the
+    new version is published as ``"<version> <id>"`` (what ``changes`` reads)."""
+    return f"""
+if ARGV[{claim}] ~= '' then redis.call('HSET', KEYS[2], ARGV[{claim}], ARGV[1]) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+local v = redis.call('INCR', KEYS[{version}])
+redis.call('PUBLISH', ARGV[{channel}], v .. ' ' .. ARGV[1])
+return v
+"""
+
+
+#: A new key: its name (``ARGV[2]``) and digests (``ARGV[7:]``) must be free.
 _CREATE = """
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then return -3 end
 if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return -1 end
 for i = 7, #ARGV do
   if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then return -2 end
 end
-for i = 7, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[2], ARGV[2], ARGV[1]) end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-local v = redis.call('INCR', KEYS[4])
-redis.call('PUBLISH', ARGV[6], v .. ' ' .. ARGV[1])
-return v
-"""
+for i = 7, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], ARGV[1]) end""" + _save(2, 4, 6)
 
+#: A changed key, at the revision it was read at; a new digest (``ARGV[4]``) is claimed.
 _REPLACE = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return -4 end
-if cjson.decode(current)['rev'] ~= tonumber(ARGV[2]) then return -4 end
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[1]) end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-local v = redis.call('INCR', KEYS[3])
-redis.call('PUBLISH', ARGV[5], v .. ' ' .. ARGV[1])
-return v
-"""
+if cjson.decode(current)['rev'] ~= tonumber(ARGV[2]) then return -4 end""" + _save(4, 3, 5)
 
 _LOAD = """
 return {redis.call('GET', KEYS[1]) or '0', redis.call('HGETALL', KEYS[2])}

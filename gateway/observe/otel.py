@@ -48,6 +48,14 @@ SERVICE = "llm-stream-gateway"
 #: The span event at the first output-carrying event of a stream.
 FIRST_TOKEN_EVENT = "gateway.first_token"
 
+#: Fields of the record that become ``gateway.<field>`` attributes when they are set.
+_WHEN_SET = (
+    "time_to_first_token",
+    "time_to_first_byte",
+    "upstream_request_id",
+    "rejected",
+    "error",
+)
 #: (host, port) of a route's upstream, or None when it is not to be recorded.
 AddressOf = Callable[[str, str | None], tuple[str, int | None] | None]
 
@@ -188,16 +196,10 @@ class OtelTracing:
                 attributes["gateway.schema.event"] = schema.event
             if schema.detail:
                 attributes["gateway.schema.detail"] = schema.detail
-        if record.time_to_first_token is not None:
-            attributes["gateway.time_to_first_token"] = record.time_to_first_token
-        if record.time_to_first_byte is not None:
-            attributes["gateway.time_to_first_byte"] = record.time_to_first_byte
-        if record.upstream_request_id:
-            attributes["gateway.upstream_request_id"] = record.upstream_request_id
-        if record.rejected is not None:
-            attributes["gateway.rejected"] = record.rejected
-        if record.error is not None:
-            attributes["gateway.error"] = record.error
+        for field in _WHEN_SET:
+            value = getattr(record, field)
+            if value is not None and value != "":
+                attributes["gateway." + field] = value
         return name, attributes
 
     def shutdown(self, timeout: float) -> None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from gateway.guard import Contract, Framing, Outcome, Reason
 from gateway.guard.framing import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_LINE_BYTES
 from gateway.observe import RequestRecord
 from gateway.protocols import ProtocolSpec, Tool
+from gateway.simulator import STRUCTURED_SCHEMA
 
 __all__ = [
     "CHECKS",
@@ -67,18 +68,9 @@ TOOL: Final = Tool(
     },
 )
 SCHEMA_PROMPT: Final = "Invent a person: a name, an age and a role (admin or user), as JSON."
-#: The schema the ``schema`` check asks the answer to fit (in the strict-mode subset;
-#: the simulator's structured answers are written against the same one).
-SCHEMA: Final = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0},
-        "role": {"enum": ["admin", "user"]},
-    },
-    "required": ["name", "age", "role"],
-    "additionalProperties": False,
-}
+#: The schema the ``schema`` check asks the answer to fit (in the strict-mode subset):
+#: the one the simulator's structured answers are written against.
+SCHEMA: Final = STRUCTURED_SCHEMA
 _MAX_TOKENS: Final = {"tool_call": 64, "schema": 64, "interrupted": 256}
 _DEFAULT_MAX_TOKENS: Final = 32
 
@@ -194,28 +186,14 @@ class Cell:
     total_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "route": self.route,
-            "protocol": self.protocol,
-            "model": self.model,
-            "check": self.check,
-            "started_at": self.started_at,
-            "passed": self.passed,
-            "problem": self.problem,
-            "status": self.status,
-            "media_type": self.media_type,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "finish_reasons": self.finish_reasons,
-            "terminator": self.terminator,
-            "usage": self.usage,
-            "usage_position": self.usage_position,
-            "tool_calls": self.tool_calls,
-            "choices": self.choices,
-            "schema": self.schema,
-            "error": self.error,
-            "timings_ms": {"ttfb": self.ttfb_ms, "ttft": self.ttft_ms, "total": self.total_ms},
-        }
+        """Every field in order, the timings gathered under ``timings_ms``."""
+        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TIMINGS}
+        row["timings_ms"] = {"ttfb": self.ttfb_ms, "ttft": self.ttft_ms, "total": self.total_ms}
+        return row
+
+
+#: The fields of a ``Cell`` that its dict gathers under ``timings_ms``.
+_TIMINGS: Final = frozenset({"ttfb_ms", "ttft_ms", "total_ms"})
 
 
 def _ms(seconds: float | None) -> float | None:

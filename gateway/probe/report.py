@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from gateway.probe.checks import Cell
@@ -124,13 +124,10 @@ class Matrix:
         return sum(not cell.passed for cell in self.cells)
 
     def as_json(self) -> dict[str, Any]:
+        head = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cells"}
         return {
             "schema": SCHEMA,
-            "gateway_version": self.gateway_version,
-            "client": self.client,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "simulator": self.simulator,
+            **head,
             "summary": {
                 "checks": len(self.cells),
                 "passed": len(self.cells) - self.failed,

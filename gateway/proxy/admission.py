@@ -207,12 +207,8 @@ class Admission:
         """The request target below the prefix, the whole request body and who sent it,
         or Refused / ClientGone."""
         if draining:
-            raise Refused(
-                503,
-                "shutting_down",
-                "The gateway is shutting down; retry on another instance.",
-                "service_unavailable",
-                [(b"retry-after", b"1"), (b"connection", b"close")],
+            raise _unavailable(
+                "shutting_down", "The gateway is shutting down; retry on another instance."
             )
         target = self.target_of(route, scope)
         headers = scope["headers"]
@@ -437,10 +433,17 @@ def _signature_holds(scope: Scope, secret: SecretStr, body: bytes) -> bool:
 
 
 def _over_budget() -> Refused:
+    return _unavailable(
+        "memory_budget", "The gateway is holding too many request bodies; retry shortly."
+    )
+
+
+def _unavailable(label: str, message: str) -> Refused:
+    """A 503 of the gateway's own: retry in a second, on a new connection."""
     return Refused(
         503,
-        "memory_budget",
-        "The gateway is holding too many request bodies; retry shortly.",
+        label,
+        message,
         "service_unavailable",
         [(b"retry-after", b"1"), (b"connection", b"close")],
     )

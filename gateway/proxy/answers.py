@@ -37,7 +37,13 @@ from gateway.guard.framing import framing_of
 from gateway.guard.jsonparse import loads
 from gateway.observe import RequestRecord
 from gateway.policy.errors import RequestError
-from gateway.proxy.buffered import BufferedFailure, buffered_length, failure_body, read_whole
+from gateway.proxy.buffered import (
+    BufferedFailure,
+    buffered_length,
+    failure_body,
+    read_upto,
+    read_whole,
+)
 from gateway.proxy.connection import abort_connection
 from gateway.proxy.deadlines import Watchdog
 from gateway.proxy.exchange import AbortConnection, Exchange
@@ -317,17 +323,8 @@ _REFUSAL_LIMIT = 64 * 1024
 async def read_refusal(response: httpx.Response) -> Held:
     """A 400's body (up to ``_REFUSAL_LIMIT``, then the rest goes on as ``chunks``)."""
     chunks = response.aiter_raw().__aiter__()
-    out: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in chunks:
-            out.append(chunk)
-            size += len(chunk)
-            if size >= _REFUSAL_LIMIT:
-                break
-    except (httpx.TransportError, OSError):
-        return Held(b"".join(out), Reason.UPSTREAM_DISCONNECT, chunks=chunks)
-    return Held(b"".join(out), chunks=chunks)
+    out, cut = await read_upto(chunks, _REFUSAL_LIMIT)
+    return Held(out, Reason.UPSTREAM_DISCONNECT if cut else None, chunks=chunks)
 
 
 # -- plain answers ------------------------------------------------------------------

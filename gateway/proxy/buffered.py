@@ -27,7 +27,7 @@ from gateway.guard import Protocol, Reason
 from gateway.guard.jsonparse import loads
 from gateway.proxy.errors import error_body, error_headers
 
-__all__ = ["BufferedFailure", "buffered_length", "failure_body", "read_whole"]
+__all__ = ["BufferedFailure", "buffered_length", "failure_body", "read_upto", "read_whole"]
 
 _MESSAGES = {
     Reason.UPSTREAM_DISCONNECT: "The upstream's answer was cut before its end.",
@@ -63,24 +63,30 @@ async def read_whole(chunks: AsyncIterator[bytes], length: int) -> bytes:
     More bytes than announced are read no further than one chunk past the
     length (and are a cut answer too: the framing is broken).
     """
-    parts: list[bytes] = []
-    got = 0
-    try:
-        async for chunk in chunks:
-            parts.append(chunk)
-            got += len(chunk)
-            if got > length:
-                break
-    except (httpx.TransportError, OSError):
-        raise BufferedFailure(Reason.UPSTREAM_DISCONNECT) from None
-    if got != length:
+    body, cut = await read_upto(chunks, length + 1)
+    if cut or len(body) != length:
         raise BufferedFailure(Reason.UPSTREAM_DISCONNECT)
-    body = b"".join(parts)
     try:
         loads(body)
     except (ValueError, RecursionError):
         raise BufferedFailure(Reason.INVALID_JSON) from None
     return body
+
+
+async def read_upto(chunks: AsyncIterator[bytes], most: int) -> tuple[bytes, bool]:
+    """The chunks read until they hold ``most`` bytes or end (the last one whole, so it
+    may pass ``most``), and whether the upstream broke off (a transport error) first."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= most:
+                break
+    except (httpx.TransportError, OSError):
+        return b"".join(parts), True
+    return b"".join(parts), False
 
 
 def failure_body(

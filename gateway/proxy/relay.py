@@ -276,6 +276,7 @@ class Relay:
         route = exchange.route
         exchange.total_deadline = asyncio.get_running_loop().time() + route.timeouts.total
         headers = self._upstream_headers(exchange.scope, exchange.record, exchange.caller)
+        outgoing = _Outgoing(target, headers, body, request_json)
         tried: list[int] = []
         # A request's first pick is never empty (panic routing).
         first = route.pool.pick(model=exchange.record.model)
@@ -286,9 +287,7 @@ class Relay:
                 if retry.wait > 0:
                     await self._wait(exchange, retry)
                 tried.append(retry.lease.index)
-                retry = await self._attempt(
-                    exchange, retry.lease, tried, target, headers, body, request_json
-                )
+                retry = await self._attempt(exchange, retry.lease, tried, outgoing)
         except asyncio.CancelledError:
             if not exchange.claim_stop():
                 raise
@@ -308,10 +307,7 @@ class Relay:
         exchange: Exchange,
         lease: Lease,
         tried: list[int],
-        target: Target,
-        headers: RawHeaders,
-        body: bytes,
-        request_json: dict[str, Any] | None,
+        outgoing: _Outgoing,
     ) -> Retry | None:
         """One attempt on the leased upstream, in two layers: get an answer or a failure
         (``_exchange``), then account for it (``_account``). Returns the next
@@ -319,14 +315,15 @@ class Relay:
         route = exchange.route
         endpoint = route.endpoints[lease.index]
         exchange.timeouts = endpoint.timeouts
-        content = await self.rewriter.for_endpoint(exchange, endpoint.models, body, request_json)
+        content = await self.rewriter.for_endpoint(
+            exchange, endpoint.models, outgoing.body, outgoing.request_json
+        )
         exchange.record.bytes_in += len(content)
         self.metrics.upstream_started(route.name, endpoint.name)
         # uvloop's loop.time() counts whole milliseconds; the position keeps the access
         # log's attempts in the order they started (a continuation's ends first).
         tally = Tally(time.monotonic(), len(exchange.record.attempts), endpoint, lease)
         try:
-            outgoing = _Outgoing(target, headers, body, request_json)
             return await self._exchange(exchange, endpoint, tried, tally, outgoing, content)
         except asyncio.CancelledError:
             tally.stopped()

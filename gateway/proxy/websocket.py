@@ -273,36 +273,14 @@ class WebSocketRelay:
                 return
             admitted = self._admit(route, scope, record)
             if isinstance(admitted, Refused):
-                record.rejected = admitted.label
-                self.metrics.reject(admitted.label)
-                await _deny(
-                    send,
-                    scope,
-                    admitted.status,
-                    admitted.message,
-                    admitted.type_,
-                    admitted.label,
-                    request_id,
-                    record,
-                )
+                await _refuse(send, scope, admitted, self.metrics, request_id, record)
                 return
             target, caller = admitted
             record.client_name = caller.name
             team = caller.team
             capped = self._take_slot(caller.name)
             if capped is not None:
-                record.rejected = capped.label
-                self.metrics.reject(capped.label)
-                await _deny(
-                    send,
-                    scope,
-                    capped.status,
-                    capped.message,
-                    capped.type_,
-                    capped.label,
-                    request_id,
-                    record,
-                )
+                await _refuse(send, scope, capped, self.metrics, request_id, record)
                 return
             slot = caller.name
             result = await open_upstream(
@@ -1019,6 +997,29 @@ async def _deny(
     """Refuse the handshake with the gateway's JSON error (an HTTP answer, not a socket)."""
     body = error_body(Protocol.RESPONSES, status, message, type_, code, request_id)
     await _deny_with(send, scope, status, body, error_headers(body, request_id), record)
+
+
+async def _refuse(
+    send: Send,
+    scope: Scope,
+    refused: Refused,
+    metrics: Metrics,
+    request_id: str,
+    record: RequestRecord,
+) -> None:
+    """Refuse the handshake for a reason of the gateway's own: recorded and counted."""
+    record.rejected = refused.label
+    metrics.reject(refused.label)
+    await _deny(
+        send,
+        scope,
+        refused.status,
+        refused.message,
+        refused.type_,
+        refused.label,
+        request_id,
+        record,
+    )
 
 
 async def _deny_upstream(

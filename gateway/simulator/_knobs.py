@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "DEFAULT_HUGE_EVENT_BYTES",
@@ -74,6 +74,7 @@ _MAX_CHUNK_BYTES: Final = 512 * 1024 * 1024
 _MAX_STALL_SECONDS: Final = 7 * 24 * 3600.0
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off", ""})
+_N = TypeVar("_N", int, float)
 
 
 class KnobError(ValueError):
@@ -112,35 +113,27 @@ def _pick(headers: Mapping[str, str], sim: Mapping[str, Any], name: str) -> obje
 
 
 def _as_int(name: str, raw: object, low: int, high: int) -> int:
-    if isinstance(raw, bool):
-        raise KnobError(f"sim knob {name!r} must be an integer")
-    if isinstance(raw, int):
-        value = raw
-    elif isinstance(raw, str):
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise KnobError(f"sim knob {name!r} must be an integer, got {raw!r}") from None
-    else:
-        raise KnobError(f"sim knob {name!r} must be an integer")
-    if not low <= value <= high:
-        raise KnobError(f"sim knob {name!r} must be between {low} and {high}, got {value}")
-    return value
+    return _as_number(name, raw, int, low, high)
 
 
 def _as_float(name: str, raw: object, low: float, high: float) -> float:
-    if isinstance(raw, bool):
-        raise KnobError(f"sim knob {name!r} must be a number")
-    if isinstance(raw, int | float):
-        value = float(raw)
-    elif isinstance(raw, str):
+    return _as_number(name, raw, float, low, high)
+
+
+def _as_number(name: str, raw: object, kind: type[_N], low: _N, high: _N) -> _N:
+    """A knob's number of ``kind`` (a float knob takes an integer too, never a bool),
+    from JSON or a header's text, within ``low`` and ``high``."""
+    what = "an integer" if kind is int else "a number"
+    if isinstance(raw, str):
         try:
-            value = float(raw.strip())
+            value = kind(raw.strip())
         except ValueError:
-            raise KnobError(f"sim knob {name!r} must be a number, got {raw!r}") from None
+            raise KnobError(f"sim knob {name!r} must be {what}, got {raw!r}") from None
+    elif isinstance(raw, (int, kind)) and not isinstance(raw, bool):
+        value = kind(raw)
     else:
-        raise KnobError(f"sim knob {name!r} must be a number")
-    if math.isnan(value) or not low <= value <= high:
+        raise KnobError(f"sim knob {name!r} must be {what}")
+    if (isinstance(value, float) and math.isnan(value)) or not low <= value <= high:
         raise KnobError(f"sim knob {name!r} must be between {low} and {high}, got {value}")
     return value
 
