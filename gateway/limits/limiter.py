@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.limits.backend import Ask, Backend, BackendError
+from gateway.limits.backend import Ask, Backend, BackendError, Bill
 from gateway.limits.memory import MemoryBackend
 from gateway.money.prices import NANOS_PER_USD, Quote, nanos_to_usd
 from gateway.policy.quota import (
@@ -413,9 +413,7 @@ class Limiter:
             check, _ = never
             raise TooLarge(check.limit, check.value, input_, output, strict, [])
         if self._memory is not None:
-            answer = self._memory.reserve_now(
-                checks, input_, output, strict, now, input_money, output_pico
-            )
+            answer = self._memory.reserve_now(checks, ask, now)
         elif not checks:  # (a client whose only limit is on streams, and no stream)
             return Reservation(client, ask, [], 0, estimated_input, settled=True, plan=key)
         elif not self.backend.ready:
@@ -486,16 +484,8 @@ class Limiter:
             )
         else:
             try:
-                after = await self.backend.settle(
-                    checks,
-                    current,
-                    reservation.ask,
-                    reservation.reserved,
-                    cost.total,
-                    served,
-                    reservation.money,
-                    cost.money,
-                )
+                bill = Bill(reservation.reserved, cost.total, served, reservation.money, cost.money)
+                after = await self.backend.settle(checks, current, reservation.ask, bill)
             except BackendError as exc:
                 self._failed("settle", exc)
                 return

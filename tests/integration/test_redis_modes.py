@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.limits.backend import Ask
+from gateway.limits.backend import Ask, Bill
 from gateway.limits.redis_backend import RedisBackend
 from gateway.policy.quota import Limit, Rule, checks_for
 from gateway.redisconn import RedisTarget
@@ -73,8 +73,7 @@ def test_the_limits_scripts_run_on_every_slot(request: pytest.FixtureRequest, mo
                         checks_for([rules[t]], True, NOW),
                         checks_for([rules[t]], True, NOW),
                         a,
-                        100,
-                        40,
+                        Bill(100, 40),
                     )
                     for (t, a), answer in zip(asks, answers, strict=True)
                     if answer.refused is None
