@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     from gateway.redisconn import RedisTarget
 
-__all__ = ["Ledger", "MemoryLedger", "RedisLedger", "Row", "Total"]
+__all__ = ["Entry", "Ledger", "MemoryLedger", "RedisLedger", "Row", "Total"]
 
 log = logging.getLogger("gateway")
 
@@ -52,6 +52,19 @@ class Row(NamedTuple):
     evidence: str
 
 
+class Entry(NamedTuple):
+    """One request's entry: its ``receipt``, kept under its request id (and each of
+    ``aliases``: a WebSocket response's own id) for ``owner``, and its ``nanos`` (and one
+    request) added to ``row``'s total (None: a request of nobody's, reported nowhere)."""
+
+    request_id: str
+    owner: str
+    receipt: dict[str, Any]
+    row: Row | None
+    nanos: int
+    aliases: tuple[str, ...] = ()
+
+
 #: A receipt to write: its request id, its aliases, its text, its row and its money.
 _Item = tuple[str, tuple[str, ...], str, Row | None, int]
 
@@ -65,18 +78,8 @@ class Total(NamedTuple):
 
 
 class Ledger(Protocol):
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
-        """Keep ``receipt`` under ``request_id`` (and each of ``aliases``: a WebSocket
-        response's own id) for ``owner``, and add ``nanos`` (and one request) to ``row``'s
-        total (None: a request of nobody's, reported nowhere)."""
+    async def keep(self, entry: Entry) -> None:
+        """Keep ``entry``: its receipt, and its money in its row's total."""
         ...
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -110,15 +113,8 @@ class MemoryLedger:
         )
         self._totals: dict[Row, list[int]] = {}
 
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
+    async def keep(self, entry: Entry) -> None:
+        request_id, owner, receipt, row, nanos, aliases = entry
         now = self._clock()
         receipts = self._receipts
         for name in (request_id, *aliases):
@@ -198,17 +194,9 @@ class RedisLedger:
     def _day_key(self, day: int) -> str:
         return f"{self._prefix}day:{day}"
 
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
-        text = json.dumps({"owner": owner, "receipt": receipt}, separators=(",", ":"))
-        item = (request_id, aliases, text, row, nanos)
+    async def keep(self, entry: Entry) -> None:
+        text = json.dumps({"owner": entry.owner, "receipt": entry.receipt}, separators=(",", ":"))
+        item = (entry.request_id, entry.aliases, text, entry.row, entry.nanos)
         try:
             await self._write(item)
         except Exception as exc:  # any failure of Redis: kept to be written when it is back

@@ -349,7 +349,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
     the issued keys' scripts run on the factory's client in each mode: a command that
     touched two slots would fail on the cluster."""
     from gateway.keys.redis_store import RedisKeyStore
-    from gateway.spend.ledger import RedisLedger, Row
+    from gateway.spend.ledger import Entry, RedisLedger, Row
 
     target = _target(request, mode)
     request_id = f"req-{time.monotonic_ns()}"
@@ -361,7 +361,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
         try:
             row = Row(day, "alice", "team", "sim-model", "v1", "reported")
             # a WebSocket response's: its resp_ id an alias, in the same transaction
-            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",))
+            await ledger.keep(Entry(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",)))
             found = None
             for _ in range(200):  # written by the ledger's own task: polled, 10 s at most
                 found = await ledger.receipt(request_id)
