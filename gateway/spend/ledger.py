@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -93,34 +94,28 @@ class Ledger(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(eq=False)
 class MemoryLedger:
     """One process's receipts and totals, bounded."""
 
-    def __init__(
-        self,
-        ttl: float,
-        max_receipts: int,
-        retention_days: int,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._ttl = ttl
-        self._max = max_receipts
-        self._retention = retention_days
-        self._clock = clock
-        #: request id -> (expiry, owner, receipt), oldest first
-        self._receipts: collections.OrderedDict[str, tuple[float, str, dict[str, Any]]] = (
-            collections.OrderedDict()
-        )
-        self._totals: dict[Row, list[int]] = {}
+    ttl: float
+    max_receipts: int
+    retention_days: int
+    clock: Callable[[], float] = time.time
+    #: request id -> (expiry, owner, receipt), oldest first
+    _receipts: collections.OrderedDict[str, tuple[float, str, dict[str, Any]]] = field(
+        default_factory=collections.OrderedDict, init=False
+    )
+    _totals: dict[Row, list[int]] = field(default_factory=dict, init=False)
 
     async def keep(self, entry: Entry) -> None:
         request_id, owner, receipt, row, nanos, aliases = entry
-        now = self._clock()
+        now = self.clock()
         receipts = self._receipts
         for name in (request_id, *aliases):
-            receipts[name] = (now + self._ttl, owner, receipt)
+            receipts[name] = (now + self.ttl, owner, receipt)
             receipts.move_to_end(name)
-        while len(receipts) > self._max:
+        while len(receipts) > self.max_receipts:
             receipts.popitem(last=False)
         while receipts:
             first = next(iter(receipts.values()))
@@ -136,13 +131,13 @@ class MemoryLedger:
             total[1] += 1
 
     def _forget_days(self, today: int) -> None:
-        oldest = today - self._retention
+        oldest = today - self.retention_days
         for row in [r for r in self._totals if r.day < oldest]:
             del self._totals[row]
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
         found = self._receipts.get(request_id)
-        if found is None or found[0] <= self._clock():
+        if found is None or found[0] <= self.clock():
             return None
         return found[1], found[2]
 
