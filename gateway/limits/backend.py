@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 
 from gateway.policy.quota import Check
 
-__all__ = ["Ask", "Backend", "BackendError", "Reserved", "money_of"]
+__all__ = ["Ask", "Backend", "BackendError", "Bill", "Reserved", "money_of"]
 
 
 class BackendError(Exception):
@@ -63,6 +63,18 @@ class Reserved(NamedTuple):
         return ask.input + self.output
 
 
+class Bill(NamedTuple):
+    """What a reservation is settled by: the tokens it ``reserved`` and those the request
+    really cost (``cost``), the same in nano-dollars for the money counters, and whether
+    it was ``served`` (a request refused after its reservation was not)."""
+
+    reserved: int
+    cost: int
+    served: bool = True
+    reserved_money: int = 0
+    cost_money: int = 0
+
+
 class Backend(Protocol):
     #: Whether the backend is across a network (it may fail, and may be slow).
     remote: bool
@@ -85,21 +97,13 @@ class Backend(Protocol):
         ...
 
     async def settle(
-        self,
-        checks: list[Check],
-        current: list[Check],
-        ask: Ask,
-        reserved: int,
-        cost: int,
-        served: bool = True,
-        reserved_money: int = 0,
-        cost_money: int = 0,
+        self, checks: list[Check], current: list[Check], ask: Ask, bill: Bill
     ) -> list[int | None]:
-        """Replace ``reserved`` by ``cost`` in the token counters (``current``: the same
-        checks in the windows of now), ``reserved_money`` by ``cost_money`` in the money
-        counters, and count the stream out; once. A request not
-        ``served`` is counted out of its requests too. Returns each current counter's
-        value after (None: unknown)."""
+        """Replace ``bill.reserved`` by ``bill.cost`` in the token counters (``current``:
+        the same checks in the windows of now), ``bill.reserved_money`` by
+        ``bill.cost_money`` in the money counters, and count the stream out; once. A
+        request not ``served`` is counted out of its requests too. Returns each current
+        counter's value after (None: unknown)."""
         ...
 
     async def read(self, checks: list[Check], now: float) -> list[int]:

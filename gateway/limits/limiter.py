@@ -33,9 +33,9 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from gateway.limits.backend import Ask, Backend, BackendError
+from gateway.limits.backend import Ask, Backend, BackendError, Bill
 from gateway.limits.memory import MemoryBackend
 from gateway.money.prices import NANOS_PER_USD, Quote, nanos_to_usd
 from gateway.policy.quota import (
@@ -86,21 +86,33 @@ class LimitRefused(Exception):
         return "rate_limited" if self.status == 429 else "limits_unavailable"
 
 
-class Unpriced(LimitRefused):
-    """A request under a money budget for a model that nothing prices (400): retrying
-    cannot help."""
+class _BadRequest(LimitRefused):
+    """A refusal with 400 that no wait can help, under no limit: ``name`` is its label
+    and its ``rejected`` reason."""
 
-    def __init__(self, model: str | None) -> None:
+    name: ClassVar[str]
+
+    def __init__(self) -> None:
         super().__init__(400, None, 0.0, [])
-        self.model = model
 
     @property
     def label(self) -> str:
-        return "unpriced"
+        return self.name
 
     @property
     def rejected(self) -> str:
-        return "unpriced"
+        return self.name
+
+
+class Unpriced(_BadRequest):
+    """A request under a money budget for a model that nothing prices (400): retrying
+    cannot help."""
+
+    name = "unpriced"
+
+    def __init__(self, model: str | None) -> None:
+        super().__init__()
+        self.model = model
 
 
 class TooLarge(LimitRefused):
@@ -121,23 +133,17 @@ class TooLarge(LimitRefused):
         return "too_large"
 
 
-class Uncapped(LimitRefused):
+class Uncapped(_BadRequest):
     """A strict client's request whose body the gateway could not rewrite to cap its
     output at what is left (too complex to parse within the body parser's budget): 400,
     never sent upstream uncapped; its own ``max_tokens`` at most ``cap`` needs no
     rewrite."""
 
+    name = "uncapped"
+
     def __init__(self, cap: int) -> None:
-        super().__init__(400, None, 0.0, [])
+        super().__init__()
         self.cap = cap
-
-    @property
-    def label(self) -> str:
-        return "uncapped"
-
-    @property
-    def rejected(self) -> str:
-        return "uncapped"
 
 
 def _too_large(
@@ -208,6 +214,13 @@ class _ClientRules:
     money: bool = False
     #: a model nothing prices is served (unpriced, charged nothing) instead of refused
     allow_unpriced: bool = False
+
+    def always(self) -> list[Rule]:
+        """The rules every request of the client meets: its own and its team's."""
+        found = [self.own] if self.own is not None else []
+        if self.team is not None:
+            found.append(self.team)
+        return found
 
 
 def _client_rules(
@@ -320,10 +333,7 @@ class Limiter:
         rules = self._rules.get(client)
         if rules is None:
             return []
-        found = [rules.own] if rules.own is not None else []
-        if rules.team is not None:
-            found.append(rules.team)
-        return found + list(rules.routes.values()) + list(rules.models.values())
+        return rules.always() + list(rules.routes.values()) + list(rules.models.values())
 
     def _plan(self, client: str, route: str, model: str | None, stream: bool, now: float) -> _Plan:
         """The request's checks, kept for the current minute (the counters' names change
@@ -350,9 +360,7 @@ class Limiter:
         rules = self._rules.get(client)
         if rules is None:
             return []
-        found = [rules.own] if rules.own is not None else []
-        if rules.team is not None:
-            found.append(rules.team)
+        found = rules.always()
         if rules.routes and route in rules.routes:
             found.append(rules.routes[route])
         if rules.models and model is not None and model in rules.models:
@@ -413,9 +421,7 @@ class Limiter:
             check, _ = never
             raise TooLarge(check.limit, check.value, input_, output, strict, [])
         if self._memory is not None:
-            answer = self._memory.reserve_now(
-                checks, input_, output, strict, now, input_money, output_pico
-            )
+            answer = self._memory.reserve_now(checks, ask, now)
         elif not checks:  # (a client whose only limit is on streams, and no stream)
             return Reservation(client, ask, [], 0, estimated_input, settled=True, plan=key)
         elif not self.backend.ready:
@@ -486,16 +492,8 @@ class Limiter:
             )
         else:
             try:
-                after = await self.backend.settle(
-                    checks,
-                    current,
-                    reservation.ask,
-                    reservation.reserved,
-                    cost.total,
-                    served,
-                    reservation.money,
-                    cost.money,
-                )
+                bill = Bill(reservation.reserved, cost.total, served, reservation.money, cost.money)
+                after = await self.backend.settle(checks, current, reservation.ask, bill)
             except BackendError as exc:
                 self._failed("settle", exc)
                 return

@@ -12,7 +12,7 @@ fail or arrive late, so a reservation's identity is the limiter's business
 
 from __future__ import annotations
 
-from gateway.limits.backend import Ask, Reserved, money_of
+from gateway.limits.backend import Ask, Bill, Reserved, money_of
 from gateway.policy.quota import Check
 
 __all__ = ["MemoryBackend"]
@@ -32,36 +32,17 @@ class MemoryBackend:
         self._next_sweep = 0.0
 
     async def reserve(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
-        return self.reserve_now(
-            checks, ask.input, ask.output, ask.strict, now, ask.input_money, ask.output_pico
-        )
+        return self.reserve_now(checks, ask, now)
 
     async def settle(
-        self,
-        checks: list[Check],
-        current: list[Check],
-        ask: Ask,
-        reserved: int,
-        cost: int,
-        served: bool = True,
-        reserved_money: int = 0,
-        cost_money: int = 0,
+        self, checks: list[Check], current: list[Check], ask: Ask, bill: Bill
     ) -> list[int | None]:
-        return self.settle_now(
-            checks, current, cost - reserved, served, cost_money - reserved_money
-        )
+        money_delta = bill.cost_money - bill.reserved_money
+        return self.settle_now(checks, current, bill.cost - bill.reserved, bill.served, money_delta)
 
-    def reserve_now(
-        self,
-        checks: list[Check],
-        input_: int,
-        output: int,
-        strict: bool,
-        now: float,
-        input_money: int = 0,
-        output_pico: int = 0,
-    ) -> Reserved:
+    def reserve_now(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
         """``reserve`` without a coroutine: nothing here awaits."""
+        _, input_, output, strict, _, input_money, output_pico = ask
         if now >= self._next_sweep:
             self._sweep(now)
         counters = self._counters

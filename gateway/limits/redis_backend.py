@@ -27,7 +27,7 @@ import asyncio
 import math
 from typing import Any
 
-from gateway.limits.backend import Ask, BackendError, Reserved
+from gateway.limits.backend import Ask, BackendError, Bill, Reserved
 from gateway.limits.redis_link import RedisLink, Script
 from gateway.policy.quota import Check
 from gateway.redisconn import RedisTarget, as_target
@@ -242,21 +242,13 @@ class RedisBackend:
         return Script(1, keys, args)
 
     async def settle(
-        self,
-        checks: list[Check],
-        current: list[Check],
-        ask: Ask,
-        reserved: int,
-        cost: int,
-        served: bool = True,
-        reserved_money: int = 0,
-        cost_money: int = 0,
+        self, checks: list[Check], current: list[Check], ask: Ask, bill: Bill
     ) -> list[int | None]:
-        """``reserved`` is Redis's to know (the id's key holds it): a reservation that
+        """What was reserved is Redis's to know (the id's key holds it): a reservation that
         never counted is charged the whole cost."""
         if not checks:
             return []
-        script = self._settlement(checks, current, ask, cost, served, cost_money)
+        script = self._settlement(checks, current, ask, bill.cost, bill.served, bill.cost_money)
         (answer,) = await self._link.call([script], durable_for=ask.hold + 60)
         if int(answer[0]) < 0:
             return [None] * len(checks)

@@ -25,7 +25,7 @@ from gateway.observe import Metrics
 from gateway.policy.quota import NOTHING
 from gateway.proxy.exchange import Exchange
 from gateway.proxy.limited import cost_of_record, send_limited, with_headers
-from gateway.proxy.pricing import Pricing
+from gateway.proxy.pricing import Spend
 from gateway.proxy.request_body import input_estimate, strict_input
 from gateway.proxy.rewrite import Rewriter
 from gateway.proxy.stages import Next
@@ -48,7 +48,7 @@ class ClientLimits:
     """Reserves, caps, charges and settles a named client's requests."""
 
     def __init__(
-        self, limiter: Limiter | None, spend: Pricing, rewriter: Rewriter, metrics: Metrics
+        self, limiter: Limiter | None, spend: Spend, rewriter: Rewriter, metrics: Metrics
     ) -> None:
         self.limiter = limiter
         self.spend = spend

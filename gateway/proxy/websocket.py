@@ -84,7 +84,7 @@ from gateway.proxy.headers import (
     without_key,
 )
 from gateway.proxy.owner import owner_from
-from gateway.proxy.pricing import Pricing, Receipts
+from gateway.proxy.pricing import Receipts, Spend
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.tally import attempt_done
@@ -204,7 +204,7 @@ class WebSocketRelay:
         lifecycle: Lifecycle,
         forwarding: Forwarding,
         limiter: Limiter | None = None,
-        spend: Pricing | None = None,
+        spend: Spend | None = None,
         receipts: Receipts | None = None,
     ) -> None:
         self.settings = settings

@@ -1,6 +1,7 @@
 """What an answer cost on a request's way: the object the relay and the limits ask
-(``service``), over the prices and charges of ``gateway.money``; the receipts and the
-report (``stage``, ``ledger``).
+(``Spend``, kept beside the relay that asks it: ``gateway.proxy.pricing``), over the
+prices and charges of ``gateway.money``; the receipts and the report (``stage``,
+``ledger``).
 
 Money is integer nano-dollars everywhere (1e-9 USD): charges, reservations,
 counters, receipts and the report add up exactly.
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from gateway.money.charge import Charge, Evidence
 from gateway.money.prices import NANOS_PER_USD, Billable, Pricer, Quote, nanos_to_usd
+from gateway.proxy.pricing import Spend
 from gateway.settings import Settings
-from gateway.spend.service import Spend
 
 if TYPE_CHECKING:
     from gateway.spend.stage import SpendStage

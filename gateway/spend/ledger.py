@@ -24,12 +24,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from gateway.redisconn import RedisTarget
 
-__all__ = ["Ledger", "MemoryLedger", "RedisLedger", "Row", "Total"]
+__all__ = ["Entry", "Ledger", "MemoryLedger", "RedisLedger", "Row", "Total"]
 
 log = logging.getLogger("gateway")
 
@@ -52,6 +53,19 @@ class Row(NamedTuple):
     evidence: str
 
 
+class Entry(NamedTuple):
+    """One request's entry: its ``receipt``, kept under its request id (and each of
+    ``aliases``: a WebSocket response's own id) for ``owner``, and its ``nanos`` (and one
+    request) added to ``row``'s total (None: a request of nobody's, reported nowhere)."""
+
+    request_id: str
+    owner: str
+    receipt: dict[str, Any]
+    row: Row | None
+    nanos: int
+    aliases: tuple[str, ...] = ()
+
+
 #: A receipt to write: its request id, its aliases, its text, its row and its money.
 _Item = tuple[str, tuple[str, ...], str, Row | None, int]
 
@@ -65,18 +79,8 @@ class Total(NamedTuple):
 
 
 class Ledger(Protocol):
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
-        """Keep ``receipt`` under ``request_id`` (and each of ``aliases``: a WebSocket
-        response's own id) for ``owner``, and add ``nanos`` (and one request) to ``row``'s
-        total (None: a request of nobody's, reported nowhere)."""
+    async def keep(self, entry: Entry) -> None:
+        """Keep ``entry``: its receipt, and its money in its row's total."""
         ...
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -90,41 +94,28 @@ class Ledger(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(eq=False)
 class MemoryLedger:
     """One process's receipts and totals, bounded."""
 
-    def __init__(
-        self,
-        ttl: float,
-        max_receipts: int,
-        retention_days: int,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._ttl = ttl
-        self._max = max_receipts
-        self._retention = retention_days
-        self._clock = clock
-        #: request id -> (expiry, owner, receipt), oldest first
-        self._receipts: collections.OrderedDict[str, tuple[float, str, dict[str, Any]]] = (
-            collections.OrderedDict()
-        )
-        self._totals: dict[Row, list[int]] = {}
+    ttl: float
+    max_receipts: int
+    retention_days: int
+    clock: Callable[[], float] = time.time
+    #: request id -> (expiry, owner, receipt), oldest first
+    _receipts: collections.OrderedDict[str, tuple[float, str, dict[str, Any]]] = field(
+        default_factory=collections.OrderedDict, init=False
+    )
+    _totals: dict[Row, list[int]] = field(default_factory=dict, init=False)
 
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
-        now = self._clock()
+    async def keep(self, entry: Entry) -> None:
+        request_id, owner, receipt, row, nanos, aliases = entry
+        now = self.clock()
         receipts = self._receipts
         for name in (request_id, *aliases):
-            receipts[name] = (now + self._ttl, owner, receipt)
+            receipts[name] = (now + self.ttl, owner, receipt)
             receipts.move_to_end(name)
-        while len(receipts) > self._max:
+        while len(receipts) > self.max_receipts:
             receipts.popitem(last=False)
         while receipts:
             first = next(iter(receipts.values()))
@@ -140,13 +131,13 @@ class MemoryLedger:
             total[1] += 1
 
     def _forget_days(self, today: int) -> None:
-        oldest = today - self._retention
+        oldest = today - self.retention_days
         for row in [r for r in self._totals if r.day < oldest]:
             del self._totals[row]
 
     async def receipt(self, request_id: str) -> tuple[str, dict[str, Any]] | None:
         found = self._receipts.get(request_id)
-        if found is None or found[0] <= self._clock():
+        if found is None or found[0] <= self.clock():
             return None
         return found[1], found[2]
 
@@ -198,17 +189,9 @@ class RedisLedger:
     def _day_key(self, day: int) -> str:
         return f"{self._prefix}day:{day}"
 
-    async def keep(
-        self,
-        request_id: str,
-        owner: str,
-        receipt: dict[str, Any],
-        row: Row | None,
-        nanos: int,
-        aliases: tuple[str, ...] = (),
-    ) -> None:
-        text = json.dumps({"owner": owner, "receipt": receipt}, separators=(",", ":"))
-        item = (request_id, aliases, text, row, nanos)
+    async def keep(self, entry: Entry) -> None:
+        text = json.dumps({"owner": entry.owner, "receipt": entry.receipt}, separators=(",", ":"))
+        item = (entry.request_id, entry.aliases, text, entry.row, entry.nanos)
         try:
             await self._write(item)
         except Exception as exc:  # any failure of Redis: kept to be written when it is back

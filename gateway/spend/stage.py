@@ -35,7 +35,7 @@ from gateway.proxy.exchange import Exchange
 from gateway.proxy.owner import owner_of
 from gateway.proxy.stages import Next
 from gateway.settings import ANONYMOUS
-from gateway.spend.ledger import Ledger, Row, Total
+from gateway.spend.ledger import Entry, Ledger, Row, Total
 
 __all__ = ["RECEIPTS_PATH", "SPEND_PATH", "SpendStage"]
 
@@ -116,16 +116,9 @@ class SpendStage:
             else None
         )
         receipt = receipt_of(record, self._version, self._clock())
-        task = asyncio.get_running_loop().create_task(
-            self.ledger.keep(
-                record.request_id,
-                owner,
-                receipt,
-                row,
-                nanos,
-                tuple(_alias(name, owner) for name in aliases),
-            )
-        )
+        aliases = tuple(_alias(name, owner) for name in aliases)
+        entry = Entry(record.request_id, owner, receipt, row, nanos, aliases)
+        task = asyncio.get_running_loop().create_task(self.ledger.keep(entry))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -27,13 +27,15 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from gateway.store.budget import Budget
 
 __all__ = [
     "Batch",
     "BeyondEnd",
     "End",
     "Gone",
+    "NewLog",
     "StoreError",
     "StreamInfo",
     "StreamStore",
@@ -179,7 +181,19 @@ class Writer(ABC):
         lease runs out); for a writer that cannot finish."""
 
 
-class StreamStore(Protocol):
+@dataclass(frozen=True, slots=True)
+class NewLog:
+    """What a log is opened with (``StreamStore.open``): its owner and meta, its byte
+    cap, how long it lives after its last write, and its writer's lease (seconds)."""
+
+    owner: str
+    meta: Mapping[str, str]
+    max_bytes: int
+    ttl: float
+    lease: float
+
+
+class StreamStore(ABC):
     """A store of stream logs (``memory``: one process; ``redis``: shared)."""
 
     #: Whether it is across a network (shared by every worker and replica).
@@ -187,21 +201,27 @@ class StreamStore(Protocol):
     #: When the current outage of its backend started (monotonic seconds), None while
     #: it answers (the breaker: during an outage every call fails at once).
     down_since: float | None
+    #: The total byte budget this process counts (``budget.Budget``).
+    budget: Budget
 
     @property
+    @abstractmethod
     def size(self) -> int:
         """Bytes this process holds in the store (its own accounting), for the gauge."""
-        ...
 
+    @abstractmethod
     async def prepare(self) -> None:
         """Get ready before the first request (connect, load scripts); may raise."""
-        ...
 
+    @abstractmethod
     async def available(self) -> None:
         """Return once the store answers again (at once unless its breaker is open)."""
-        ...
 
+    @abstractmethod
     async def close(self) -> None: ...
+
+    def check(self) -> None:  # noqa: B027 (a hook: a store without a breaker never fails)
+        """Raise StoreError at once while the backend is known to be away (the breaker)."""
 
     async def open(
         self,
@@ -217,40 +237,48 @@ class StreamStore(Protocol):
         None when the store's total budget is spent (``budget.Budget.room``). Others
         see the log once it is written (by the writer's first batch; ``flush``
         waits for it)."""
-        ...
+        if not self.budget.room(max_bytes):
+            return None
+        self.check()
+        new = NewLog(owner, meta, max_bytes, ttl, lease)
+        return await self._open(stream_id or new_stream_id(), new)
 
+    @abstractmethod
+    async def _open(self, stream_id: str, new: NewLog) -> Writer | None:
+        """``open`` once the budget has room: make the log ``stream_id`` and its writer."""
+
+    @abstractmethod
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
         """Take over an orphan (lease expired, no end): a writer that continues at its
         ``total`` events; None when the log has an end, a live lease, or is gone."""
-        ...
 
+    @abstractmethod
     async def info(self, stream_id: str) -> StreamInfo | None:
         """The log's state; None when there is no such log (never made, or expired)."""
-        ...
 
+    @abstractmethod
     async def read(self, stream_id: str, after: int, *, wait: float = 0.0) -> Batch | None:
         """The events after ``after`` (at most ``READ_LIMIT``), waiting up to ``wait``
         seconds while there are none yet and no end. None: no such log. Raises
         ``Gone`` (not kept) or ``BeyondEnd`` (``after`` above the events relayed)."""
-        ...
 
+    @abstractmethod
     async def cancel(self, stream_id: str) -> bool:
         """Ask the writer to stop (idempotent); False when there is no such log."""
-        ...
 
+    @abstractmethod
     async def delete(self, stream_id: str) -> None:
         """Forget the log now (before its TTL)."""
-        ...
 
+    @abstractmethod
     async def claim(self, name: str, stream_id: str, ttl: float) -> str | None:
         """Point ``name`` at ``stream_id`` unless it points somewhere already: None
         when claimed, else the id it points at (one leader per name)."""
-        ...
 
+    @abstractmethod
     async def resolve(self, name: str) -> str | None:
         """The stream ``name`` points at, or None."""
-        ...
 
+    @abstractmethod
     async def forget(self, name: str) -> None:
         """Remove the name ``name``."""
-        ...

@@ -22,9 +22,10 @@ from gateway.store.api import (
     BeyondEnd,
     End,
     Gone,
+    NewLog,
     StreamInfo,
+    StreamStore,
     Writer,
-    new_stream_id,
 )
 from gateway.store.budget import Budget
 
@@ -131,7 +132,7 @@ class _MemoryWriter(Writer):
         self._store.expires(self.id, log.expires_at)
 
 
-class MemoryStore:
+class MemoryStore(StreamStore):
     remote = False
     down_since: float | None = None
 
@@ -198,22 +199,10 @@ class MemoryStore:
             return None
         return log
 
-    async def open(
-        self,
-        owner: str,
-        meta: Mapping[str, str],
-        *,
-        max_bytes: int,
-        ttl: float,
-        lease: float,
-        stream_id: str | None = None,
-    ) -> Writer | None:
-        if not self.budget.room(max_bytes):
-            return None
-        stream_id = stream_id or new_stream_id()
-        log = _Log(owner, meta, ttl, max_bytes)
+    async def _open(self, stream_id: str, new: NewLog) -> Writer | None:
+        log = _Log(new.owner, new.meta, new.ttl, new.max_bytes)
         self._logs[stream_id] = log
-        return _MemoryWriter(self, stream_id, log, max_bytes)
+        return _MemoryWriter(self, stream_id, log, new.max_bytes)
 
     async def adopt(self, stream_id: str, *, lease: float) -> Writer | None:
         log = self._get(stream_id)

@@ -56,10 +56,11 @@ from gateway.store.api import (
     BeyondEnd,
     End,
     Gone,
+    NewLog,
     StoreError,
     StreamInfo,
+    StreamStore,
     Writer,
-    new_stream_id,
 )
 from gateway.store.budget import Budget
 from gateway.store.connection import RedisConnection
@@ -336,7 +337,7 @@ class _Tail:
         self.changed = asyncio.Event()
 
 
-class RedisStore:
+class RedisStore(StreamStore):
     remote = True
 
     def __init__(
@@ -609,32 +610,19 @@ class RedisStore:
     def _k(self, stream_id: str, kind: str) -> str:
         return _key(self.prefix, stream_id, kind)
 
-    async def open(
-        self,
-        owner: str,
-        meta: Mapping[str, str],
-        *,
-        max_bytes: int,
-        ttl: float,
-        lease: float,
-        stream_id: str | None = None,
-    ) -> Writer | None:
-        if not self.budget.room(max_bytes):
-            return None
-        self.check()
-        stream_id = stream_id or new_stream_id()
+    async def _open(self, stream_id: str, new: NewLog) -> Writer | None:
         token = secrets.token_hex(8)
-        fields: dict[str, Any] = {f"m:{k}": v for k, v in meta.items()}
-        fields |= {"owner": owner, "total": 0, "kept": 0, "size": 0, "stopped": 0}
-        fields |= {"max_bytes": max_bytes, "ttl": int(ttl * 1000)}
+        fields: dict[str, Any] = {f"m:{k}": v for k, v in new.meta.items()}
+        fields |= {"owner": new.owner, "total": 0, "kept": 0, "size": 0, "stopped": 0}
+        fields |= {"max_bytes": new.max_bytes, "ttl": int(new.ttl * 1000)}
         self._start()
         writer = _RedisWriter(
             self,
             stream_id,
             token,
-            max_bytes=max_bytes,
-            ttl=ttl,
-            lease=lease,
+            max_bytes=new.max_bytes,
+            ttl=new.ttl,
+            lease=new.lease,
             create=json.dumps(fields),
         )
         # The log is made (meta and lease, by the next pipeline: a burst of new streams

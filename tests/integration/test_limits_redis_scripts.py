@@ -17,7 +17,7 @@ import redis as redis_py
 import redis.cluster
 
 from gateway.limits import BackendError
-from gateway.limits.backend import Ask
+from gateway.limits.backend import Ask, Bill
 from gateway.limits.redis_backend import RedisBackend
 from gateway.policy.quota import Check, Limit, Rule, checks_for
 from gateway.redisconn import RedisTarget
@@ -106,10 +106,10 @@ def test_a_reservation_and_its_settlement_replace_the_estimate_by_the_cost(
         admitted = await backend.reserve(checks, _ask("r1"), NOW)
         assert admitted.refused is None
         assert admitted.used == [1, 100, 1]
-        after = await backend.settle(checks, checks, _ask("r1"), 100, 40)
+        after = await backend.settle(checks, checks, _ask("r1"), Bill(100, 40))
         assert after == [1, 40, 0]
         # settled once: a second settlement (a retry whose first attempt ran) is nothing
-        assert await backend.settle(checks, checks, _ask("r1"), 100, 40) == [None] * 3
+        assert await backend.settle(checks, checks, _ask("r1"), Bill(100, 40)) == [None] * 3
 
     _run(redis, work)
     assert _values(redis, checks) == [1, 40, 0]
@@ -122,7 +122,7 @@ def test_a_reservation_run_after_its_cancellation_counts_nothing(redis: Where) -
     checks = checks_for([RULE], True, NOW)
 
     async def work(backend: RedisBackend) -> None:
-        await backend.settle(checks, checks, _ask("late"), 0, 0, served=False)
+        await backend.settle(checks, checks, _ask("late"), Bill(0, 0, served=False))
         with pytest.raises(BackendError):
             await backend.reserve(checks, _ask("late"), NOW)
 
@@ -135,7 +135,7 @@ def test_a_cancellation_after_its_reservation_takes_all_of_it_back(redis: Where)
 
     async def work(backend: RedisBackend) -> None:
         await backend.reserve(checks, _ask("r1"), NOW)
-        await backend.settle(checks, checks, _ask("r1"), 100, 0, served=False)
+        await backend.settle(checks, checks, _ask("r1"), Bill(100, 0, served=False))
 
     _run(redis, work)
     assert _values(redis, checks) == [0, 0, 0]
@@ -150,7 +150,7 @@ def test_a_settlement_whose_reservation_never_counted_charges_the_cost_only(
 
     async def work(backend: RedisBackend) -> None:
         await backend.reserve(checks, _ask("other"), NOW)  # 100 reserved by another
-        after = await backend.settle(checks, checks, _ask("unreserved"), 100, 30)
+        after = await backend.settle(checks, checks, _ask("unreserved"), Bill(100, 30))
         assert after == [2, 130, 1]
 
     _run(redis, work)
@@ -163,7 +163,7 @@ def test_a_stream_that_crossed_a_minute_is_charged_in_full(redis: Where) -> None
     async def work(backend: RedisBackend) -> None:
         await backend.reserve(before, _ask("long"), NOW)
         # reserved 100, cost 700: the new minute gets the 600 the old one did not hold
-        assert await backend.settle(before, after, _ask("long"), 100, 700) == [0, 600, 0]
+        assert await backend.settle(before, after, _ask("long"), Bill(100, 700)) == [0, 600, 0]
 
     _run(redis, work)
     assert _values(redis, before)[:2] == [1, 100]
@@ -197,7 +197,7 @@ def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over(
     async def work(backend: RedisBackend) -> None:
         assert (await backend.reserve(checks, _ask("a"), NOW)).refused is None
         # it cost more than it reserved: the token counter is over its limit
-        assert await backend.settle(checks, checks, _ask("a"), 100, 400) == [1, 400]
+        assert await backend.settle(checks, checks, _ask("a"), Bill(100, 400)) == [1, 400]
         hit = await backend.reserve(checks, _ask("h1", 0, 0), NOW)
         assert (hit.refused, hit.used) == (None, [2, 400])
         # a request that spends tokens is refused by the token limit, and counts nothing

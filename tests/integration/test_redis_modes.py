@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.limits.backend import Ask
+from gateway.limits.backend import Ask, Bill
 from gateway.limits.redis_backend import RedisBackend
 from gateway.policy.quota import Limit, Rule, checks_for
 from gateway.redisconn import RedisTarget
@@ -73,8 +73,7 @@ def test_the_limits_scripts_run_on_every_slot(request: pytest.FixtureRequest, mo
                         checks_for([rules[t]], True, NOW),
                         checks_for([rules[t]], True, NOW),
                         a,
-                        100,
-                        40,
+                        Bill(100, 40),
                     )
                     for (t, a), answer in zip(asks, answers, strict=True)
                     if answer.refused is None
@@ -350,7 +349,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
     the issued keys' scripts run on the factory's client in each mode: a command that
     touched two slots would fail on the cluster."""
     from gateway.keys.redis_store import RedisKeyStore
-    from gateway.spend.ledger import RedisLedger, Row
+    from gateway.spend.ledger import Entry, RedisLedger, Row
 
     target = _target(request, mode)
     request_id = f"req-{time.monotonic_ns()}"
@@ -362,7 +361,7 @@ def test_receipts_and_issued_keys_on_each_mode(request: pytest.FixtureRequest, m
         try:
             row = Row(day, "alice", "team", "sim-model", "v1", "reported")
             # a WebSocket response's: its resp_ id an alias, in the same transaction
-            await ledger.keep(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",))
+            await ledger.keep(Entry(request_id, "alice", {"cost": 1}, row, 1500, ("resp_1@alice",)))
             found = None
             for _ in range(200):  # written by the ledger's own task: polled, 10 s at most
                 found = await ledger.receipt(request_id)

@@ -41,7 +41,7 @@ from gateway.money.prices import Pricer  # noqa: E402
 from gateway.policy.quota import Cost, Source, estimate_input  # noqa: E402
 from gateway.protocols import spec_for  # noqa: E402
 from gateway.settings import ClientConfig, ClientLimits, TeamConfig  # noqa: E402
-from gateway.spend.ledger import MemoryLedger, Row  # noqa: E402
+from gateway.spend.ledger import Entry, MemoryLedger, Row  # noqa: E402
 
 KEY = "sk-bench-client"
 TOKENS = ClientLimits(requests_per_minute=10**9, tokens_per_minute=10**12, tokens_per_day=10**13)
@@ -126,7 +126,7 @@ def receipts(n: int) -> float:
     async def run() -> float:
         started = time.process_time()
         for index in range(n):
-            await ledger.keep(f"r{index}", "client:bench", receipt, row, 1234)
+            await ledger.keep(Entry(f"r{index}", "client:bench", receipt, row, 1234))
         return (time.process_time() - started) / n * 1e6
 
     return asyncio.run(run())

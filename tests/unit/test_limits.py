@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.limits import BackendError, Limiter, LimitRefused, Reserved
-from gateway.limits.backend import Ask
+from gateway.limits.backend import Ask, Bill
 from gateway.limits.memory import MemoryBackend
 from gateway.policy.quota import (
     Check,
@@ -117,7 +117,7 @@ def test_the_memory_backend_reserves_all_or_none_and_settles_the_difference() ->
     assert _run(backend.reserve(first, _ask("r2", 60), NOW)) == Reserved(0, [60, 1], 10)
     assert _run(backend.read(first, NOW)) == [60, 1]
     # the first one really cost 25: 35 come back, and the next fits
-    assert _run(backend.settle(first, first, _ask("r1", 60), 60, 25)) == [25, 1]
+    assert _run(backend.settle(first, first, _ask("r1", 60), Bill(60, 25))) == [25, 1]
     assert _run(backend.reserve(first, _ask("r3", 60), NOW)) == Reserved(None, [85, 2], 10)
     # a new minute: fresh counters; the old window's are swept
     later = checks_for([rule], False, NOW + 60)
@@ -142,7 +142,7 @@ def test_a_stream_that_crosses_a_window_is_charged_in_full() -> None:
     before = checks_for([rule], False, NOW - 40)  # the day ends at NOW + 30
     after = checks_for([rule], False, NOW + 40)
     assert _run(backend.reserve(before, _ask("r1", 100), NOW - 40)).refused is None
-    assert _run(backend.settle(before, after, _ask("r1", 100), 100, 700)) == [600, 600]
+    assert _run(backend.settle(before, after, _ask("r1", 100), Bill(100, 700))) == [600, 600]
     assert _run(backend.read(before, NOW + 40)) == [100, 100]
 
 

@@ -9,7 +9,7 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.limits.backend import Ask
+from gateway.limits.backend import Ask, Bill
 from gateway.limits.memory import MemoryBackend
 from gateway.policy.quota import Limit, Rule, checks_for
 
@@ -66,7 +66,7 @@ def test_reservations_are_all_or_none_and_never_pass_a_limit(
                 checks, ask, reserved, spent = live.pop(0)
                 current = checks_for(choices[which], True, now)
                 if [c.scope for c in current] == [c.scope for c in checks]:
-                    await backend.settle(checks, current, ask, reserved, spent)
+                    await backend.settle(checks, current, ask, Bill(reserved, spent))
                     for check in current:
                         assert backend._counters.get(check.key, 0) <= check.value
 
@@ -85,7 +85,7 @@ def test_a_reservation_of_no_tokens_passes_a_token_limit_that_is_over() -> None:
         first = await backend.reserve(checks, Ask("a", 90, 10, False, 60.0), now)
         assert first.refused is None
         # it cost more than it reserved: the token counter is over its limit
-        await backend.settle(checks, checks, Ask("a", 90, 10, False, 60.0), 100, 400)
+        await backend.settle(checks, checks, Ask("a", 90, 10, False, 60.0), Bill(100, 400))
         assert [backend._counters[c.key] for c in checks] == [1, 400]
         hit = await backend.reserve(checks, Ask("h1", 0, 0, False, 60.0), now)
         assert (hit.refused, hit.used) == (None, [2, 400])

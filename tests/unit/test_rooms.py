@@ -68,7 +68,7 @@ def test_every_room_is_in_the_stack() -> None:
 
 def test_no_import_runs_up_the_stack() -> None:
     """A lower room that needs a higher one's object is handed it by the app (the
-    composition root), typed by a protocol of its own (``proxy/pricing.py``,
+    composition root), typed by a protocol of its own (``proxy/pricing.py:Receipts``,
     ``proxy/admission.py:IssuedKeys``), or the shared name moves down."""
     assert not _upward()
 
