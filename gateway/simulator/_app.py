@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from starlette.applications import Starlette
@@ -67,39 +68,39 @@ _ID_HEADERS: Final = {
 }
 
 
+@dataclass(kw_only=True, eq=False)
 class _Simulator:
-    def __init__(
-        self,
-        *,
-        default_tps: float,
-        default_tokens: int,
-        store: RecordStore,
-        default_fault: str = "none",
-        default_status: int = 500,
-        fault_requests: int | None = None,
-        fault_seconds: float | None = None,
-        retry_after: str | None = "1",
-        context_length: bool = False,
-        continuation: str = "any",
-        default_seed: int = 0,
-        default_structured: str = "",
-    ) -> None:
-        self.continuation = continuation
-        self.default_structured = default_structured
-        self.default_seed = default_seed
-        self.default_tps = default_tps
-        self.fault_requests = fault_requests
-        self.fault_seconds = fault_seconds
-        self.retry_after = retry_after
-        self.context_length = context_length
-        #: When each provider request arrived (monotonic), for tests of retry timing.
-        self.arrivals: list[float] = []
-        self.default_tokens = default_tokens
-        self.default_fault = default_fault
-        self.default_status = default_status
-        self.store = store
-        #: Set when the server shuts down: responses still being written are cut.
-        self.closing = Closing()
+    """The fake provider's routes, with the defaults of a request that sets no knob
+    (``create_simulator_app`` says what each option does)."""
+
+    store: RecordStore = field(default_factory=RecordStore)
+    default_tps: float = 0
+    default_tokens: int = 20
+    default_fault: str = "none"
+    default_status: int = 500
+    fault_requests: int | None = None
+    fault_seconds: float | None = None
+    retry_after: str | None = "1"
+    context_length: bool = False
+    continuation: str = "any"
+    default_seed: int = 0
+    default_structured: str = ""
+    #: When each provider request arrived (monotonic), for tests of retry timing.
+    arrivals: list[float] = field(init=False, default_factory=list)
+    #: Set when the server shuts down: responses still being written are cut.
+    closing: Closing = field(init=False, default_factory=Closing)
+
+    def __post_init__(self) -> None:
+        if self.default_tps < 0 or self.default_tokens < 0:
+            raise ValueError("default_tps and default_tokens must not be negative")
+        fault = self.default_fault
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known faults: {', '.join(FAULTS)}")
+        if not 300 <= self.default_status <= 599:
+            raise ValueError("default_status must be between 300 and 599")
+        shape = self.default_structured
+        if shape and shape not in SHAPES:
+            raise ValueError(f"unknown structured shape {shape!r}")
 
     # -- helpers -----------------------------------------------------------------
 
@@ -361,22 +362,9 @@ class _Simulator:
         return JSONResponse({"faults": list(FAULTS)})
 
 
-def create_simulator_app(
-    *,
-    default_tps: float = 0,
-    default_tokens: int = 20,
-    store: RecordStore | None = None,
-    default_fault: str = "none",
-    default_status: int = 500,
-    fault_requests: int | None = None,
-    fault_seconds: float | None = None,
-    retry_after: str | None = "1",
-    context_length: bool = False,
-    continuation: str = "any",
-    default_seed: int = 0,
-    default_structured: str = "",
-) -> Starlette:
-    """The simulator as an ASGI application.
+def create_simulator_app(*, store: RecordStore | None = None, **options: Any) -> Starlette:
+    """The simulator as an ASGI application; ``options`` are ``_Simulator``'s fields
+    (a ValueError names one out of its range).
 
     ``default_tps`` paces content deltas per second (0: as fast as possible)
     and ``default_tokens`` is the number of content deltas, for requests that
@@ -406,30 +394,9 @@ def create_simulator_app(
     ``default_structured`` is the structured answer's shape (``SHAPES``) of a request
     that sets no ``x-sim-structured``: a provider whose model breaks the schema.
     """
-    if default_tps < 0 or default_tokens < 0:
-        raise ValueError("default_tps and default_tokens must not be negative")
-    if default_fault not in FAULTS:
-        raise ValueError(f"unknown fault {default_fault!r}; known faults: {', '.join(FAULTS)}")
-    if not 300 <= default_status <= 599:
-        raise ValueError("default_status must be between 300 and 599")
-    if default_structured and default_structured not in SHAPES:
-        raise ValueError(f"unknown structured shape {default_structured!r}")
-    install_abort_log_filter()
     records = store if store is not None else RecordStore()
-    sim = _Simulator(
-        default_tps=default_tps,
-        default_tokens=default_tokens,
-        store=records,
-        default_fault=default_fault,
-        default_status=default_status,
-        fault_requests=fault_requests,
-        fault_seconds=fault_seconds,
-        retry_after=retry_after,
-        context_length=context_length,
-        continuation=continuation,
-        default_seed=default_seed,
-        default_structured=default_structured,
-    )
+    sim = _Simulator(store=records, **options)
+    install_abort_log_filter()
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
