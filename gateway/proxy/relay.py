@@ -104,7 +104,7 @@ from gateway.proxy.tally import Tally, attempt_done, cool_down, may_hold, settle
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "arrived"]
 
 log = logging.getLogger("gateway")
 
@@ -117,6 +117,24 @@ _HELD_PLAIN_FAILURES = {
 _HELD_PLAIN_BROKEN = AttemptFailure(
     RequestError.UPSTREAM_DISCONNECT, 502, Reason.UPSTREAM_DISCONNECT
 )
+
+
+def arrived(route: Route, scope: Scope, forwarding: Forwarding, method: str) -> RequestRecord:
+    """The record of a request (or a WebSocket connection) as it arrives: its start, id,
+    route, method, path, client and user agent."""
+    started = time.monotonic()
+    record = RequestRecord(
+        request_id=request_id_of(scope),
+        route=route.name,
+        method=method,
+        path=scope["path"],
+        started=started,
+        client=forwarding.client(scope["headers"], peer_of(scope)),
+    )
+    agent = get_header(scope["headers"], b"user-agent")
+    if agent is not None:
+        record.user_agent = agent.decode("latin-1")
+    return record
 
 
 @dataclass(kw_only=True, eq=False)
@@ -153,19 +171,8 @@ class Relay:
     # -- the request's life -------------------------------------------------------------
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
-        request_id = request_id_of(scope)
-        record = RequestRecord(
-            request_id=request_id,
-            route=route.name,
-            method=scope["method"],
-            path=scope["path"],
-            started=started,
-            client=self.forwarding.client(scope["headers"], peer_of(scope)),
-        )
-        agent = get_header(scope["headers"], b"user-agent")
-        if agent is not None:
-            record.user_agent = agent.decode("latin-1")
+        record = arrived(route, scope, self.forwarding, scope["method"])
+        started = record.started
         if self.tracer is not None:
             self.tracer.start(record, scope["headers"])
         task = asyncio.current_task()

@@ -78,14 +78,13 @@ from gateway.proxy.headers import (
     HANDSHAKE_DROP,
     Forwarding,
     RawHeaders,
-    get_header,
     new_request_id,
-    request_id_of,
     strip_hop_by_hop,
     without_key,
 )
 from gateway.proxy.owner import owner_from
 from gateway.proxy.pricing import Pricing, Receipts
+from gateway.proxy.relay import arrived
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.tally import attempt_done
@@ -234,21 +233,9 @@ class WebSocketRelay:
     # -- the handshake --------------------------------------------------------------
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
-        request_id = request_id_of(scope)
-        record = RequestRecord(
-            request_id=request_id,
-            route=route.name,
-            method="GET",
-            path=scope["path"],
-            started=started,
-            client=self.forwarding.client(scope["headers"], peer_of(scope)),
-            transport="websocket",
-            protocol="responses",
-        )
-        agent = get_header(scope["headers"], b"user-agent")
-        if agent is not None:
-            record.user_agent = agent.decode("latin-1")
+        record = arrived(route, scope, self.forwarding, "GET")
+        record.transport, record.protocol = "websocket", "responses"
+        started, request_id = record.started, record.request_id
         close = Close.REFUSED
         slot: str | None = None  # the client whose connection slot this one holds
         facts: dict[str, Any] = {"connection_id": request_id, "responses": 0}
