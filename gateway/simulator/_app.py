@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -66,6 +67,10 @@ _ID_HEADERS: Final = {
     "bedrock_converse": "x-amzn-requestid",
     "bedrock_invoke": "x-amzn-requestid",
 }
+
+
+#: A route's answer to a request.
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(kw_only=True, eq=False)
@@ -276,12 +281,17 @@ class _Simulator:
             _, id_headers = self._id_headers("gemini")
             message = "The simulator streams Gemini answers only with alt=sse."
             return self._json(400, error_body("gemini", 400, message, ""), id_headers)
-        model = request.path_params["model"]
-        return await self._generate(request, "gemini", stream=True, model=model)
+        return await self.at_model("gemini", stream=True)(request)
 
-    async def gemini(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "gemini", stream=False, model=model)
+    def at_model(self, protocol: ProtocolName, *, stream: bool) -> Endpoint:
+        """The answers at a URL that names the model and whether they stream (Gemini's,
+        Bedrock's)."""
+
+        async def endpoint(request: Request) -> Response:
+            model = request.path_params["model"]
+            return await self._generate(request, protocol, stream=stream, model=model)
+
+        return endpoint
 
     async def ollama_chat(self, request: Request) -> Response:
         return await self._ollama(request, "ollama")
@@ -297,22 +307,6 @@ class _Simulator:
             body = None
         stream = not isinstance(body, dict) or body.get("stream") is not False
         return await self._generate(request, protocol, stream=stream)
-
-    async def bedrock_converse_stream(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_converse", stream=True, model=model)
-
-    async def bedrock_converse(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_converse", stream=False, model=model)
-
-    async def bedrock_invoke_stream(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_invoke", stream=True, model=model)
-
-    async def bedrock_invoke(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_invoke", stream=False, model=model)
 
     async def ollama_tags(self, request: Request) -> Response:
         _, id_headers = self._id_headers("ollama")
@@ -397,6 +391,7 @@ def create_simulator_app(*, store: RecordStore | None = None, **options: Any) ->
     records = store if store is not None else RecordStore()
     sim = _Simulator(store=records, **options)
     install_abort_log_filter()
+    at = sim.at_model
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
@@ -404,19 +399,23 @@ def create_simulator_app(*, store: RecordStore | None = None, **options: Any) ->
         WebSocketRoute("/v1/responses", sim.responses_websocket),
         Route("/v1/messages", sim.messages, methods=["POST"]),
         Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
-        Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),
+        Route(
+            "/v1beta/models/{model}:generateContent", at("gemini", stream=False), methods=["POST"]
+        ),
         Route("/api/chat", sim.ollama_chat, methods=["POST"]),
         Route("/api/generate", sim.ollama_generate, methods=["POST"]),
         Route("/api/tags", sim.ollama_tags, methods=["GET"]),
         # Bedrock Runtime, at the root as on AWS: model ids hold ":" (quoted by botocore).
-        Route("/model/{model}/converse-stream", sim.bedrock_converse_stream, methods=["POST"]),
-        Route("/model/{model}/converse", sim.bedrock_converse, methods=["POST"]),
+        Route(
+            "/model/{model}/converse-stream", at("bedrock_converse", stream=True), methods=["POST"]
+        ),
+        Route("/model/{model}/converse", at("bedrock_converse", stream=False), methods=["POST"]),
         Route(
             "/model/{model}/invoke-with-response-stream",
-            sim.bedrock_invoke_stream,
+            at("bedrock_invoke", stream=True),
             methods=["POST"],
         ),
-        Route("/model/{model}/invoke", sim.bedrock_invoke, methods=["POST"]),
+        Route("/model/{model}/invoke", at("bedrock_invoke", stream=False), methods=["POST"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),
