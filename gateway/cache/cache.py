@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 from gateway.cache.admin import ADMIN_PATH, delete_entry
@@ -184,33 +184,28 @@ class _Replay(LogReader):
         return trailer
 
 
+@dataclass(eq=False)
 class ResponseCache:
     """The routes' response cache over one stream store."""
 
-    def __init__(
-        self,
-        store: StreamStore,
-        metrics: Metrics,
-        bodies: BodyParser,
-        clients: list[ClientConfig],
-        *,
-        clock: Callable[[], float] = time.time,
-        lease: float = _LEASE_SECONDS,
-        annotate: bool = True,
-    ) -> None:
-        self.store = store
-        #: A leader's lease on its log (``stream_lease_seconds``): how long a leader that
-        #: died looks alive (renewed while it lives).
-        self.lease = lease
-        #: Whether a follower's lost ending carries the trailer comment (``annotate``).
-        self.annotate = annotate
-        self.metrics = metrics
-        self.bodies = bodies
+    store: StreamStore
+    metrics: Metrics
+    bodies: BodyParser
+    clients: InitVar[list[ClientConfig]]
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time
+    #: A leader's lease on its log (``stream_lease_seconds``): how long a leader that
+    #: died looks alive (renewed while it lives).
+    lease: float = _LEASE_SECONDS
+    #: Whether a follower's lost ending carries the trailer comment (``annotate``).
+    annotate: bool = True
+    _admins: frozenset[str] = field(init=False)
+    #: Deletions of refused logs, waiting for their followers; leaders whose client
+    #: left, asking whether they are followed.
+    _pending: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+
+    def __post_init__(self, clients: list[ClientConfig]) -> None:
         self._admins = frozenset(c.name for c in clients if c.cache_admin)
-        self._clock = clock
-        #: Deletions of refused logs, waiting for their followers; leaders whose client
-        #: left, asking whether they are followed.
-        self._pending: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
         """Stop what it has under way (the store is its owner's to close)."""
@@ -417,7 +412,7 @@ class ResponseCache:
             return _Source(stream_id, info)
         if end.fields.get("stored") != "1":
             return None
-        age = max(int(self._clock() - float(end.fields.get("at", "0"))), 0)
+        age = max(int(self.clock() - float(end.fields.get("at", "0"))), 0)
         if age >= ttl or (controls.max_age is not None and age > controls.max_age):
             return None
         return _Source(stream_id, info, age)
@@ -548,7 +543,7 @@ class ResponseCache:
         fields = {
             "stored": "0" if refusal else "1",
             "reason": refusal or reason,
-            "at": repr(self._clock()),
+            "at": repr(self.clock()),
             "streamed": "1" if stream else "0",
             "request_id": exchange.record.request_id,
             **_usage_fields(usage),

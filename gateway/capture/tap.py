@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
@@ -33,39 +34,28 @@ ReadChunk = Callable[[], Awaitable[bytes]]
 Ending = Literal["eof", "transport_error", "decoding_error", "stopped", "open"]
 
 
+@dataclass(slots=True, eq=False)
 class Tap:
     """The upstream chunks of one stream and their arrival times, up to ``max_bytes``."""
 
-    __slots__ = (
-        "_origin",
-        "chunks",
-        "content_type",
-        "ending",
-        "head_at",
-        "kept_bytes",
-        "max_bytes",
-        "protocol",
-        "received_bytes",
-        "received_chunks",
-        "truncated",
-    )
+    #: The request's start (``time.monotonic()``): every time is relative to it.
+    origin: float
+    max_bytes: int
+    #: The protocol the stream was judged as (a registry name).
+    protocol: str
+    content_type: str
+    #: Seconds from the request's start to the response head (when the tap began).
+    head_at: float = field(init=False)
+    #: (seconds from the request's start, bytes), in arrival order.
+    chunks: list[tuple[float, bytes]] = field(init=False, default_factory=list)
+    kept_bytes: int = field(init=False, default=0)
+    received_bytes: int = field(init=False, default=0)
+    received_chunks: int = field(init=False, default=0)
+    truncated: bool = field(init=False, default=False)
+    ending: Ending = field(init=False, default="open")
 
-    def __init__(self, origin: float, max_bytes: int, protocol: str, content_type: str) -> None:
-        #: The request's start (``time.monotonic()``): every time is relative to it.
-        self._origin = origin
-        self.max_bytes = max_bytes
-        #: The protocol the stream was judged as (a registry name).
-        self.protocol = protocol
-        self.content_type = content_type
-        #: Seconds from the request's start to the response head (when the tap began).
-        self.head_at = time.monotonic() - origin
-        #: (seconds from the request's start, bytes), in arrival order.
-        self.chunks: list[tuple[float, bytes]] = []
-        self.kept_bytes = 0
-        self.received_bytes = 0
-        self.received_chunks = 0
-        self.truncated = False
-        self.ending: Ending = "open"
+    def __post_init__(self) -> None:
+        self.head_at = time.monotonic() - self.origin
 
     def wrap(self, read: ReadChunk) -> ReadChunk:
         """A reader that records what ``read`` returns (and how it ends) on the way."""
@@ -105,4 +95,4 @@ class Tap:
             if not chunk:
                 return
         self.kept_bytes += len(chunk)
-        self.chunks.append((now - self._origin, chunk))
+        self.chunks.append((now - self.origin, chunk))

@@ -29,6 +29,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.keys.record import IssuedKey
@@ -56,36 +57,28 @@ _NEVER = float("inf")
 _RESUBSCRIBE_SECONDS = 0.5
 
 
+@dataclass(eq=False)
 class Registry:
     """The issued keys by digest and by id, with what changed told to ``on_change``."""
 
-    def __init__(
-        self,
-        store: KeyStore,
-        refresh_seconds: float = 0.5,
-        last_used_seconds: float = 60.0,
-        clock: Callable[[], float] = time.time,
-        on_change: Callable[[IssuedKey | None, IssuedKey | None], None] | None = None,
-        configured: frozenset[str] = frozenset(),
-    ) -> None:
-        self.store = store
-        self.refresh_seconds = refresh_seconds
-        self.last_used_seconds = last_used_seconds
-        self._clock = clock
-        #: (old, new) of each key that changed (None: absent); the limiter's rules follow
-        self.on_change = on_change
-        #: the configured clients' names: a key that claims one without ``existing_client``
-        #: (the file gained that client after the key was issued) is never honoured
-        self.configured = configured
-        self._clashes: set[str] = set()
-        self.version = 0
-        self.keys: dict[str, IssuedKey] = {}
-        #: digest -> (digest, key id, refused after: None while it is the current one)
-        self._by_digest: dict[bytes, _Entry] = {}
-        self._used: dict[str, float] = {}
-        #: the uses this process wrote last (the status page's, between writes)
-        self._written: dict[str, float] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+    store: KeyStore
+    refresh_seconds: float = 0.5
+    last_used_seconds: float = 60.0
+    clock: Callable[[], float] = time.time
+    #: (old, new) of each key that changed (None: absent); the limiter's rules follow
+    on_change: Callable[[IssuedKey | None, IssuedKey | None], None] | None = None
+    #: the configured clients' names: a key that claims one without ``existing_client``
+    #: (the file gained that client after the key was issued) is never honoured
+    configured: frozenset[str] = frozenset()
+    _clashes: set[str] = field(init=False, default_factory=set)
+    version: int = field(init=False, default=0)
+    keys: dict[str, IssuedKey] = field(init=False, default_factory=dict)
+    #: digest -> (digest, key id, refused after: None while it is the current one)
+    _by_digest: dict[bytes, _Entry] = field(init=False, default_factory=dict)
+    _used: dict[str, float] = field(init=False, default_factory=dict)
+    #: the uses this process wrote last (the status page's, between writes)
+    _written: dict[str, float] = field(init=False, default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
 
     # -- the request's lookup -------------------------------------------------------------
 
@@ -95,7 +88,7 @@ class Registry:
         expected, key_id, until = self._by_digest.get(digest, _NONE)
         same = hmac.compare_digest(expected, digest)
         key = self.keys.get(key_id, _REVOKED)
-        now = self._clock()
+        now = self.clock()
         # no short cut: every kind of key runs each step (``&``, not ``and``)
         usable = same & (key.state(now) == "active") & (now < (_NEVER if until is None else until))
         if not usable:
@@ -109,7 +102,7 @@ class Registry:
 
     def listing(self) -> list[tuple[str, str, str, str, float | None]]:
         """(id, client, team, state, last use) of every key, oldest first (status page)."""
-        now = self._clock()
+        now = self.clock()
         keys = sorted(self.keys.values(), key=lambda k: (k.created_at, k.id))
         return [(k.id, k.client, k.team or "", k.state(now), self.last_used(k.id)) for k in keys]
 

@@ -38,6 +38,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -99,64 +100,51 @@ Build = Callable[[ContinuationStyle, str, str | None], Awaitable[tuple[bytes, st
 Settle = Callable[[Reason], None]
 
 
+@dataclass(kw_only=True, eq=False)
 class Rescuer:
     """Continues one request's cut stream; ``rescue`` is handed to ``relay_stream``."""
 
-    def __init__(
-        self,
-        *,
-        exchange: Exchange,
-        upstream: Upstream,
-        metrics: Metrics,
-        index: int,
-        target: Target,
-        headers: RawHeaders,
-        request_json: dict[str, Any] | None,
-        build: Build,
-        body_size: int,
-        new_guard: NewGuard,
-        done: Done,
-        settle: Settle | None = None,
-        body: bytes = b"",
-    ) -> None:
-        self.exchange = exchange
-        #: The admitted request body (what a resumable stream's takeover continues from).
-        self.body = body
-        self.upstream = upstream
-        self.metrics = metrics
-        self.index = index
-        self.target = target
-        #: The request's headers for any upstream: each continuation adds its upstream's
-        #: credential, or its signature over the continuation's own URL and body.
-        self.headers = headers
-        #: The request's small top-level members (``request_body.summary``); None: the
-        #: body is not JSON to the gateway, and no continuation can be built from it.
-        self.request_json = request_json
-        #: A continuation request could not be built from the admitted body.
-        self._unreadable = request_json is None
-        #: Builds a continuation request from the admitted body (off the loop when large).
-        self.build = build
-        self.body_size = body_size
-        self.new_guard = new_guard
-        self.done = done
-        self.settle = settle
-        self.continued = 0
-        #: The cut attempt's reason, once a continuation was relayed.
-        self.original: Reason | None = None
-        self._responses: list[httpx.Response] = []
-        self._cut_reason: Reason | None = None
-        #: What the cut attempts so far were billed, and the continuation being relayed
-        #: (not yet in it): a stream that ends without a whole continuation is charged
-        #: with both.
-        self._cut = Usage(input_tokens=0, output_tokens=0)
-        self._live: StreamGuard | None = None
-        #: The upstream of the continuation being relayed, until its part is recorded.
-        self._live_upstream: str | None = None
-        #: The cut answer had its finish (only its end was missing).
-        self._finished = False
-        #: What the first cut attempt (the original answer) was billed, once a
-        #: continuation is attempted: a takeover charges only what its continuation adds.
-        self.first_cut: Usage | None = None
+    exchange: Exchange
+    upstream: Upstream
+    metrics: Metrics
+    index: int
+    target: Target
+    #: The request's headers for any upstream: each continuation adds its upstream's
+    #: credential, or its signature over the continuation's own URL and body.
+    headers: RawHeaders
+    #: The request's small top-level members (``request_body.summary``); None: the
+    #: body is not JSON to the gateway, and no continuation can be built from it.
+    request_json: dict[str, Any] | None
+    #: Builds a continuation request from the admitted body (off the loop when large).
+    build: Build
+    body_size: int
+    new_guard: NewGuard
+    done: Done
+    settle: Settle | None = None
+    #: The admitted request body (what a resumable stream's takeover continues from).
+    body: bytes = b""
+    #: A continuation request could not be built from the admitted body.
+    _unreadable: bool = field(init=False)
+    continued: int = field(init=False, default=0)
+    #: The cut attempt's reason, once a continuation was relayed.
+    original: Reason | None = field(init=False, default=None)
+    _responses: list[httpx.Response] = field(init=False, default_factory=list)
+    _cut_reason: Reason | None = field(init=False, default=None)
+    #: What the cut attempts so far were billed, and the continuation being relayed
+    #: (not yet in it): a stream that ends without a whole continuation is charged
+    #: with both.
+    _cut: Usage = field(init=False, default=Usage(input_tokens=0, output_tokens=0))
+    _live: StreamGuard | None = field(init=False, default=None)
+    #: The upstream of the continuation being relayed, until its part is recorded.
+    _live_upstream: str | None = field(init=False, default=None)
+    #: The cut answer had its finish (only its end was missing).
+    _finished: bool = field(init=False, default=False)
+    #: What the first cut attempt (the original answer) was billed, once a
+    #: continuation is attempted: a takeover charges only what its continuation adds.
+    first_cut: Usage | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self._unreadable = self.request_json is None
 
     async def aclose(self) -> None:
         for response in self._responses:

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import httpx
@@ -97,13 +98,13 @@ from gateway.proxy.partial import PartialEvents
 from gateway.proxy.refusal import send_refusal
 from gateway.proxy.request_body import BodyParser
 from gateway.proxy.rewrite import Rewriter
-from gateway.proxy.stages import Stage, chain
+from gateway.proxy.stages import Next, Stage, chain
 from gateway.proxy.stream_guard import stream_guard
 from gateway.proxy.tally import Tally, attempt_done, cool_down, may_hold, settle
 from gateway.proxy.upstream import Upstream, close_quietly
 from gateway.settings import Settings
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "arrived"]
 
 log = logging.getLogger("gateway")
 
@@ -118,61 +119,60 @@ _HELD_PLAIN_BROKEN = AttemptFailure(
 )
 
 
+def arrived(route: Route, scope: Scope, forwarding: Forwarding, method: str) -> RequestRecord:
+    """The record of a request (or a WebSocket connection) as it arrives: its start, id,
+    route, method, path, client and user agent."""
+    started = time.monotonic()
+    record = RequestRecord(
+        request_id=request_id_of(scope),
+        route=route.name,
+        method=method,
+        path=scope["path"],
+        started=started,
+        client=forwarding.client(scope["headers"], peer_of(scope)),
+    )
+    agent = get_header(scope["headers"], b"user-agent")
+    if agent is not None:
+        record.user_agent = agent.decode("latin-1")
+    return record
+
+
+@dataclass(kw_only=True, eq=False)
 class Relay:
     """Proxies requests for the configured routes."""
 
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        upstream: Upstream,
-        metrics: Metrics,
-        observers: Observers,
-        model_labels: ModelLabels,
-        lifecycle: Lifecycle,
-        admission: Admission,
-        bodies: BodyParser,
-        forwarding: Forwarding,
-        partial: PartialEvents,
-        tracer: TraceHook | None = None,
-        stages: Sequence[Stage] = (),
-    ) -> None:
-        self.settings = settings
-        self.upstream = upstream
-        self.metrics = metrics
-        self.observers = observers
-        self.model_labels = model_labels
-        self.lifecycle = lifecycle
-        self.admission = admission
-        self.bodies = bodies
-        self.rewriter = Rewriter(bodies, admission)
-        self.forwarding = forwarding
-        #: What all streams may hold of events not yet whole (gateway.proxy.partial).
-        self.partial = partial
-        self.tracer = tracer
+    settings: Settings
+    upstream: Upstream
+    metrics: Metrics
+    observers: Observers
+    model_labels: ModelLabels
+    lifecycle: Lifecycle
+    admission: Admission
+    bodies: BodyParser
+    forwarding: Forwarding
+    #: What all streams may hold of events not yet whole (gateway.proxy.partial).
+    partial: PartialEvents
+    tracer: TraceHook | None = None
+    #: The app's stages around the relay's own way (gateway.proxy.stages), outermost first.
+    stages: Sequence[Stage] = ()
+    rewriter: Rewriter = field(init=False)
+    _request_drop: frozenset[bytes] = field(init=False)
+    _forged_log: LogGate = field(init=False, default_factory=LogGate)
+    _stages: Next = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rewriter = Rewriter(self.bodies, self.admission)
         # With a trace hook, the client's trace headers give way to the hook's own.
+        tracer = self.tracer
         self._request_drop = REQUEST_DROP | tracer.fields if tracer else REQUEST_DROP
-        self._forged_log = LogGate()
-        #: The app's stages around the relay's own way (gateway.proxy.stages), outermost first.
-        self.stages = tuple(stages)
+        self.stages = tuple(self.stages)
         self._stages = chain(self.stages, self._last)
 
     # -- the request's life -------------------------------------------------------------
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
-        request_id = request_id_of(scope)
-        record = RequestRecord(
-            request_id=request_id,
-            route=route.name,
-            method=scope["method"],
-            path=scope["path"],
-            started=started,
-            client=self.forwarding.client(scope["headers"], peer_of(scope)),
-        )
-        agent = get_header(scope["headers"], b"user-agent")
-        if agent is not None:
-            record.user_agent = agent.decode("latin-1")
+        record = arrived(route, scope, self.forwarding, scope["method"])
+        started = record.started
         if self.tracer is not None:
             self.tracer.start(record, scope["headers"])
         task = asyncio.current_task()

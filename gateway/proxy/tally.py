@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -29,35 +30,23 @@ __all__ = ["Tally", "account", "attempt_done", "cool_down", "may_hold", "settle"
 log = logging.getLogger("gateway")
 
 
+@dataclass(slots=True, eq=False)
 class Tally:
     """What one attempt came to, filled in as it goes and read once: when it failed (before
     its retry is chosen) or at its end."""
 
-    __slots__ = (
-        "answered",
-        "cancelled",
-        "endpoint",
-        "lease",
-        "position",
-        "reason",
-        "result",
-        "settled",
-        "started",
-    )
-
-    def __init__(self, started: float, position: int, endpoint: Endpoint, lease: Lease) -> None:
-        self.started = started
-        self.position = position
-        self.endpoint = endpoint
-        self.lease = lease
-        #: Accounted for (``settle``): once, when it failed or when it ended.
-        self.settled = False
-        self.result = Result.OK
-        self.reason: Reason | None = None
-        #: The answer went to the client: its result is read off the record.
-        self.answered = False
-        #: Cancelled (the client left, the drain): says nothing about the upstream.
-        self.cancelled = False
+    started: float
+    position: int
+    endpoint: Endpoint
+    lease: Lease
+    #: Accounted for (``settle``): once, when it failed or when it ended.
+    settled: bool = field(init=False, default=False)
+    result: Result = field(init=False, default=Result.OK)
+    reason: Reason | None = field(init=False, default=None)
+    #: The answer went to the client: its result is read off the record.
+    answered: bool = field(init=False, default=False)
+    #: Cancelled (the client left, the drain): says nothing about the upstream.
+    cancelled: bool = field(init=False, default=False)
 
     def stopped(self) -> None:
         self.answered = False

@@ -65,6 +65,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.limits import Limiter
 from gateway.observe import AccessLog, Metrics, ModelLabels, Observers, RequestRecord
 from gateway.observe.record import Attempt
+from gateway.observe.ws_metrics import WsMetrics
 from gateway.policy.failover import Result
 from gateway.policy.pool import Health
 from gateway.policy.quota import Cost, cost_of, output_estimate
@@ -77,14 +78,13 @@ from gateway.proxy.headers import (
     HANDSHAKE_DROP,
     Forwarding,
     RawHeaders,
-    get_header,
     new_request_id,
-    request_id_of,
     strip_hop_by_hop,
     without_key,
 )
 from gateway.proxy.owner import owner_from
 from gateway.proxy.pricing import Receipts, Spend
+from gateway.proxy.relay import arrived
 from gateway.proxy.request_body import input_estimate
 from gateway.proxy.schema_stage import reader_for, turned_off
 from gateway.proxy.tally import attempt_done
@@ -189,52 +189,42 @@ class _Connection:
         return facts if isinstance(facts, dict) else {}
 
 
+@dataclass(kw_only=True, eq=False)
 class WebSocketRelay:
     """Relays Responses WebSocket connections for the routes that speak that protocol."""
 
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        admission: Admission,
-        metrics: Metrics,
-        observers: Observers,
-        access_log: AccessLog,
-        model_labels: ModelLabels,
-        lifecycle: Lifecycle,
-        forwarding: Forwarding,
-        limiter: Limiter | None = None,
-        spend: Spend | None = None,
-        receipts: Receipts | None = None,
-    ) -> None:
-        self.settings = settings
-        #: Keeps each response's receipt (under its request id and its ``resp_`` id)
-        #: and the handshake's (a refusal's, or the connection's end), as over HTTP.
-        self.receipts = receipts
-        #: Prices each response of a named client, as over HTTP (``gateway.spend``).
-        self.spend = spend
-        #: Named clients' limits are settled per HTTP request: a limited client's
-        #: upgrade is refused (its SDK falls back to HTTP), never let past its budget.
-        self.limiter = limiter
-        self.admission = admission
-        self.metrics = metrics
-        self.ws_metrics = metrics.websocket
-        self.observers = observers
-        self.access_log = access_log
-        self.model_labels = model_labels
-        self.lifecycle = lifecycle
-        self.forwarding = forwarding
-        self._connections: set[_Connection] = set()
-        #: Connections admitted and not yet ended (``max_websocket_connections``), in
-        #: all and by named client.
-        self._open = 0
-        self._open_by_client: dict[str, int] = {}
+    settings: Settings
+    admission: Admission
+    metrics: Metrics
+    observers: Observers
+    access_log: AccessLog
+    model_labels: ModelLabels
+    lifecycle: Lifecycle
+    forwarding: Forwarding
+    #: Named clients' limits are settled per HTTP request: a limited client's
+    #: upgrade is refused (its SDK falls back to HTTP), never let past its budget.
+    limiter: Limiter | None = None
+    #: Prices each response of a named client, as over HTTP (``gateway.spend``).
+    spend: Spend | None = None
+    #: Keeps each response's receipt (under its request id and its ``resp_`` id)
+    #: and the handshake's (a refusal's, or the connection's end), as over HTTP.
+    receipts: Receipts | None = None
+    ws_metrics: WsMetrics = field(init=False)
+    _connections: set[_Connection] = field(init=False, default_factory=set)
+    #: Connections admitted and not yet ended (``max_websocket_connections``), in
+    #: all and by named client.
+    _open: int = field(init=False, default=0)
+    _open_by_client: dict[str, int] = field(init=False, default_factory=dict)
+    _client_caps: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ws_metrics = self.metrics.websocket
         self._client_caps = {
             c.name: c.max_websocket_connections
-            for c in settings.clients
+            for c in self.settings.clients
             if c.max_websocket_connections is not None
         }
-        lifecycle.on_drain(self._drain_started)
+        self.lifecycle.on_drain(self._drain_started)
 
     def _drain_started(self) -> None:
         for conn in list(self._connections):
@@ -243,21 +233,9 @@ class WebSocketRelay:
     # -- the handshake --------------------------------------------------------------
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
-        request_id = request_id_of(scope)
-        record = RequestRecord(
-            request_id=request_id,
-            route=route.name,
-            method="GET",
-            path=scope["path"],
-            started=started,
-            client=self.forwarding.client(scope["headers"], peer_of(scope)),
-            transport="websocket",
-            protocol="responses",
-        )
-        agent = get_header(scope["headers"], b"user-agent")
-        if agent is not None:
-            record.user_agent = agent.decode("latin-1")
+        record = arrived(route, scope, self.forwarding, "GET")
+        record.transport, record.protocol = "websocket", "responses"
+        started, request_id = record.started, record.request_id
         close = Close.REFUSED
         slot: str | None = None  # the client whose connection slot this one holds
         facts: dict[str, Any] = {"connection_id": request_id, "responses": 0}

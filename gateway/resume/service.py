@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from starlette.types import Message
@@ -104,25 +104,22 @@ class BadCursor(Exception):
     pass
 
 
+@dataclass(eq=False)
 class Resumes:
-    def __init__(
-        self,
-        settings: Settings,
-        store: StreamStore,
-        metrics: Metrics,
-        upstream: Upstream | None = None,
-        charge: Stage | None = None,
-    ) -> None:
-        self.settings = settings
-        #: The stage a takeover's continuation goes through as its client's request (the
-        #: named clients' limits: reserved, then charged what it added); None: no client.
-        self.charge = charge
-        #: The upstream client a takeover continues a stream with.
-        self.upstream = upstream
-        self.store = store
-        self.metrics = metrics
-        self.lease = settings.stream_lease_seconds
-        #: How long a reader waits for news before it looks at the writer's lease.
+    settings: Settings
+    store: StreamStore
+    metrics: Metrics
+    #: The upstream client a takeover continues a stream with.
+    upstream: Upstream | None = None
+    #: The stage a takeover's continuation goes through as its client's request (the
+    #: named clients' limits: reserved, then charged what it added); None: no client.
+    charge: Stage | None = None
+    lease: float = field(init=False)
+    #: How long a reader waits for news before it looks at the writer's lease.
+    wait: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lease = self.settings.stream_lease_seconds
         self.wait = min(1.0, self.lease)
 
     # -- recording ---------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from starlette.applications import Starlette
@@ -67,39 +69,43 @@ _ID_HEADERS: Final = {
 }
 
 
+#: A route's answer to a request.
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(kw_only=True, eq=False)
 class _Simulator:
-    def __init__(
-        self,
-        *,
-        default_tps: float,
-        default_tokens: int,
-        store: RecordStore,
-        default_fault: str = "none",
-        default_status: int = 500,
-        fault_requests: int | None = None,
-        fault_seconds: float | None = None,
-        retry_after: str | None = "1",
-        context_length: bool = False,
-        continuation: str = "any",
-        default_seed: int = 0,
-        default_structured: str = "",
-    ) -> None:
-        self.continuation = continuation
-        self.default_structured = default_structured
-        self.default_seed = default_seed
-        self.default_tps = default_tps
-        self.fault_requests = fault_requests
-        self.fault_seconds = fault_seconds
-        self.retry_after = retry_after
-        self.context_length = context_length
-        #: When each provider request arrived (monotonic), for tests of retry timing.
-        self.arrivals: list[float] = []
-        self.default_tokens = default_tokens
-        self.default_fault = default_fault
-        self.default_status = default_status
-        self.store = store
-        #: Set when the server shuts down: responses still being written are cut.
-        self.closing = Closing()
+    """The fake provider's routes, with the defaults of a request that sets no knob
+    (``create_simulator_app`` says what each option does)."""
+
+    store: RecordStore = field(default_factory=RecordStore)
+    default_tps: float = 0
+    default_tokens: int = 20
+    default_fault: str = "none"
+    default_status: int = 500
+    fault_requests: int | None = None
+    fault_seconds: float | None = None
+    retry_after: str | None = "1"
+    context_length: bool = False
+    continuation: str = "any"
+    default_seed: int = 0
+    default_structured: str = ""
+    #: When each provider request arrived (monotonic), for tests of retry timing.
+    arrivals: list[float] = field(init=False, default_factory=list)
+    #: Set when the server shuts down: responses still being written are cut.
+    closing: Closing = field(init=False, default_factory=Closing)
+
+    def __post_init__(self) -> None:
+        if self.default_tps < 0 or self.default_tokens < 0:
+            raise ValueError("default_tps and default_tokens must not be negative")
+        fault = self.default_fault
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known faults: {', '.join(FAULTS)}")
+        if not 300 <= self.default_status <= 599:
+            raise ValueError("default_status must be between 300 and 599")
+        shape = self.default_structured
+        if shape and shape not in SHAPES:
+            raise ValueError(f"unknown structured shape {shape!r}")
 
     # -- helpers -----------------------------------------------------------------
 
@@ -275,12 +281,17 @@ class _Simulator:
             _, id_headers = self._id_headers("gemini")
             message = "The simulator streams Gemini answers only with alt=sse."
             return self._json(400, error_body("gemini", 400, message, ""), id_headers)
-        model = request.path_params["model"]
-        return await self._generate(request, "gemini", stream=True, model=model)
+        return await self.at_model("gemini", stream=True)(request)
 
-    async def gemini(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "gemini", stream=False, model=model)
+    def at_model(self, protocol: ProtocolName, *, stream: bool) -> Endpoint:
+        """The answers at a URL that names the model and whether they stream (Gemini's,
+        Bedrock's)."""
+
+        async def endpoint(request: Request) -> Response:
+            model = request.path_params["model"]
+            return await self._generate(request, protocol, stream=stream, model=model)
+
+        return endpoint
 
     async def ollama_chat(self, request: Request) -> Response:
         return await self._ollama(request, "ollama")
@@ -296,22 +307,6 @@ class _Simulator:
             body = None
         stream = not isinstance(body, dict) or body.get("stream") is not False
         return await self._generate(request, protocol, stream=stream)
-
-    async def bedrock_converse_stream(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_converse", stream=True, model=model)
-
-    async def bedrock_converse(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_converse", stream=False, model=model)
-
-    async def bedrock_invoke_stream(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_invoke", stream=True, model=model)
-
-    async def bedrock_invoke(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        return await self._generate(request, "bedrock_invoke", stream=False, model=model)
 
     async def ollama_tags(self, request: Request) -> Response:
         _, id_headers = self._id_headers("ollama")
@@ -361,22 +356,9 @@ class _Simulator:
         return JSONResponse({"faults": list(FAULTS)})
 
 
-def create_simulator_app(
-    *,
-    default_tps: float = 0,
-    default_tokens: int = 20,
-    store: RecordStore | None = None,
-    default_fault: str = "none",
-    default_status: int = 500,
-    fault_requests: int | None = None,
-    fault_seconds: float | None = None,
-    retry_after: str | None = "1",
-    context_length: bool = False,
-    continuation: str = "any",
-    default_seed: int = 0,
-    default_structured: str = "",
-) -> Starlette:
-    """The simulator as an ASGI application.
+def create_simulator_app(*, store: RecordStore | None = None, **options: Any) -> Starlette:
+    """The simulator as an ASGI application; ``options`` are ``_Simulator``'s fields
+    (a ValueError names one out of its range).
 
     ``default_tps`` paces content deltas per second (0: as fast as possible)
     and ``default_tokens`` is the number of content deltas, for requests that
@@ -406,30 +388,10 @@ def create_simulator_app(
     ``default_structured`` is the structured answer's shape (``SHAPES``) of a request
     that sets no ``x-sim-structured``: a provider whose model breaks the schema.
     """
-    if default_tps < 0 or default_tokens < 0:
-        raise ValueError("default_tps and default_tokens must not be negative")
-    if default_fault not in FAULTS:
-        raise ValueError(f"unknown fault {default_fault!r}; known faults: {', '.join(FAULTS)}")
-    if not 300 <= default_status <= 599:
-        raise ValueError("default_status must be between 300 and 599")
-    if default_structured and default_structured not in SHAPES:
-        raise ValueError(f"unknown structured shape {default_structured!r}")
-    install_abort_log_filter()
     records = store if store is not None else RecordStore()
-    sim = _Simulator(
-        default_tps=default_tps,
-        default_tokens=default_tokens,
-        store=records,
-        default_fault=default_fault,
-        default_status=default_status,
-        fault_requests=fault_requests,
-        fault_seconds=fault_seconds,
-        retry_after=retry_after,
-        context_length=context_length,
-        continuation=continuation,
-        default_seed=default_seed,
-        default_structured=default_structured,
-    )
+    sim = _Simulator(store=records, **options)
+    install_abort_log_filter()
+    at = sim.at_model
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
@@ -437,19 +399,23 @@ def create_simulator_app(
         WebSocketRoute("/v1/responses", sim.responses_websocket),
         Route("/v1/messages", sim.messages, methods=["POST"]),
         Route("/v1beta/models/{model}:streamGenerateContent", sim.gemini_stream, methods=["POST"]),
-        Route("/v1beta/models/{model}:generateContent", sim.gemini, methods=["POST"]),
+        Route(
+            "/v1beta/models/{model}:generateContent", at("gemini", stream=False), methods=["POST"]
+        ),
         Route("/api/chat", sim.ollama_chat, methods=["POST"]),
         Route("/api/generate", sim.ollama_generate, methods=["POST"]),
         Route("/api/tags", sim.ollama_tags, methods=["GET"]),
         # Bedrock Runtime, at the root as on AWS: model ids hold ":" (quoted by botocore).
-        Route("/model/{model}/converse-stream", sim.bedrock_converse_stream, methods=["POST"]),
-        Route("/model/{model}/converse", sim.bedrock_converse, methods=["POST"]),
+        Route(
+            "/model/{model}/converse-stream", at("bedrock_converse", stream=True), methods=["POST"]
+        ),
+        Route("/model/{model}/converse", at("bedrock_converse", stream=False), methods=["POST"]),
         Route(
             "/model/{model}/invoke-with-response-stream",
-            sim.bedrock_invoke_stream,
+            at("bedrock_invoke", stream=True),
             methods=["POST"],
         ),
-        Route("/model/{model}/invoke", sim.bedrock_invoke, methods=["POST"]),
+        Route("/model/{model}/invoke", at("bedrock_invoke", stream=False), methods=["POST"]),
         Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/_sim/requests", sim.list_records, methods=["GET"]),

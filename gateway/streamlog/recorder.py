@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from starlette.types import Message, Send
 
@@ -39,59 +40,37 @@ from gateway.streamlog.head import encode_head
 __all__ = ["Recorder"]
 
 
+@dataclass(slots=True, eq=False)
 class Recorder:
     """``send`` that also appends the response to its log (the head as event 1, then
     the body's events); the last send (a stream's trailer) is kept apart."""
 
-    __slots__ = (
-        "_send",
-        "_unlogged",
-        "body",
-        "detachment",
-        "ended",
-        "exchange",
-        "extra",
-        "final",
-        "headers",
-        "logged_first",
-        "on_stall",
-        "size",
-        "status",
-        "watch",
-        "writer",
-    )
+    exchange: Exchange
+    writer: Writer
+    extra: RawHeaders
+    #: The exchange's one detachment (made before this wraps the send).
+    detachment: Detachment
+    _: KW_ONLY
+    logged_first: bool = False
+    on_stall: Callable[[], None] | None = None
+    #: Told each whole event as it is logged (None: no one asks).
+    watch: Callable[[bytes], None] | None = field(init=False, default=None)
+    #: A plain answer's body, kept to read its finish (None: a stream, or too long).
+    body: list[bytes] | None = field(init=False, default=None)
+    status: int = field(init=False, default=0)
+    headers: RawHeaders = field(init=False, default_factory=list)
+    #: Bytes of the body appended (kept or not).
+    size: int = field(init=False, default=0)
+    #: The last send's body, once it went out (``ended``).
+    final: bytes = field(init=False, default=b"")
+    ended: bool = field(init=False, default=False)
+    #: Events were appended that the next send must wait for (``logged_first``).
+    _unlogged: bool = field(init=False, default=False)
+    _send: Send = field(init=False)
 
-    def __init__(
-        self,
-        exchange: Exchange,
-        writer: Writer,
-        extra: RawHeaders,
-        detachment: Detachment,
-        *,
-        logged_first: bool = False,
-        on_stall: Callable[[], None] | None = None,
-    ) -> None:
-        self.exchange = exchange
-        self.writer = writer
-        self.extra = extra
-        #: The exchange's one detachment (made before this wraps the send).
-        self.detachment = detachment
-        self.logged_first = logged_first
-        self.on_stall = on_stall
-        #: Told each whole event as it is logged (None: no one asks).
-        self.watch: Callable[[bytes], None] | None = None
-        #: A plain answer's body, kept to read its finish (None: a stream, or too long).
-        self.body: list[bytes] | None = None
-        self.status = 0
-        self.headers: RawHeaders = []
-        #: Bytes of the body appended (kept or not).
-        self.size = 0
-        #: The last send's body, once it went out (``ended``).
-        self.final = b""
-        self.ended = False
-        #: Events were appended that the next send must wait for (``logged_first``).
-        self._unlogged = False
-        self._send: Send = exchange.send
+    def __post_init__(self) -> None:
+        exchange = self.exchange
+        self._send = exchange.send
         exchange.send = self
         exchange.events.add(self)
 

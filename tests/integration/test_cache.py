@@ -243,7 +243,7 @@ class Clock:
 
     def __init__(self, gw: ServerThread) -> None:
         self.now = time.time()
-        gw.server.config.app.gateway.cache._clock = lambda: self.now
+        gw.server.config.app.gateway.cache.clock = lambda: self.now
 
 
 def test_request_controls(sim: ServerThread) -> None:
