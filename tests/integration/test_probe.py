@@ -288,7 +288,11 @@ def test_dry_run_prints_every_request_and_sends_nothing() -> None:
     [
         (["--simulator", "--route", "nope"], "no route named nope (routes: simulator, "),
         (["--upstream", "http://127.0.0.1:9/v1"], "no model to probe"),
-        (["--simulator", "--check", "vibes"], "no check named vibes"),
+        (
+            ["--simulator", "--check", "vibes"],
+            "no check named vibes (checks: stream, usage, tool_call, choices, schema, plain, "
+            "interrupted, refused)",
+        ),
         (["--simulator", "--protocol", "carrier-pigeon"], "--protocol: one of chat,"),
         (["--simulator", "--inject", "stream:x-leak=1"], "expected CHECK:x-sim-NAME=VALUE"),
         (["--simulator", "--protocol", "sse"], "nothing to probe"),

@@ -36,12 +36,6 @@ def test_a_protocol_gets_the_checks_the_registry_says_it_has(spec: ProtocolSpec)
     assert checks == [check for check in CHECKS if check in checks]
 
 
-def test_the_command_line_offers_the_checks_there_are() -> None:
-    from gateway.cli import _CHECKS  # kept apart so that --help imports no metrics
-
-    assert _CHECKS == CHECKS
-
-
 def test_every_protocol_a_client_speaks_is_probed() -> None:
     assert [s.name for s in REGISTRY if s.requests is not None] == [
         "chat",
