@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, ParamSpec
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -60,6 +60,8 @@ _STREAM_TYPES: Final = {
     "bedrock_invoke": EVENTSTREAM_TYPE,
 }
 
+P = ParamSpec("P")
+
 
 #: The header that carries a provider's own request id, where it is not ``x-request-id``.
 _ID_HEADERS: Final = {
@@ -76,7 +78,36 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 @dataclass(kw_only=True, eq=False)
 class _Simulator:
     """The fake provider's routes, with the defaults of a request that sets no knob
-    (``create_simulator_app`` says what each option does)."""
+    (the options of ``create_simulator_app``; a ValueError names one out of its range).
+
+    ``default_tps`` paces content deltas per second (0: as fast as possible)
+    and ``default_tokens`` is the number of content deltas, for requests that
+    do not set ``x-sim-tps`` / ``x-sim-tokens``. The request records are
+    kept in ``store`` (a new bounded store by default), also reachable as
+    ``app.state.records``. ``default_fault`` (and ``default_status`` for
+    fault ``status``) is the fault of every request that names none: a
+    whole provider that fails, e.g. behind a gateway's pool of upstreams.
+
+    The default fault may be passing: only the first ``fault_requests``
+    requests (a 500 once: 1), or ``fault_seconds`` from the first request (a
+    provider down for a while, then back). ``retry_after`` is the
+    ``Retry-After`` of a 429, 503 or 529 (None: none); with
+    ``context_length``, a 400 says the prompt is too long, in the provider's
+    own words (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is
+    too long").
+
+    A request whose last message is the assistant's (a prefill) is continued:
+    the answer is the rest of the scripted one after that text, exactly. Which
+    continuation requests are taken (``continuation``): ``any`` (a plain
+    prefill, ``continue_final_message`` or ``"prefix": true``), one of those
+    styles only, or ``reject`` (a 400, as a model that rejects prefill);
+    ``restart`` takes a prefill and answers from the start all the same (an
+    upstream that ignores it), ``empty`` answers it with a finish and no text.
+    ``default_seed`` is the seed of a request that sets no ``x-sim-seed``: a
+    provider whose answer to the same request differs from another's.
+    ``default_structured`` is the structured answer's shape (``SHAPES``) of a request
+    that sets no ``x-sim-structured``: a provider whose model breaks the schema.
+    """
 
     store: RecordStore = field(default_factory=RecordStore)
     default_tps: float = 0
@@ -356,40 +387,9 @@ class _Simulator:
         return JSONResponse({"faults": list(FAULTS)})
 
 
-def create_simulator_app(*, store: RecordStore | None = None, **options: Any) -> Starlette:
-    """The simulator as an ASGI application; ``options`` are ``_Simulator``'s fields
-    (a ValueError names one out of its range).
-
-    ``default_tps`` paces content deltas per second (0: as fast as possible)
-    and ``default_tokens`` is the number of content deltas, for requests that
-    do not set ``x-sim-tps`` / ``x-sim-tokens``. The request records are
-    kept in ``store`` (a new bounded store by default), also reachable as
-    ``app.state.records``. ``default_fault`` (and ``default_status`` for
-    fault ``status``) is the fault of every request that names none: a
-    whole provider that fails, e.g. behind a gateway's pool of upstreams.
-
-    The default fault may be passing: only the first ``fault_requests``
-    requests (a 500 once: 1), or ``fault_seconds`` from the first request (a
-    provider down for a while, then back). ``retry_after`` is the
-    ``Retry-After`` of a 429, 503 or 529 (None: none); with
-    ``context_length``, a 400 says the prompt is too long, in the provider's
-    own words (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is
-    too long").
-
-    A request whose last message is the assistant's (a prefill) is continued:
-    the answer is the rest of the scripted one after that text, exactly. Which
-    continuation requests are taken (``continuation``): ``any`` (a plain
-    prefill, ``continue_final_message`` or ``"prefix": true``), one of those
-    styles only, or ``reject`` (a 400, as a model that rejects prefill);
-    ``restart`` takes a prefill and answers from the start all the same (an
-    upstream that ignores it), ``empty`` answers it with a finish and no text.
-    ``default_seed`` is the seed of a request that sets no ``x-sim-seed``: a
-    provider whose answer to the same request differs from another's.
-    ``default_structured`` is the structured answer's shape (``SHAPES``) of a request
-    that sets no ``x-sim-structured``: a provider whose model breaks the schema.
-    """
-    records = store if store is not None else RecordStore()
-    sim = _Simulator(store=records, **options)
+def _simulator_app(sim: _Simulator) -> Starlette:
+    """The simulator's routes as an ASGI application (``create_simulator_app``)."""
+    records = sim.store
     install_abort_log_filter()
     at = sim.at_model
     routes = [
@@ -429,3 +429,17 @@ def create_simulator_app(*, store: RecordStore | None = None, **options: Any) ->
     app.state.closing = sim.closing
     app.state.arrivals = sim.arrivals
     return app
+
+
+def _app_maker(options: Callable[P, _Simulator]) -> Callable[P, Starlette]:
+    """A maker of the simulator's app that takes what ``options`` takes (its fields, by
+    keyword), so the options are declared once and checked by type where they are given."""
+
+    def create_simulator_app(*args: P.args, **kwargs: P.kwargs) -> Starlette:
+        """The simulator as an ASGI application (its options: ``_Simulator``)."""
+        return _simulator_app(options(*args, **kwargs))
+
+    return create_simulator_app
+
+
+create_simulator_app = _app_maker(_Simulator)
