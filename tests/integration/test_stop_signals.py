@@ -15,21 +15,30 @@ CHAT = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "stre
 
 
 def _streams(gw: GatewayProcess, upstream: GatedUpstream, names: list[str]) -> Any:
-    """Start one gated stream per name; the results dict and the threads."""
+    """Start one gated stream per name, each held at its gate with its first event at
+    the client (not only written by the upstream); the results dict and the threads."""
     results: dict[str, bytes] = {}
+    started = {name: threading.Event() for name in names}
 
     def stream(name: str) -> None:
-        with web.client(timeout=60) as client:
-            response = client.post(
-                gw.url + "/v1/chat/completions", json=CHAT, headers={"x-gate": name}
-            )
-            results[name] = response.content
+        with (
+            web.client(timeout=60) as client,
+            client.stream(
+                "POST", gw.url + "/v1/chat/completions", json=CHAT, headers={"x-gate": name}
+            ) as response,
+        ):
+            body = b""
+            for chunk in response.iter_raw():
+                body += chunk
+                started[name].set()
+            results[name] = body
 
     threads = [threading.Thread(target=stream, args=(name,)) for name in names]
     for thread in threads:
         thread.start()
     for name in names:
         assert upstream.gate(name).reached.wait(WAIT_SECONDS), name
+        assert started[name].wait(WAIT_SECONDS), name
     return results, threads
 
 
