@@ -82,6 +82,7 @@ class WholeEvents:
     """The readers of one response's whole events, and the bytes of an unended one."""
 
     __slots__ = (
+        "_checkers",
         "_contract",
         "_pending",
         "_queue",
@@ -93,6 +94,8 @@ class WholeEvents:
 
     def __init__(self) -> None:
         self.consumers: list[EventConsumer] = []
+        #: The readers that may refuse an event (one that never does sets ``checks = False``).
+        self._checkers: list[EventConsumer] = []
         #: The readers that take what they accepted (a check alone sets ``takes = False``).
         self._takers: list[EventConsumer] = []
         self._pending: list[bytes] = []
@@ -111,12 +114,16 @@ class WholeEvents:
 
     def add(self, consumer: EventConsumer) -> None:
         self.consumers.append(consumer)
+        if getattr(consumer, "checks", True):
+            self._checkers.append(consumer)
         if getattr(consumer, "takes", True):
             self._takers.append(consumer)
 
     def remove(self, consumer: EventConsumer) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if consumer in self._checkers:
+            self._checkers.remove(consumer)
         if consumer in self._takers:
             self._takers.remove(consumer)
 
@@ -180,8 +187,7 @@ class WholeEvents:
         self.parsed = contract.parsed if contract is not None else None
         pending = self._pending
         piece = b"".join(pending) + data if pending else data
-        consumers = self.consumers
-        for consumer in consumers:
+        for consumer in self._checkers:
             refusal = consumer.check(piece, event)
             if refusal is not None:
                 return refusal

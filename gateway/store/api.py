@@ -27,6 +27,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gateway.store.budget import Budget
 
@@ -128,6 +129,9 @@ class Writer(ABC):
         self.on_cancel: Callable[[], None] | None = None
 
     # A reader of a stream's whole events (``gateway.guard.whole``): its log.
+    #: A log refuses no event: ``WholeEvents`` does not ask it to check one.
+    checks: ClassVar[bool] = False
+
     def check(self, piece: bytes, event: object) -> None:
         """A log refuses no event."""
         return None
@@ -148,6 +152,24 @@ class Writer(ABC):
         self.kept += 1
         self.size += len(event)
         self._add(event)
+
+    def extend(self, events: list[bytes]) -> None:
+        """Log whole events in order, as ``append`` does each; when all fit, the budget
+        is asked once and the backend keeps them at once (a relayed chunk's events)."""
+        size = sum(map(len, events))
+        if self.stopped or self.size + size > self.max_bytes or not self._room(size):
+            for event in events:
+                self.append(event)
+            return
+        self.total += len(events)
+        self.kept += len(events)
+        self.size += size
+        self._add_all(events)
+
+    def _add_all(self, events: list[bytes]) -> None:
+        """Keep events (the caller counted them): each as ``_add`` keeps one."""
+        for event in events:
+            self._add(event)
 
     @abstractmethod
     def _room(self, size: int) -> bool:

@@ -100,8 +100,18 @@ class _MemoryWriter(Writer):
         log.size = self.size
         log.wake()
 
+    def _add_all(self, events: list[bytes]) -> None:
+        log = self._log
+        log.events.extend(events)
+        log.size = self.size
+        log.wake()
+
     def append(self, event: bytes) -> None:
         super().append(event)
+        self._log.total = self.total
+
+    def extend(self, events: list[bytes]) -> None:
+        super().extend(events)
         self._log.total = self.total
 
     def _stop(self) -> None:

@@ -226,9 +226,12 @@ class _RedisWriter(Writer):
         return self._store.budget.take(self.id, size)
 
     def _add(self, event: bytes) -> None:
+        self._add_all([event])
+
+    def _add_all(self, events: list[bytes]) -> None:
         if self.lost:  # nothing more is written: nothing is queued either
             return
-        self._pending.append(event)
+        self._pending.extend(events)
         self._store.dirty(self)
 
     def _stop(self) -> None:

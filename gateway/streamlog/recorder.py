@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
+from typing import ClassVar
 
 from starlette.types import Message, Send
 
@@ -50,6 +51,8 @@ class Recorder:
     extra: RawHeaders
     #: The exchange's one detachment (made before this wraps the send).
     detachment: Detachment
+    #: It refuses no event: ``WholeEvents`` does not ask it to check one.
+    checks: ClassVar[bool] = False
     _: KW_ONLY
     logged_first: bool = False
     on_stall: Callable[[], None] | None = None
@@ -66,6 +69,9 @@ class Recorder:
     ended: bool = field(init=False, default=False)
     #: Events were appended that the next send must wait for (``logged_first``).
     _unlogged: bool = field(init=False, default=False)
+    #: Whole events taken since the last send: logged, all at once, before it goes out
+    #: (or at the end), so a relayed chunk's events cost the log one call.
+    _taken: list[bytes] = field(init=False, default_factory=list)
     _send: Send = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +87,7 @@ class Recorder:
 
     def take(self, piece: bytes, event: Event | None) -> None:
         """One whole event of a streamed answer, as the client gets it."""
-        self.writer.append(piece)
+        self._taken.append(piece)
         self.size += len(piece)
         self._unlogged = self.logged_first
         if self.watch is not None:
@@ -90,6 +96,8 @@ class Recorder:
     # -- the send ------------------------------------------------------------------------
 
     async def __call__(self, message: Message) -> None:
+        if self._taken:
+            self._log_taken()
         kind = message["type"]
         writer = self.writer
         if kind == "http.response.start":
@@ -123,6 +131,10 @@ class Recorder:
             if not self._stalled():
                 raise
 
+    def _log_taken(self) -> None:
+        taken, self._taken = self._taken, []
+        self.writer.extend(taken)
+
     def _plain(self, body: bytes) -> None:
         writer = self.writer
         writer.append(body)
@@ -155,6 +167,8 @@ class Recorder:
         """The answer ended (or failed): stop reading it, and the trailer its log ends
         with: a stream's last send (after the bytes of an unended event), empty for a
         plain answer (its last send is its body's last event) or one never ended."""
+        if self._taken:
+            self._log_taken()
         exchange = self.exchange
         exchange.detach = None
         exchange.events.remove(self)

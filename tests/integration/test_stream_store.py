@@ -99,11 +99,25 @@ async def _all(
     raise AssertionError("no end")
 
 
-def test_every_cursor_reads_exactly_what_follows(make: Make) -> None:
+def _write(writer: Writer, events: list[bytes], per_call: int) -> None:
+    """Log ``events`` one ``append`` each (``per_call`` 1) or ``extend``s of ``per_call``
+    (the events a relayed chunk carries): the log must be the same."""
+    if per_call == 1:
+        for event in events:
+            writer.append(event)
+        return
+    for at in range(0, len(events), per_call):
+        writer.extend(events[at : at + per_call])
+
+
+BATCHES = pytest.mark.parametrize("per_call", [1, 7, 42])
+
+
+@BATCHES
+def test_every_cursor_reads_exactly_what_follows(make: Make, per_call: int) -> None:
     async def body(store: StreamStore) -> None:
         writer = await _open(store)
-        for event in EVENTS:
-            writer.append(event)
+        _write(writer, EVENTS, per_call)
         await writer.finish(End(b": gateway outcome=complete\n\n", {"verdict": "stop"}))
         info = await store.info(writer.id)
         assert info is not None
@@ -150,12 +164,12 @@ def test_a_reader_follows_the_live_tail(make: Make) -> None:
     run(make, body)
 
 
-def test_the_per_stream_cap_stops_the_log(make: Make) -> None:
+@BATCHES
+def test_the_per_stream_cap_stops_the_log(make: Make, per_call: int) -> None:
     async def body(store: StreamStore) -> None:
         cap = sum(map(len, EVENTS[:10]))
         writer = await _open(store, max_bytes=cap)
-        for event in EVENTS:
-            writer.append(event)
+        _write(writer, EVENTS, per_call)  # a call that passes the cap keeps what fits
         assert (writer.total, writer.kept, writer.stopped) == (42, 10, True)
         await writer.finish(End(b"end"))
         info = await store.info(writer.id)
@@ -182,8 +196,10 @@ def test_the_total_budget_refuses_new_logs(make: Make) -> None:
         assert not first.stopped
         assert store.size == sum(map(len, EVENTS[:5]))
         second = await _open(store)
-        second.append(b"x" * 1000)  # more than the budget left: this log stops
+        # More than the budget left: this log stops at the event that does not fit.
+        second.extend([b"w" * 10, b"x" * 1000, b"v"])
         assert second.stopped
+        assert (second.total, second.kept) == (3, 1)
         assert store.size <= 300
         first.append(b"y" * 300)
         assert first.stopped
