@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -439,6 +440,8 @@ def _app_maker(options: Callable[P, _Simulator]) -> Callable[P, Starlette]:
         """The simulator as an ASGI application (its options: ``_Simulator``)."""
         return _simulator_app(options(*args, **kwargs))
 
+    # help() and editors show the options' own signature (``inspect`` follows it).
+    functools.update_wrapper(create_simulator_app, options, assigned=(), updated=())
     return create_simulator_app
 
 

@@ -931,3 +931,16 @@ def _wait_for(sim: Sim, request_id: str, ready: Any) -> dict[str, Any]:
             assert ready(record), record
             return record
         time.sleep(0.02)
+
+
+def test_the_app_maker_takes_and_shows_the_simulators_options() -> None:
+    import inspect
+
+    from gateway.simulator import create_simulator_app
+
+    shown = inspect.signature(create_simulator_app).parameters
+    assert {"store", "default_tps", "default_fault", "default_structured"} <= set(shown)
+    with pytest.raises(TypeError, match="default_tpz"):
+        create_simulator_app(default_tpz=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="unknown fault"):
+        create_simulator_app(default_fault="vibes")
