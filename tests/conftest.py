@@ -161,7 +161,9 @@ class GatewayProcess:
 
     Its stdout (the access log) is read as it comes, by a thread (``drain``): a pipe
     nobody reads holds 64 KiB, and beyond what the gateway's log queue then holds its
-    lines are dropped. ``drain=False`` leaves ``proc.stdout`` to the test.
+    lines are dropped. ``drain=False`` leaves ``proc.stdout`` to the test. Its stderr is
+    always read as it comes, by a thread of its own: the gateway's warnings go there
+    from its event loop, which a full pipe would block (``stderr`` is what came so far).
     """
 
     def __init__(
@@ -181,7 +183,24 @@ class GatewayProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        self._stderr_seen = b""  # what wait_stderr read before stop()
+        self._stderr = b""
+        self._stderr_ended = False
+        self._stderr_changed = threading.Condition()
+        errors, self.proc.stderr = self.proc.stderr, None  # communicate() leaves it be
+        assert errors is not None
+
+        def read_errors() -> None:
+            while chunk := os.read(errors.fileno(), 65536):
+                with self._stderr_changed:
+                    self._stderr += chunk
+                    self._stderr_changed.notify_all()
+            errors.close()
+            with self._stderr_changed:
+                self._stderr_ended = True
+                self._stderr_changed.notify_all()
+
+        self._errors = threading.Thread(target=read_errors, daemon=True)
+        self._errors.start()
         self._stdout: list[bytes] = []
         self._drain: threading.Thread | None = None
         if drain:
@@ -200,6 +219,12 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def stderr(self) -> bytes:
+        """What the process wrote on stderr so far."""
+        with self._stderr_changed:
+            return self._stderr
+
     def wait_ready(self, timeout: float = 60) -> GatewayProcess:
         import httpx
 
@@ -208,8 +233,9 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                _out, err = self.proc.communicate()
-                text = err.decode(errors="replace")[-2000:]
+                self.proc.communicate()
+                self._errors.join(30)
+                text = self.stderr.decode(errors="replace")[-2000:]
                 if "address already in use" in text.lower():
                     raise PortTaken(text)
                 raise RuntimeError(f"gateway exited: {text}")
@@ -244,21 +270,12 @@ class GatewayProcess:
         For a state only the process's own lines show (each of ``--workers N`` started);
         what is read here is still part of what ``stop()`` returns.
         """
-        import os
-        import select
-
-        assert self.proc.stderr is not None
-        fd = self.proc.stderr.fileno()
-        deadline = time.monotonic() + timeout
-        while self._stderr_seen.count(needle) < count:
-            remaining = deadline - time.monotonic()
-            seen = self._stderr_seen[-2000:]
-            assert remaining > 0, f"no {count} x {needle!r} on stderr: {seen!r}"
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if readable:
-                chunk = os.read(fd, 65536)
-                assert chunk, f"stderr closed before {count} x {needle!r}: {self._stderr_seen!r}"
-                self._stderr_seen += chunk
+        with self._stderr_changed:
+            self._stderr_changed.wait_for(
+                lambda: self._stderr.count(needle) >= count or self._stderr_ended, timeout
+            )
+            seen = self._stderr
+        assert seen.count(needle) >= count, f"no {count} x {needle!r} on stderr: {seen[-2000:]!r}"
 
     def stop(self) -> tuple[bytes, bytes]:
         import subprocess
@@ -266,24 +283,28 @@ class GatewayProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            out, err = self.proc.communicate(timeout=30)
+            out, _ = self.proc.communicate(timeout=30)
         except Exception:
             self.proc.kill()
             try:
-                out, err = self.proc.communicate(timeout=30)
+                out, _ = self.proc.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 # Gone, yet its pipes stay open: a process it started outlived it.
                 self.proc.wait()
-                for pipe in (self.proc.stdout, self.proc.stderr):
-                    if pipe is not None:
-                        pipe.close()
+                if self.proc.stdout is not None:
+                    self.proc.stdout.close()
                 raise AssertionError(
                     "the gateway exited but a process it started still holds its output"
                 ) from None
+        # The process has exited: its output is at its end (unless a process it started
+        # still holds it, which the join's bound turns into a failure, not a hang).
+        self._errors.join(30)
+        if self._errors.is_alive():
+            raise AssertionError("the gateway exited but a process it started holds its stderr")
         if self._drain is not None:
-            self._drain.join(30)  # the process has exited: its stdout is at its end
+            self._drain.join(30)
             out = b"".join(self._stdout)
-        return out or b"", self._stderr_seen + err
+        return out or b"", self.stderr
 
 
 @contextlib.contextmanager

@@ -280,8 +280,8 @@ def test_a_sentinel_failover_under_traffic(tmp_path: Path, simulator: ServerThre
             assert "limits_backend" not in httpx.get(a.url + "/readyz").json()
             # the outage is logged once when it starts and once when it ends
             a.wait_stderr(b"limits backend: Redis answers again after")
-            assert a._stderr_seen.count(b"limits backend: Redis does not answer") == 1
-            assert a._stderr_seen.count(b"limits backend: Redis answers again after") == 1
+            assert a.stderr.count(b"limits backend: Redis does not answer") == 1
+            assert a.stderr.count(b"limits backend: Redis answers again after") == 1
             for stream in streams:
                 stream.thread.join(60)
             gap, failed = traffic.gap_after(killed)
