@@ -79,11 +79,25 @@ class Spend:
         model = record.model
         if upstream is not None and model is not None:
             model = upstream.models.get(model, model)
+        name, url = (upstream.name, upstream.url) if upstream is not None else ("", "")
+        return self._quote(record, exchange.spec, config, model, name, url)
+
+    def _quote(
+        self,
+        record: RequestRecord,
+        spec: ProtocolSpec,
+        config: RouteConfig,
+        model: str | None,
+        upstream: str,
+        url: str,
+    ) -> Quote | None:
+        """The prices ``model`` is charged at by ``upstream`` (at ``url``) of the route,
+        for the record's client."""
         return self.pricer.quote(
             model,
-            exchange.spec.price_provider,
-            upstream=upstream.name if upstream is not None else "",
-            upstream_url=upstream.url if upstream is not None else "",
+            spec.price_provider,
+            upstream=upstream,
+            upstream_url=url,
             route=config.name,
             client=record.client_name,
         )
@@ -107,14 +121,7 @@ class Spend:
             charge = FREE
         else:
             model, name, url = _answered_by(record, self._upstreams(config))
-            quote = self.pricer.quote(
-                model,
-                spec.price_provider,
-                upstream=name,
-                upstream_url=url,
-                route=config.name,
-                client=record.client_name,
-            )
+            quote = self._quote(record, spec, config, model, name, url)
             verdict = record.verdict
             usage = record.usage if record.usage is not None else verdict.usage if verdict else None
             charge = price_cost(
@@ -147,14 +154,9 @@ class Spend:
         table = whole.table
         for part in record.parts:
             upstream = upstreams.get(part.upstream)
-            quote = self.pricer.quote(
-                _part_model(part, record, upstream),
-                spec.price_provider,
-                upstream=part.upstream,
-                upstream_url=upstream.url if upstream is not None else "",
-                route=config.name,
-                client=record.client_name,
-            )
+            url = upstream.url if upstream is not None else ""
+            model = _part_model(part, record, upstream)
+            quote = self._quote(record, spec, config, model, part.upstream, url)
             used = part.usage
             billed = billable(
                 used, spec.usage_basis, used.input_tokens or 0, used.output_tokens or 0
