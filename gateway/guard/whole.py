@@ -159,7 +159,7 @@ class WholeEvents:
             for event in SSEDecoder().feed(piece):
                 self.parsed = None
                 self._contract = None
-                for consumer in self.consumers:
+                for consumer in self._checkers:
                     refusal = consumer.check(piece, event)
                     if refusal is not None:
                         return count, refusal

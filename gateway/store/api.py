@@ -151,7 +151,7 @@ class Writer(ABC):
             return
         self.kept += 1
         self.size += len(event)
-        self._add(event)
+        self._add_all([event])
 
     def extend(self, events: list[bytes]) -> None:
         """Log whole events in order, as ``append`` does each; when all fit, the budget
@@ -165,11 +165,6 @@ class Writer(ABC):
         self.kept += len(events)
         self.size += size
         self._add_all(events)
-
-    def _add_all(self, events: list[bytes]) -> None:
-        """Keep events (the caller counted them): each as ``_add`` keeps one."""
-        for event in events:
-            self._add(event)
 
     @abstractmethod
     def _room(self, size: int) -> bool:
@@ -186,8 +181,8 @@ class Writer(ABC):
                 self.on_cancel()
 
     @abstractmethod
-    def _add(self, event: bytes) -> None:
-        """Keep one event (the caller counted it)."""
+    def _add_all(self, events: list[bytes]) -> None:
+        """Keep events, in order (the caller counted them)."""
 
     @abstractmethod
     async def flush(self) -> None:

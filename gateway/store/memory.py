@@ -94,12 +94,6 @@ class _MemoryWriter(Writer):
     def _room(self, size: int) -> bool:
         return self._store.budget.take(self.id, size)
 
-    def _add(self, event: bytes) -> None:
-        log = self._log
-        log.events.append(event)
-        log.size = self.size
-        log.wake()
-
     def _add_all(self, events: list[bytes]) -> None:
         log = self._log
         log.events.extend(events)

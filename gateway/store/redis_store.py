@@ -225,9 +225,6 @@ class _RedisWriter(Writer):
     def _room(self, size: int) -> bool:
         return self._store.budget.take(self.id, size)
 
-    def _add(self, event: bytes) -> None:
-        self._add_all([event])
-
     def _add_all(self, events: list[bytes]) -> None:
         if self.lost:  # nothing more is written: nothing is queued either
             return
