@@ -42,7 +42,8 @@ class MemoryBackend:
 
     def reserve_now(self, checks: list[Check], ask: Ask, now: float) -> Reserved:
         """``reserve`` without a coroutine: nothing here awaits."""
-        _, input_, output, strict, _, input_money, output_pico = ask
+        input_, output, strict = ask.input, ask.output, ask.strict
+        input_money, output_pico = ask.input_money, ask.output_pico
         if now >= self._next_sweep:
             self._sweep(now)
         counters = self._counters
