@@ -313,7 +313,8 @@ class _Simulator:
             _, id_headers = self._id_headers("gemini")
             message = "The simulator streams Gemini answers only with alt=sse."
             return self._json(400, error_body("gemini", 400, message, ""), id_headers)
-        return await self.at_model("gemini", stream=True)(request)
+        model = request.path_params["model"]
+        return await self._generate(request, "gemini", stream=True, model=model)
 
     def at_model(self, protocol: ProtocolName, *, stream: bool) -> Endpoint:
         """The answers at a URL that names the model and whether they stream (Gemini's,
