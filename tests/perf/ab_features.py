@@ -17,7 +17,6 @@ its own (``--unique``), so the cache misses every time and records every stream
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -26,15 +25,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ab_gateway  # noqa: E402
-import litellm_peer  # noqa: E402
 
 #: A limit the bench never reaches: the limiter reserves and settles every request.
 LIMITS = {"tokens_per_day": 10**13, "requests_per_minute": 10**9}
-
-
-def _client() -> str:
-    digest = hashlib.sha256(litellm_peer.MASTER_KEY.encode()).hexdigest()
-    return json.dumps([{"name": "bench", "key_sha256": [digest], "limits": LIMITS}])
 
 
 def _routes() -> str:
@@ -44,7 +37,8 @@ def _routes() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = ["--base", str(HERE.parents[1]), "--unique"]
-    for pair in (f"GATEWAY_ROUTES={_routes()}", f"GATEWAY_CLIENTS={_client()}"):
+    clients = ab_gateway.named_client(LIMITS)
+    for pair in (f"GATEWAY_ROUTES={_routes()}", f"GATEWAY_CLIENTS={clients}"):
         args += ["--b-env", pair]
     return ab_gateway.main(args + list(sys.argv[1:] if argv is None else argv))
 

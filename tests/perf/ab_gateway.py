@@ -30,12 +30,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
+import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import bench_gateway as bg
+import litellm_peer
 
 
 def _query(mode: str, events: int = 5) -> tuple[str, int]:
@@ -169,6 +172,13 @@ async def main_async(opts: argparse.Namespace, base: Path | str) -> int:
         f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds"
     )
     return 1 if failed else 0
+
+
+def named_client(limits: dict[str, object]) -> str:
+    """``GATEWAY_CLIENTS`` making the bench's key one named client, ``bench``, with
+    ``limits`` (for a configuration given with ``--a-env`` / ``--b-env``)."""
+    digest = hashlib.sha256(litellm_peer.MASTER_KEY.encode()).hexdigest()
+    return json.dumps([{"name": "bench", "key_sha256": [digest], "limits": limits}])
 
 
 def _profile_path(profile: Path, label: str) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import shutil
 import socket
@@ -32,17 +31,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ab_gateway  # noqa: E402
-import litellm_peer  # noqa: E402
 
 TOKENS = {"tokens_per_day": 10**13}
 MONEY = {**TOKENS, "usd_per_day": "1000000", "usd_per_month": "10000000"}
 #: The bench's model is a made-up one: an override prices it.
 PRICES = [{"model": "*", "input": "1", "output": "2"}]
-
-
-def _client(limits: dict[str, object]) -> str:
-    digest = hashlib.sha256(litellm_peer.MASTER_KEY.encode()).hexdigest()
-    return json.dumps([{"name": "bench", "key_sha256": [digest], "limits": limits}])
 
 
 @contextlib.contextmanager
@@ -83,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             common += ["GATEWAY_LIMITS_BACKEND=redis", f"GATEWAY_REDIS_URL={url}"]
         args = ["--base", str(HERE.parents[1])]
         for label, limits in (("a", TOKENS), ("b", MONEY)):
-            for pair in (f"GATEWAY_CLIENTS={_client(limits)}", *common):
+            for pair in (f"GATEWAY_CLIENTS={ab_gateway.named_client(limits)}", *common):
                 args += [f"--{label}-env", pair]
         return ab_gateway.main(args + rest)
 
