@@ -182,6 +182,14 @@ class Timeouts(_Strict):
     client_body_total: float = Field(
         300.0, gt=0, description="Client edge: to receive a whole request body (408)."
     )
+    client_keepalive: float = Field(
+        75.0,
+        gt=0,
+        description="Client edge: an idle keep-alive connection is closed after this "
+        "(nginx's keepalive_timeout). Keep it above the clients' own reuse window (the "
+        "httpx-based SDKs: 5 s; a load balancer's idle timeout: 60 s), or a request "
+        "written just as the gateway closes the connection fails.",
+    )
 
 
 class RouteTimeouts(_Strict):

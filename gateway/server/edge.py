@@ -19,7 +19,11 @@ same way for ``gateway serve`` (``--workers N`` too) and for the tests.
   body within ``timeouts.client_body_total`` of its head's end, however it
   trickles, else 408 (``body_too_slow``). Waits that are the gateway's
   (reading paused, ``100 Continue`` not sent yet) do not count. A connection
-  that sends nothing is closed without an answer.
+  that sends nothing is closed without an answer. Between requests, a
+  connection idle for ``timeouts.client_keepalive`` (75 s, nginx's default)
+  is closed: longer than the clients' own reuse window, so that the client,
+  not the gateway, ends an idle connection (uvicorn's 5 s equals the httpx
+  SDKs' and races them: a request written as the gateway closes fails).
   One timer per connection re-arms itself from stamped times, as in
   ``deadlines.py``: a read stores a float, it reschedules nothing.
 - ``CONNECT`` and ``TRACE`` get 405: the gateway tunnels and echoes nothing.
@@ -121,6 +125,7 @@ class EdgeConfig:
     client_header: float
     client_body: float
     client_body_total: float
+    client_keepalive: float
     reject: Callable[[str], None]  # every refusal's reason, for the metric
     log: Callable[[EdgeRefusal], None]  # a refused request the app never saw
 
@@ -138,6 +143,7 @@ class EdgeConfig:
             client_header=timeouts.client_header,
             client_body=timeouts.client_body,
             client_body_total=timeouts.client_body_total,
+            client_keepalive=timeouts.client_keepalive,
             reject=reject,
             log=log,
         )
@@ -294,6 +300,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._edge = edge if isinstance(edge, EdgeConfig) else _DEFAULT
         self._max_fields = self._edge.max_header_fields
         self._max_bytes = self._edge.max_header_bytes
+        # uvicorn's own keep-alive timer, armed after each response, waits this long
+        # (declared an int there; it only ever reaches loop.call_later)
+        self.timeout_keep_alive = self._edge.client_keepalive  # type: ignore[assignment]
         self._since = self.loop.time()
         self._arm(self._since + self._edge.client_header)
 

@@ -259,6 +259,7 @@ def test_the_limits_come_from_the_settings(upstream: tuple[ServerThread, Recorde
         {"limits": {"max_header_fields": 0}},
         {"timeouts": {"client_header": 0}},
         {"timeouts": {"client_body": -1}},
+        {"timeouts": {"client_keepalive": 0}},
     ],
 )
 def test_the_edge_settings_must_be_positive(setting: dict[str, dict[str, int]]) -> None:
@@ -418,13 +419,43 @@ def test_keep_alive_and_pipelining_are_unchanged(gateway: ServerThread, recorder
         two = _read_until(sock, b'{"ok":true}', count=2)
         assert [r.status for r in _responses(two, 2)] == [200, 200]
         # Idle for longer than the head timeout: a kept-alive connection between
-        # requests is uvicorn's keep-alive business (5 s), not a slow head. The
+        # requests is timed by timeouts.client_keepalive, not as a slow head. The
         # sleep is the duration under test, not a wait for some state.
         time.sleep(CLIENT_TIMEOUT * 1.5)
         sock.sendall(_post(b"/v1/chat/completions", BODY, b"Connection: close"))
         (response,) = _responses(_read_until_closed(sock))
     assert response.status == 200
     assert len(recorder.requests) == 3
+
+
+def test_an_idle_connection_outlives_the_sdks_reuse_window(
+    gateway: ServerThread, recorder: Recorder
+) -> None:
+    """The httpx-based SDKs reuse an idle connection for 5 s: the gateway keeps one open
+    longer (``timeouts.client_keepalive``, 75 s), so the client always closes first and a
+    request it writes at 4.99 s never meets the gateway's close (uvicorn's own 5 s did)."""
+    with _connect(gateway) as sock:
+        sock.sendall(_post(b"/v1/chat/completions", BODY))
+        _read_until(sock, b'{"ok":true}')
+        # The duration under test: no close (no readable end of stream) for 6 s.
+        readable, _, _ = select.select([sock], [], [], 6.0)
+        assert not readable, sock.recv(1000)
+        sock.sendall(_post(b"/v1/chat/completions", BODY, b"Connection: close"))
+        (response,) = _responses(_read_until_closed(sock))
+    assert response.status == 200
+
+
+def test_an_idle_connection_is_closed_after_client_keepalive(
+    upstream: tuple[ServerThread, Recorder],
+) -> None:
+    with gateway_for(upstream[0].url + "/v1", timeouts={"client_keepalive": 0.5}) as gw:
+        with _connect(gw) as sock:
+            sock.sendall(_post(b"/v1/chat/completions", BODY))
+            answered = _read_until(sock, b'{"ok":true}')
+            # closed quietly, with nothing more sent: no request was in flight
+            assert _read_until_closed(sock) == b""
+        assert _responses(answered)[0].status == 200
+        assert _rejected(gw, "client_timeout") == 0  # an idle close is no refusal
 
 
 def test_a_refusal_behind_a_pipelined_request_waits_for_its_response(
