@@ -801,6 +801,10 @@ async def drive_streams(
         del tally.failures["not_started"]
 
 
+#: ``drive_keepalive``'s ``&u=N``, one count for the whole run.
+_UNIQUE_TARGETS = itertools.count()
+
+
 async def drive_keepalive(
     port: int,
     tally: Tally,
@@ -813,9 +817,10 @@ async def drive_keepalive(
     """``conns`` keep-alive connections issuing streams back to back for ``duration`` s.
 
     ``unique``: each request's target gets its own ``&u=N`` (the upstream ignores it),
-    so that no two requests share a cache key: a cache that is on misses every time."""
+    so that no two requests share a cache key: a cache that is on misses every time (the
+    count runs on across calls: a warm-up's targets are never asked again)."""
     request = request_bytes(query, tally.model_route)
-    serial = itertools.count()
+    serial = _UNIQUE_TARGETS
     loop = asyncio.get_running_loop()
     end = loop.time() + duration
     live: list[ClientConn] = []
