@@ -127,6 +127,17 @@ class WholeEvents:
         if consumer in self._takers:
             self._takers.remove(consumer)
 
+    def clear(self) -> None:
+        """The response is over: its readers are let go (they refer back to the request,
+        and the request to them: without this, only the garbage collector frees them)."""
+        self.consumers.clear()
+        self._checkers.clear()
+        self._takers.clear()
+        self._pending.clear()
+        self._queue = None
+        self.parsed = None
+        self._contract = None
+
     @property
     def pending(self) -> bytes:
         """Bytes relayed after the last whole event (a block not ended yet)."""

@@ -114,6 +114,20 @@ class Exchange:
     def __post_init__(self) -> None:
         self.timeouts = self.route.timeouts
 
+    def release(self, send: Send) -> None:
+        """The request is over: drop what the stages hung on it (send wrappers, detach
+        hooks, readers, trailer words), each of which refers back to the exchange. Once
+        none does, the request's objects are freed as soon as it ends, not left in
+        reference cycles for the garbage collector to find; ``send``: the client's own."""
+        self.send = send
+        self.detach = None
+        self.detachment = None
+        self.not_free = None
+        self.hold_gate = None
+        self.events.clear()
+        self.on_stream.clear()
+        self.trailer_words.clear()
+
     def stop(self, reason: Reason) -> None:
         """Stop the request for ``reason`` (first caller wins; nothing once it is done)."""
         if self.stop_reason is None and not self.response_done:

@@ -234,6 +234,7 @@ class Relay:
                 record.model, record.upstream_model, configured=_mapped(route, record.model)
             )
             self.observers.observe(record)
+            exchange.release(send)
 
     async def _watch_disconnect(self, receive: Receive, exchange: Exchange) -> None:
         while True:

@@ -125,6 +125,14 @@ class StreamLog:
             if usage is not None:
                 fields["usage"] = json.dumps([usage.input_tokens, usage.output_tokens])
         # A store that fails here: the lease runs out, a resume ends the stream owner_lost.
-        with contextlib.suppress(StoreError):
-            await self.writer.finish(End(trailer, fields))
+        try:
+            with contextlib.suppress(StoreError):
+                await self.writer.finish(End(trailer, fields))
+        finally:
+            # Its hooks refer back to this log (and it to the request): let them go, so
+            # that the request's objects are freed when it ends (no reference cycle).
+            self.writer.on_cancel = None
+            self.recorder.on_stall = None
+            self.recorder.watch = None
+            self.on_response_id = None
         self.metrics.store_bytes(self.store_size())
