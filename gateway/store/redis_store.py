@@ -25,10 +25,13 @@ Every call is bounded by the store's timeout (plus the wait of a blocking read);
 every failure is a ``StoreError`` and opens the **breaker**: one log line, then
 every call fails at once (no request waits on a Redis that is away) while one
 PING a second looks for it; when it answers, one more line (how long, how many
-calls failed) and the writers write what waited. A writer whose write fails
-keeps its events and its end and sends them again then (the script skips what
-was written), taking its lease back if it ran out meanwhile and nobody took the
-log over: a client that got the whole answer never finds it ended ``owner_lost``
+calls failed) and the writers write what waited. A cluster is away only when none
+of its masters answers the PING that confirms an outage: a failing master fails
+only the calls to its slots (its logs wait, ``away``, and are written again every
+``AWAY_RETRY_SECONDS``), and the other masters' logs never notice. A writer
+whose write fails keeps its events and its end and sends them again then (the
+script skips what was written), taking its lease back if it ran out meanwhile and
+nobody took the log over: a client that got the whole answer never finds it ended ``owner_lost``
 for want of a write. A takeover starts with a grace of one lease for exactly
 that (``ADOPT``).
 """
@@ -44,11 +47,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from redis.backoff import NoBackoff
 from redis.exceptions import (
     NoScriptError,
     RedisClusterException,
     RedisError,
 )
+from redis.retry import Retry
 
 from gateway.store.api import (
     READ_LIMIT,
@@ -82,6 +87,9 @@ FLUSH_SECONDS = 0.002
 RENEW_TICK_SECONDS = 0.1
 #: While Redis is away, how often one PING asks whether it is back.
 RETRY_SECONDS = 1.0
+#: How often a log whose own node is away (a cluster's failing master, a demoted
+#: master) is written again, while the rest of Redis answers.
+AWAY_RETRY_SECONDS = 0.25
 
 #: Every way a call can fail (a cluster client's own errors are no RedisError).
 FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
@@ -220,6 +228,10 @@ class _RedisWriter(Writer):
         self.closed = False
         #: A write failed (Redis away): the log is behind what was relayed.
         self.behind = False
+        #: Its last write failed for want of its node while the rest of Redis answers:
+        #: ``flush`` and ``finish`` say so at once (StoreError) rather than wait for the
+        #: node, and the store writes it again every ``AWAY_RETRY_SECONDS``.
+        self.away = False
         store.live.add(self)
 
     def _room(self, size: int) -> bool:
@@ -254,6 +266,7 @@ class _RedisWriter(Writer):
         """The flusher's report of one call that reached Redis: its answer (or the
         script's error), for the ``sent`` events it carried."""
         self.written_at = time.monotonic()
+        self.away = False
         owned, cancel = (0, 0) if isinstance(answer, Exception) else answer
         if not owned:
             self.lost = True
@@ -293,8 +306,13 @@ class _RedisWriter(Writer):
     async def flush(self) -> None:
         while (self._pending or self._create) and not self.lost:
             self._store.check()
+            self._check_node()
             self._store.dirty(self)
             await self._store.next_write()
+
+    def _check_node(self) -> None:
+        if self.away:  # kept, and written once its node answers
+            raise StoreError("the Redis node of this log is unavailable")
 
     async def finish(self, end: End) -> None:
         """Write the end; StoreError when Redis is away (the end is written with the
@@ -318,8 +336,15 @@ class _RedisWriter(Writer):
     async def _close(self) -> None:
         while not self.closed:
             self._store.check()
+            self._check_node()
             self._store.dirty(self)
             await self._store.next_write()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A PING no one waits for any more: its failure, if any, is taken (not logged)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _Tail:
@@ -354,7 +379,6 @@ class RedisStore(StreamStore):
         self._pinger: Any = None
         #: A cluster's failing master fails a pipeline whole (``_each`` then sorts it).
         self._cluster = redis.cluster
-        self._ping_to: dict[str, str] = {"target_nodes": "primaries"} if self._cluster else {}
         self._redis: Any = redis.client
         self._tails: dict[str, _Tail] = {}
         #: Writers with something to write, in the order they asked.
@@ -413,18 +437,44 @@ class RedisStore(StreamStore):
 
     def _blocking_ping(self) -> None:
         self._make_pinger()
-        # a cluster's PING goes to every node, a failed one too: ask its masters
-        self._pinger.ping(**self._ping_to)
+        self._pinger.ping()
+
+    def _masters(self) -> list[Any]:
+        """A cluster's masters as the probe's client knows them, each with its own
+        client (built here, in a thread: a seed that fails to answer waits its timeout),
+        which tries a PING once (redis-py's node clients would try it ten times)."""
+        self._make_pinger()
+        pinger = self._pinger
+        clients = [pinger.get_redis_connection(node) for node in pinger.get_primaries()]
+        for client in clients:
+            client.set_retry(Retry(NoBackoff(), 0))
+        return clients
 
     async def _ping(self) -> bool:
         """One PING from a thread, its deadline the socket's own: it measures Redis,
         not this event loop (a burst of streams keeps the loop busy for longer than
-        the timeout, and a deadline kept on it would call a healthy Redis away)."""
+        the timeout, and a deadline kept on it would call a healthy Redis away).
+
+        A cluster is up while one of its masters answers: every master is PINGed at
+        once, each through its own client (no cluster retries), and the first answer
+        says so. A failing master's slots wait for its failover (each call to them
+        fails on its own) while the other masters' logs go on being written; a PING
+        to all masters at once failed with the failing one, and stopped every log."""
         try:
-            await asyncio.to_thread(self._blocking_ping)
+            if not self._cluster:
+                await asyncio.to_thread(self._blocking_ping)
+                return True
+            masters = await asyncio.to_thread(self._masters)
         except FAILURES:
             return False
-        return True
+        pings = {asyncio.ensure_future(asyncio.to_thread(m.ping)) for m in masters}
+        while pings:
+            done, pings = await asyncio.wait(pings, return_when=asyncio.FIRST_COMPLETED)
+            if [p for p in done if not p.exception()]:  # (every failure taken)
+                for late in pings:  # each ends within its socket's timeout
+                    late.add_done_callback(_retrieved)
+                return True
+        return False
 
     async def _probe(self, exc: BaseException) -> None:
         """Confirm an outage (then the breaker opens, logged once), and PING every
@@ -490,10 +540,25 @@ class RedisStore(StreamStore):
             self._tasks = [loop.create_task(self._flusher()), loop.create_task(self._renewer())]
 
     def dirty(self, writer: _RedisWriter) -> None:
-        """``writer`` has something to write: the next pipeline takes it."""
+        """``writer`` has something to write: the next pipeline takes it (one whose node
+        is away: its retry does)."""
+        if writer.away:
+            return
         self._start()
         self._dirty[writer] = None
         self._wake.set()
+
+    def _node_away(self, writer: _RedisWriter) -> None:
+        """A write of ``writer`` failed for want of its node, while the rest of Redis may
+        answer: kept, and written again in a moment (not at once: no pipeline a
+        millisecond at a node that is away)."""
+        writer.behind = writer.away = True
+        asyncio.get_running_loop().call_later(AWAY_RETRY_SECONDS, self._retry, writer)
+
+    def _retry(self, writer: _RedisWriter) -> None:
+        if not writer.closed and not writer.lost:
+            self._dirty[writer] = None
+            self._wake.set()
 
     def next_write(self) -> asyncio.Future[None]:
         """Resolved once the next pipeline (one that starts after now) was written."""
@@ -522,18 +587,25 @@ class RedisStore(StreamStore):
                             await self.write(keys=writer.keys, args=args, client=pipe)
                         answers = await pipe.execute(raise_on_error=False)
             except FAILURES as exc:
-                if not (self._cluster and len(calls) > 1 and await self._each(calls)):
+                if not self._cluster:
                     self._trip(exc)
                     for writer in writers:  # kept, and sent again once Redis is back
                         writer.behind = True
                         self._dirty[writer] = None
+                elif len(calls) == 1:  # its node failed, or all of Redis: the PING says
+                    self._trip(exc)
+                    self._node_away(calls[0][0])
+                elif not await self._each(calls):
+                    self._trip(exc)  # none was written: the PING says whether Redis is away
             else:
                 if any(isinstance(answer, NoScriptError) for answer in answers):
                     await self._reload()  # a promoted replica: scripts are not replicated
                 for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
-                    if self._away(answer) or isinstance(answer, NoScriptError):  # again
+                    if isinstance(answer, NoScriptError):  # again, once the scripts are in
                         writer.behind = True
                         self._dirty[writer] = None
+                    elif self._away(answer):
+                        self._node_away(writer)
                     else:
                         writer.written(answer, ended, sent)
             if done is not None and not done.done():
@@ -551,8 +623,8 @@ class RedisStore(StreamStore):
     async def _each(self, calls: list[tuple[_RedisWriter, bool, list[Any], int]]) -> bool:
         """A cluster's pipeline failed: one node (a failing master) fails it whole. Each
         call again on its own, so the logs on the other masters' slots never notice:
-        those that failed wait (``behind``) and go again with the next pipeline. False
-        when every one failed (then it is an outage)."""
+        those that failed wait (``behind``, ``away``) and go again in a moment. False
+        when every one failed (the PING then says whether Redis is away)."""
 
         async def one(writer: _RedisWriter, args: list[Any]) -> Any:
             try:
@@ -566,8 +638,7 @@ class RedisStore(StreamStore):
         answers = await asyncio.gather(*(one(w, args) for w, _, args, _ in calls))
         for (writer, ended, _, sent), answer in zip(calls, answers, strict=True):
             if answer is None:
-                writer.behind = True
-                self._dirty[writer] = None
+                self._node_away(writer)
             else:
                 writer.written(answer, ended, sent)
         return any(answer is not None for answer in answers)

@@ -495,9 +495,13 @@ def sentinel_set(
 
 @contextlib.contextmanager
 def cluster_set(
-    directory: Path, password: str | None = None, tls: bool = False, replicas: int = 1
+    directory: Path,
+    password: str | None = None,
+    tls: bool = False,
+    replicas: int = 1,
+    data: dict[str, str] | None = None,
 ) -> Iterator[ClusterSet]:
-    deployment = ClusterSet(directory, password, tls, replicas)
+    deployment = ClusterSet(directory, password, tls, replicas, data)
     try:
         yield deployment.start()
     finally:

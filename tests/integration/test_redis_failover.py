@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from redis import Redis
 
+from gateway.redisconn import RedisTarget
 from tests.client_events import Splitter
 from tests.conftest import ServerThread, gateway_process
-from tests.integration.helpers import annotation
+from tests.integration.helpers import annotation, until
 from tests.integration.redis_sets import (
     PASSWORD,
     ClusterSet,
@@ -362,3 +364,66 @@ def test_a_cluster_failover_spares_the_other_masters_slots(
         # again), else cut or unknown as the docs say; never a resume that does not end
         assert set(outcomes["lost master"]) <= {"whole", "cut", "unknown"}
         assert failed_over < 30
+
+
+def test_a_dead_master_stops_only_the_logs_on_its_slots(tmp_path: Path) -> None:
+    """One master of a cluster dead, for good (no replica; ``cluster-require-full-coverage
+    no``, so the others serve on): a write to its slots fails, and the store confirms
+    the outage with a PING. The cluster is not away while another master answers, so a
+    log on another master is written and ended at once, and new logs open there. (The
+    PING once went to every master at once, the dead one too: the breaker opened, and
+    every log waited, here for ever, after a failover for as long as it took.)"""
+    from gateway.app import store_connection
+    from gateway.store import End, StoreError
+    from gateway.store.api import new_stream_id
+    from gateway.store.redis_store import RedisStore
+
+    data = {"cluster-require-full-coverage": "no"}
+    with cluster_set(tmp_path / "cluster", password=PASSWORD, replicas=0, data=data) as redis:
+        target = RedisTarget.build("cluster", redis.url, redis.nodes)
+        victim = sorted(redis.masters())[0]
+
+        def stream_id(on_victim: bool) -> str:
+            while True:
+                candidate = new_stream_id()
+                owner = redis.owner(f"dead:s:{{{candidate}}}:log")
+                if (owner == victim) == on_victim:
+                    return candidate
+
+        async def main() -> tuple[Any, bool]:
+            store = RedisStore(store_connection(target, 1.0), 1.0, 1 << 20, prefix="dead")
+            await store.prepare()
+            try:
+
+                async def opened(on_victim: bool) -> Any:
+                    writer = await store.open(
+                        "owner", {}, max_bytes=1 << 16, ttl=60, lease=1.0,
+                        stream_id=stream_id(on_victim),
+                    )  # fmt: skip
+                    assert writer is not None
+                    writer.append(b"data: 1\n\n")
+                    await writer.flush()
+                    return writer
+
+                lost, spared = await opened(True), await opened(False)
+                redis.kill(victim)
+                lost.append(b"data: 2\n\n")
+                with pytest.raises(StoreError):
+                    await lost.flush()  # at once: its node is away (the PING looks)
+                # The PING that follows a failure concludes (an outage keeps it looking).
+                await until(lambda: store._prober is None, "the PING found masters answering")
+                spared.append(b"data: 2\n\n")
+                async with asyncio.timeout(10):
+                    await spared.finish(End(b": end\n\n", {"reason": "stop"}))
+                info = await store.info(spared.id)
+                another = await opened(False)  # a new log on a live master
+                await another.release()
+                return info, store.down_since is None
+            finally:
+                await store.close()
+
+        info, up = asyncio.run(main())
+    assert up, "one dead master opened the breaker of the whole store"
+    assert info is not None
+    assert info.end is not None
+    assert info.end.fields == {"reason": "stop"}
