@@ -122,10 +122,8 @@ class EdgeConfig:
 
     max_header_bytes: int
     max_header_fields: int
-    client_header: float
-    client_body: float
-    client_body_total: float
-    client_keepalive: float
+    #: ``client_header``, ``client_body``, ``client_body_total`` and ``client_keepalive``
+    timeouts: Timeouts
     reject: Callable[[str], None]  # every refusal's reason, for the metric
     log: Callable[[EdgeRefusal], None]  # a refused request the app never saw
 
@@ -137,16 +135,7 @@ class EdgeConfig:
         reject: Callable[[str], None],
         log: Callable[[EdgeRefusal], None],
     ) -> EdgeConfig:
-        return cls(
-            max_header_bytes=limits.max_header_bytes,
-            max_header_fields=limits.max_header_fields,
-            client_header=timeouts.client_header,
-            client_body=timeouts.client_body,
-            client_body_total=timeouts.client_body_total,
-            client_keepalive=timeouts.client_keepalive,
-            reject=reject,
-            log=log,
-        )
+        return cls(limits.max_header_bytes, limits.max_header_fields, timeouts, reject, log)
 
 
 def _uncounted(reason: str) -> None:
@@ -302,9 +291,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._max_bytes = self._edge.max_header_bytes
         # uvicorn's own keep-alive timer, armed after each response, waits this long
         # (declared an int there; it only ever reaches loop.call_later)
-        self.timeout_keep_alive = self._edge.client_keepalive  # type: ignore[assignment]
+        self.timeout_keep_alive = self._edge.timeouts.client_keepalive  # type: ignore[assignment]
         self._since = self.loop.time()
-        self._arm(self._since + self._edge.client_header)
+        self._arm(self._since + self._edge.timeouts.client_header)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._phase = _IDLE
@@ -352,7 +341,7 @@ class EdgeProtocol(HttpToolsProtocol):
             # last request's, which a refusal would answer and log a second time.
             self._phase = _HEAD
             self._since = self.loop.time()
-            self._arm(self._since + self._edge.client_header)
+            self._arm(self._since + self._edge.timeouts.client_header)
             self.scope = None  # type: ignore[assignment]
         view = memoryview(data)
         while self._open:
@@ -433,7 +422,7 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._phase != _HEAD:  # a later request: its head's clock starts now
             self._phase = _HEAD
             self._since = self.loop.time()
-            self._arm(self._since + self._edge.client_header)
+            self._arm(self._since + self._edge.timeouts.client_header)
 
     def on_url(self, url: bytes) -> None:
         self._field_bytes += len(url)
@@ -460,8 +449,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._phase = _BODY
         self._open = False
         self._since = self._body_since = self.loop.time()
-        edge = self._edge
-        self._arm(self._since + min(edge.client_body, edge.client_body_total))
+        timeouts = self._edge.timeouts
+        self._arm(self._since + min(timeouts.client_body, timeouts.client_body_total))
 
     def on_chunk_header(self) -> None:
         # The last chunk's header opens the trailers; any other chunk's data closes it.
@@ -499,16 +488,16 @@ class EdgeProtocol(HttpToolsProtocol):
         self._timer = None
         now = self.loop.time()
         if self._phase == _HEAD:
-            deadline = self._since + self._edge.client_header
+            deadline = self._since + self._edge.timeouts.client_header
             refusal = _HEAD_TIMEOUT
         elif self._phase == _BODY:
             if self.flow.read_paused or self.cycle.waiting_for_100_continue:
                 # the gateway's wait, not the client's: its time is given back
                 self._body_since += now - self._since
                 self._since = now
-            deadline = self._since + self._edge.client_body
+            deadline = self._since + self._edge.timeouts.client_body
             refusal = _BODY_TIMEOUT
-            total = self._body_since + self._edge.client_body_total
+            total = self._body_since + self._edge.timeouts.client_body_total
             if total < deadline:
                 deadline, refusal = total, _BODY_TOO_SLOW
         else:
