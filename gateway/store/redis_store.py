@@ -31,9 +31,9 @@ only the calls to its slots (its logs wait, ``away``, and are written again ever
 ``AWAY_RETRY_SECONDS``), and the other masters' logs never notice. A writer
 whose write fails keeps its events and its end and sends them again then (the
 script skips what was written), taking its lease back if it ran out meanwhile and
-nobody took the log over: a client that got the whole answer never finds it ended ``owner_lost``
-for want of a write. A takeover starts with a grace of one lease for exactly
-that (``ADOPT``).
+nobody took the log over: a client that got the whole answer never finds it ended
+``owner_lost`` for want of a write. A takeover starts with a grace of one lease
+for exactly that (``ADOPT``).
 """
 
 from __future__ import annotations
