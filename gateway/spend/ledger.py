@@ -69,7 +69,7 @@ class Entry(NamedTuple):
 
 
 #: A receipt to write: its request id, its aliases, its text, its row and its money.
-_Item = tuple[str, tuple[str, ...], str, Row | None, int]
+_Item = tuple[str, tuple[str, ...], bytes, Row | None, int]
 
 
 class Total(NamedTuple):
@@ -159,8 +159,9 @@ class MemoryLedger:
 
 
 def _encoded(receipt: dict[str, Any]) -> bytes:
-    """A receipt as JSON (orjson: a fifteenth of the standard library's time; what it
-    does not write, such as an integer beyond 64 bits, goes the standard way)."""
+    """A receipt (or Redis's record of one) as JSON, for both ledgers (orjson: a
+    fifteenth of the standard library's time; what it does not write, such as an
+    integer beyond 64 bits, goes the standard way)."""
     try:
         return orjson.dumps(receipt)
     except orjson.JSONEncodeError:
@@ -205,7 +206,7 @@ class RedisLedger:
         return f"{self._prefix}day:{day}"
 
     async def keep(self, entry: Entry) -> None:
-        text = json.dumps({"owner": entry.owner, "receipt": entry.receipt}, separators=(",", ":"))
+        text = _encoded({"owner": entry.owner, "receipt": entry.receipt})
         item = (entry.request_id, entry.aliases, text, entry.row, entry.nanos)
         try:
             await self._write(item)
